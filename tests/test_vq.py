@@ -1,6 +1,7 @@
 """VQ tokenizer: official key layout, checkpoint round trips, shapes, quantiser behaviour."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -58,7 +59,7 @@ def test_official_key_layout_vq16():
     assert VQConfig(**inferred) == VQConfig()
 
 
-@pytest.mark.parametrize("wrap", ["model", "ema", "raw", "compiled", "ddp"])
+@pytest.mark.parametrize("wrap", ["model", "ema", "raw", "compiled", "ddp", "training"])
 def test_from_checkpoint_round_trip(tmp_path, wrap):
     model = tiny()
     sd = model.state_dict()
@@ -68,6 +69,9 @@ def test_from_checkpoint_round_trip(tmp_path, wrap):
         sd = {f"module.{k}": v for k, v in sd.items()}
     sd["quantize.codebook_used"] = torch.zeros(65536)  # official training buffer: ignored
     blob = sd if wrap == "raw" else {("ema" if wrap == "ema" else "model"): sd, "steps": 3}
+    if wrap == "training":  # LlamaGen's vq_train.py also stores optimizer state and its argparse args
+        opt = torch.optim.Adam(model.parameters())
+        blob.update(optimizer=opt.state_dict(), args=argparse.Namespace(vq_model="VQ-16", lr=1e-4))
     path = tmp_path / "vq.pt"
     torch.save(blob, path)
     loaded = VQModel.from_checkpoint(path, norm_groups=4)
@@ -75,6 +79,15 @@ def test_from_checkpoint_round_trip(tmp_path, wrap):
     x = images()
     codes = model.encode(x)
     assert torch.equal(loaded.encode(x), codes)
+    assert torch.equal(loaded.decode(codes), model.decode(codes))
+
+
+def test_asymmetric_decoder_inferred(tmp_path):
+    model = tiny(decoder_ch_mult=[1, 1, 2], num_res_blocks=2)
+    torch.save({"model": model.state_dict()}, tmp_path / "a.pt")
+    loaded = VQModel.from_checkpoint(tmp_path / "a.pt", norm_groups=4)
+    assert loaded.config.decoder_ch_mult == [1, 1, 2] and loaded.config.num_res_blocks == 2
+    codes = model.encode(images())
     assert torch.equal(loaded.decode(codes), model.decode(codes))
 
 

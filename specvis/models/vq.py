@@ -15,6 +15,7 @@ codebook, nearest entry by squared distance, straight-through gradients, codeboo
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -402,7 +403,7 @@ class VQModel(nn.Module):
         tell (``codebook_l2_norm``, ``norm_groups``, ``commit_loss_beta``) or force any other field.
         """
         try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            obj = _safe_load(path)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"cannot read VQ checkpoint {path}: {_one_line(exc)}") from None
         sd = _extract_state_dict(obj, str(path))
@@ -433,6 +434,15 @@ def _atomic_write(target: Path, write) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _safe_load(path: str | os.PathLike) -> Any:
+    """``torch.load(weights_only=True)``, also allowing the ``argparse.Namespace`` of LlamaGen training files."""
+    safe = getattr(torch.serialization, "safe_globals", None)
+    if safe is None:  # torch < 2.5
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    with safe([argparse.Namespace]):
+        return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
 _PREFIXES = ("_orig_mod.", "module.")
