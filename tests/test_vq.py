@@ -133,8 +133,7 @@ def test_codebook_is_what_the_quantiser_uses():
 def test_straight_through_gradients():
     model = tiny().train()
     recon, losses = model(images())
-    assert recon.shape == (2, 3, 16, 16) and losses["codes"].shape == (2, 16)
-    assert set(losses) >= {"codebook", "commit"}
+    assert recon.shape == (2, 3, 16, 16) and set(losses) == {"codebook", "commit"}
     (recon.square().mean() + losses["codebook"] + losses["commit"]).backward()
     assert model.encoder.conv_in.weight.grad.abs().sum() > 0  # through the quantiser
     assert model.quantize.embedding.weight.grad.abs().sum() > 0  # codebook loss

@@ -355,12 +355,9 @@ class VQModel(nn.Module):
         return self.decode_latents(self.codes_to_latents(codes, size))
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Training pass: (reconstruction, {"codebook", "commit"} losses); codes under ``losses["codes"]``."""
-        z = self.encode_latents(images)
-        zq, codes, losses = self.quantize(z)
-        recon = self.decoder(self.post_quant_conv(zq))
-        losses = dict(losses, codes=codes)
-        return recon, losses
+        """Training pass: (unclamped reconstruction, {"codebook": tensor, "commit": beta-weighted tensor})."""
+        zq, _, losses = self.quantize(self.encode_latents(images))
+        return self.decoder(self.post_quant_conv(zq)), losses
 
     # ---- persistence
     def save_pretrained(self, directory: str | os.PathLike) -> None:
