@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: train {arrays['train_codes'].shape}, eval {arrays['eval_codes'].shape}, "
-          f"grid {tuple(arrays['grid'])}, codebook {int(arrays['codebook_size'])}")
+          f"grid {tuple(int(v) for v in arrays['grid'])}, codebook {int(arrays['codebook_size'])}")
     return 0
 
 
