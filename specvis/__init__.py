@@ -1,0 +1,12 @@
+"""specvis: speculative decoding for autoregressive image generators."""
+
+from . import models
+from .accept import Exact
+from .generate import Generation, generate
+from .methods import AR, Speculative, Stats
+from .models.base import TokenModel
+from .sampling import Sampling
+
+__version__ = "0.1.0"
+
+__all__ = ["AR", "Exact", "Generation", "Sampling", "Speculative", "Stats", "TokenModel", "generate", "models"]

@@ -1,0 +1,56 @@
+"""Acceptance rules: pure, batched functions on probability tensors.
+
+A rule maps (p, q, x) -> (alpha, residual): p the target law, q the law each draft token x was drawn
+from (..., V), alpha the acceptance probability of x and residual the unnormalised law to resample
+from on rejection. ``verify_chain`` walks a drafted chain with any rule, per row, with no Python
+loop over positions: every drafting method (draft model, SJD, trees) plugs rules in the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import sample
+
+
+@dataclass(frozen=True)
+class Exact:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept x with min(1, p(x)/q(x)),
+    on rejection resample from normalise(max(0, p - q)). The output law is exactly p."""
+
+    lossless = True
+    name = "exact"
+
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        px = p.gather(-1, x[..., None]).squeeze(-1)
+        qx = q.gather(-1, x[..., None]).squeeze(-1)
+        alpha = torch.where(qx > 0, px / qx.clamp_min(1e-30), torch.ones_like(px)).clamp(max=1.0)
+        return alpha, (p - q).clamp_min(0.0)
+
+    def config(self) -> dict:
+        return {}
+
+
+def normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """residual / sum(residual); where the residual has no mass (p == q up to rounding) use ``fallback``."""
+    mass = residual.sum(-1, keepdim=True)
+    return torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), fallback)
+
+
+def verify_chain(rule, p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
+                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify ``draft`` (B, g) drawn from ``q`` (B, g, V) against target laws ``p`` (B, g+1, V).
+
+    Accepts left to right while u_j < alpha_j; returns the accepted count a (B,) and the next token
+    (B,): drawn from the normalised residual at position a, or from p[:, g] (the bonus token) when
+    every draft token was accepted.
+    """
+    g = draft.shape[1]
+    alpha, residual = rule(p[:, :g], q, draft)
+    u = torch.rand(alpha.shape, device=alpha.device, generator=generator)
+    accepted = (u < alpha).long().cumprod(dim=-1).sum(dim=-1)
+    laws = torch.cat([normalise(residual, p[:, :g]), p[:, g:]], dim=1)
+    law = laws.gather(1, accepted[:, None, None].expand(-1, 1, laws.shape[-1])).squeeze(1)
+    return accepted, sample(law, generator)

@@ -1,0 +1,46 @@
+"""``specvis.generate``: run any method on any ``CachedTokenModel`` (token level, no pixels)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .methods.ar import AR
+from .methods.base import DecodeContext, GuidedModel, Stats, timed
+from .sampling import Sampling, make_generator
+
+
+@dataclass
+class Generation:
+    tokens: torch.Tensor  # (B, H*W) image-token ids
+    stats: Stats
+    images: list = field(default_factory=list)  # PIL images when a pipeline decoded them
+
+
+def check_conditions(model, conditions: torch.Tensor) -> None:
+    n = getattr(model, "num_conditions", None)
+    if conditions.ndim != 1 or conditions.dtype not in (torch.int32, torch.int64):
+        raise ValueError("conditions must be a 1-D integer tensor of class ids")
+    if n is not None and conditions.numel() and not bool(((conditions >= 0) & (conditions < n)).all()):
+        raise ValueError(f"class ids must be in 0..{n - 1}, got {conditions.tolist()}")
+
+
+@torch.no_grad()
+def generate(model, conditions: torch.Tensor, method=None, sampling: Sampling | None = None, seed: int = 0,
+             draft=None, drafter=None, codebook: torch.Tensor | None = None) -> Generation:
+    """Generate one token grid per condition with ``method`` under the law set by ``sampling``."""
+    method = AR() if method is None else method
+    sampling = Sampling() if sampling is None else sampling
+    device = next(model.parameters()).device
+    conditions = torch.as_tensor(conditions, device=device)
+    check_conditions(model, conditions)
+    if draft is not None and draft.layout.vocab_size != model.layout.vocab_size:
+        raise ValueError(f"draft vocabulary {draft.layout.vocab_size} != target vocabulary {model.layout.vocab_size}")
+    pad = method.pad
+    target = GuidedModel(model, conditions, sampling, pad)
+    draft_view = GuidedModel(draft, conditions, sampling, pad) if draft is not None else None
+    ctx = DecodeContext(target, make_generator(seed, device), pad, draft_view, drafter, codebook)
+    wall = timed(lambda: method.decode(ctx), device)
+    draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
+    return Generation(ctx.tokens[:, : ctx.L].clone(), ctx.stats(wall, draft_forwards))

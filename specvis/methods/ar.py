@@ -1,0 +1,30 @@
+"""Plain autoregressive sampling: one target forward per image token (the reference law)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import sample
+from .base import DecodeContext
+
+
+@dataclass(frozen=True)
+class AR:
+    """x_i ~ p(. | c, x_<i), one cached target forward per token."""
+
+    name = "ar"
+    lossless = True
+    acceptance = None
+    pad = 1
+
+    def decode(self, ctx: DecodeContext) -> None:
+        ones = torch.ones_like(ctx.n)
+        x = sample(ctx.target.prefill(), ctx.generator)
+        ctx.commit(x[:, None], ones)
+        for _ in range(ctx.L - 1):  # every row needs exactly L - 1 more forwards: no sync needed
+            law = ctx.target.forward(x[:, None], (ctx.n - 1)[:, None])
+            ctx.target.set_committed(ctx.n)
+            x = sample(law[:, 0], ctx.generator)
+            ctx.commit(x[:, None], ones)

@@ -1,0 +1,73 @@
+"""Draft-model speculative sampling (Leviathan et al. 2023; Chen et al. 2023), batched.
+
+Each round the draft proposes gamma tokens autoregressively, the target scores them in one forward
+over gamma + 1 positions, and the acceptance rule walks the chain (``accept.verify_chain``). Each
+row commits its own accepted length + 1 (the resampled or bonus token); rows never wait for the
+slowest one, their caches are rolled back per row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..accept import Exact, verify_chain
+from ..sampling import sample
+from .base import DecodeContext
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """gamma draft tokens per target forward; ``acceptance`` is any rule of ``specvis.accept``."""
+
+    gamma: int = 4
+    acceptance: object = field(default_factory=Exact)
+    name = "speculative"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gamma, int) or self.gamma < 1:
+            raise ValueError(f"Speculative.gamma must be an integer >= 1, got {self.gamma}")
+
+    @property
+    def lossless(self) -> bool:
+        return self.acceptance.lossless
+
+    @property
+    def pad(self) -> int:
+        return self.gamma + 2
+
+    def decode(self, ctx: DecodeContext) -> None:
+        if ctx.draft is None:
+            raise ValueError("method speculative needs a draft model (draft=...)")
+        target, draft, g, gen = ctx.target, ctx.draft, self.gamma, ctx.generator
+        rule = self.acceptance
+        x0 = sample(target.prefill(), gen)
+        draft.prefill()
+        ctx.commit(x0[:, None], torch.ones_like(ctx.n))
+        first = True
+        while not ctx.done():
+            n = ctx.n.clone()
+            # The draft re-feeds the last two committed tokens (one on the first round): its cache may
+            # lack the previous round's bonus token, and a uniform shape keeps rows independent.
+            back = 1 if first else 2
+            draft.set_committed(n - back)
+            feed = ctx.tokens.gather(1, ctx.positions(n - back, back))
+            q_steps, d_steps = [], []
+            pos = ctx.positions(n - back, back)
+            for i in range(g):
+                q = draft.forward(feed, pos)[:, -1]
+                draft.set_committed(pos[:, -1] + 1)
+                d = sample(q, gen)
+                q_steps.append(q)
+                d_steps.append(d)
+                feed, pos = d[:, None], pos[:, -1:] + 1
+            q_all, drafts = torch.stack(q_steps, 1), torch.stack(d_steps, 1)
+            p_all = target.forward(torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), drafts], 1),
+                                   ctx.positions(n - 1, g + 1))
+            accepted, nxt = verify_chain(rule, p_all, q_all, drafts, gen)
+            block = torch.cat([drafts, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
+            ctx.commit(block, accepted + 1)
+            target.set_committed(ctx.n - 1)
+            first = False
+        ctx.extra["draft_forwards"] = draft.forwards

@@ -1,0 +1,123 @@
+"""The model protocol that decoding methods rely on, and the static KV cache behind it.
+
+``TokenModel`` (API.md) is what a model family must offer for exactness tests: ``layout``,
+``null_condition`` and teacher-forced ``logits``. ``CachedTokenModel`` adds what the decoding
+methods use; every method talks to a model only through it:
+
+- ``setup_cache(rows, extra)``: preallocate a static cache for ``rows`` sequences (both CFG halves
+  are separate rows) with room for the prefix, the whole grid and ``extra`` scratch slots.
+- ``prefill(conditions) -> (logits, hidden)``: write the condition prefix of every row; returns the
+  raw logits (rows, V) for image token 0 and the last hidden state (rows, D).
+- ``forward_tokens(tokens, positions, tree_mask=None) -> (logits, hidden)``: feed ``n`` new tokens per
+  row. Token j of row r is the image token at grid index ``positions[r, j]`` (its 2D RoPE position);
+  its key/value is written to cache slot ``length[r] + j``. It attends to the committed slots
+  ``< length[r]`` and, inside the block, causally or as ``tree_mask[r, j, i]`` (query j sees node i)
+  says. Returns raw logits (rows, n, V) for the token after each fed token, and hidden (rows, n, D).
+  The committed lengths do not move.
+- ``set_committed(n_fed)``: per-row rollback/commit: row r keeps the prefix and its first
+  ``n_fed[r]`` image tokens; everything after is dead (masked out, overwritten later).
+- ``keep_block(index, count)``: tree compaction: the block slots ``length + index[r, j]`` are moved
+  to ``length + j`` for all layers in one gather/scatter, then ``length += count``.
+
+Rows advance independently: a length per row, no lock-step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Image-token geometry: a ``height x width`` grid over a codebook of ``vocab_size`` codes."""
+
+    height: int
+    width: int
+    vocab_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.height * self.width
+
+
+@runtime_checkable
+class TokenModel(Protocol):
+    layout: Layout
+    null_condition: int
+
+    def logits(self, conditions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Raw teacher-forced logits (B, t+1, V) after the condition and each of the t tokens."""
+        ...
+
+
+@runtime_checkable
+class CachedTokenModel(TokenModel, Protocol):
+    def setup_cache(self, rows: int, extra: int) -> None: ...
+
+    def prefill(self, conditions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward_tokens(
+        self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def set_committed(self, n_fed: torch.Tensor) -> None: ...
+
+    def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None: ...
+
+
+class KVCache:
+    """Static cache: keys/values of all layers in one tensor each, (layers, rows, heads, slots, dim),
+    plus the committed length of every row (in slots, prefix included)."""
+
+    def __init__(self, layers: int, rows: int, heads: int, slots: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (layers, rows, heads, slots, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = torch.zeros(rows, dtype=torch.long, device=device)
+        self.slot_ids = torch.arange(slots, device=device)
+
+    @property
+    def rows(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def slots(self) -> int:
+        return self.k.shape[3]
+
+    def block_slots(self, n: int) -> torch.Tensor:
+        """Slots (rows, n) that a block of n new tokens is written to."""
+        return self.length[:, None] + torch.arange(n, device=self.length.device)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store k, v (rows, heads, n, dim) at ``slots`` (rows, n)."""
+        idx = slots[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, idx, k)
+        self.v[layer].scatter_(2, idx, v)
+
+    def attention_mask(self, n: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
+        """Boolean mask (rows, 1, n, slots): committed slots, plus the block itself (causal or tree)."""
+        committed = self.slot_ids[None, None, :] < self.length[:, None, None]  # (rows, 1, S)
+        offset = self.slot_ids[None, :] - self.length[:, None]  # (rows, S) index inside the block
+        in_block = (offset >= 0) & (offset < n)
+        j = torch.arange(n, device=self.length.device)
+        if tree_mask is None:
+            block = in_block[:, None, :] & (offset[:, None, :] <= j[None, :, None])
+        else:
+            gathered = torch.gather(tree_mask, 2, offset.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))
+            block = in_block[:, None, :] & gathered
+        return (committed | block)[:, None]
+
+    def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
+        """Move block slots ``length + index[r, j]`` to ``length + j`` (all layers), then commit ``count``."""
+        src = (self.length[:, None] + index).clamp_max(self.slots - 1)
+        dst = (self.length[:, None] + torch.arange(index.shape[1], device=index.device)).clamp_max(self.slots - 1)
+        L, R, H, _, D = self.k.shape
+        gidx = src[None, :, None, :, None].expand(L, R, H, -1, D)
+        sidx = dst[None, :, None, :, None].expand(L, R, H, -1, D)
+        for t in (self.k, self.v):
+            t.scatter_(3, sidx, torch.gather(t, 3, gidx))
+        self.length = self.length + count

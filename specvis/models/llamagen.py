@@ -1,0 +1,319 @@
+"""LlamaGen class-conditional GPT (Sun et al. 2024), compatible with the official c2i checkpoints.
+
+Llama blocks (RMSNorm, fused wqkv, SwiGLU) with the official 2D RoPE: per head, the first half of
+the rotary pairs rotates with the grid row, the second half with the column, pairs interleaved
+(x[2i], x[2i+1]), frequencies base^(-4i/head_dim). The condition prefix has cos = sin = 0, so its
+queries and keys are zeroed: official checkpoints were trained that way. The condition is a class
+embedding; row ``num_classes`` of the table is the null class used for CFG.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import KVCache, Layout
+
+
+@dataclass
+class LlamaGenConfig:
+    """Field names follow the official ``ModelArgs`` (gpt.py); only the ones that shape weights matter."""
+
+    vocab_size: int = 16384
+    dim: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: int | None = None
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    num_classes: int = 1000
+    class_dropout_prob: float = 0.1
+    cls_token_num: int = 1
+    block_size: int = 256
+    token_dropout_p: float = 0.0
+    resid_dropout_p: float = 0.0
+    ffn_dropout_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        for name in ("vocab_size", "dim", "n_layer", "n_head", "n_kv_head", "num_classes", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LlamaGenConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dim % self.n_head or (self.dim // self.n_head) % 4:
+            raise ValueError(f"LlamaGenConfig.dim / n_head must be a multiple of 4, got {self.dim}/{self.n_head}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"LlamaGenConfig.n_head must be a multiple of n_kv_head, got {self.n_head}/{self.n_kv_head}")
+        side = math.isqrt(self.block_size)
+        if side * side != self.block_size:
+            raise ValueError(f"LlamaGenConfig.block_size must be a square grid size, got {self.block_size}")
+        if self.cls_token_num != 1:
+            raise ValueError(f"LlamaGenConfig.cls_token_num must be 1 for class conditioning, got {self.cls_token_num}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def ffn_hidden(self) -> int:
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return -(-hidden // self.multiple_of) * self.multiple_of
+
+
+def rope_2d_table(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
+    """(prefix + grid*grid, head_dim/2, 2) cos/sin table; prefix rows are zero (official quirk)."""
+    quarter = head_dim // 4
+    freqs = 1.0 / (base ** (torch.arange(0, 2 * quarter, 2).float() / (head_dim // 2)))
+    t = torch.arange(grid).float()
+    f = torch.outer(t, freqs)  # (grid, quarter)
+    rows = f[:, None, :].expand(grid, grid, quarter)
+    cols = f[None, :, :].expand(grid, grid, quarter)
+    angles = torch.cat([rows, cols], dim=-1).reshape(grid * grid, 2 * quarter)
+    table = torch.stack([angles.cos(), angles.sin()], dim=-1)
+    return torch.cat([torch.zeros(prefix, 2 * quarter, 2), table])
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of x (B, T, H, D) by rope (B, T, D/2, 2)."""
+    xp = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]
+    out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaGenConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.wqkv = nn.Linear(cfg.dim, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.resid_dropout = nn.Dropout(cfg.resid_dropout_p)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None,
+                cache: KVCache | None = None, layer: int = 0, slots: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = apply_rope(q.view(B, T, self.n_head, self.head_dim), rope).transpose(1, 2)
+        k = apply_rope(k.view(B, T, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if cache is not None:
+            cache.write(layer, k, v, slots)
+            k, v = cache.k[layer], cache.v[layer]
+        gqa = self.n_kv_head != self.n_head
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(B, T, -1)))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: LlamaGenConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.dim, bias=False)
+        self.ffn_dropout = nn.Dropout(cfg.ffn_dropout_p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: LlamaGenConfig) -> None:
+        super().__init__()
+        self.attention = Attention(cfg)
+        self.feed_forward = FeedForward(cfg)
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def forward(self, x, rope, mask, cache=None, layer=0, slots=None):
+        h = x + self.attention(self.attention_norm(x), rope, mask, cache, layer, slots)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class LabelEmbedder(nn.Module):
+    """Class embedding; the extra last row is the null class (CFG)."""
+
+    def __init__(self, num_classes: int, dim: int, dropout_prob: float) -> None:
+        super().__init__()
+        self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), dim)
+
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
+        return self.embedding_table(labels)
+
+
+class LlamaGen(nn.Module):
+    """Class-conditional LlamaGen GPT implementing ``CachedTokenModel`` (see models/base.py)."""
+
+    def __init__(self, config: LlamaGenConfig) -> None:
+        super().__init__()
+        self.config = cfg = config
+        side = math.isqrt(cfg.block_size)
+        self.layout = Layout(side, side, cfg.vocab_size)
+        self.null_condition = cfg.num_classes
+        self.num_conditions = cfg.num_classes
+        self.prefix_len = cfg.cls_token_num
+        self.cls_embedding = LabelEmbedder(cfg.num_classes, cfg.dim, cfg.class_dropout_prob)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.tok_dropout = nn.Dropout(cfg.token_dropout_p)
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.register_buffer("rope", rope_2d_table(side, cfg.head_dim, cfg.rope_base, self.prefix_len), persistent=False)
+        self.cache: KVCache | None = None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=self.config.initializer_range)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.dim
+
+    # ---- teacher-forced (training, exactness enumeration) ----
+    def logits(self, conditions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Raw logits (B, t+1, V): position 0 follows the condition, position i+1 follows token i."""
+        logits, _ = self.forward_train(conditions, tokens)
+        return logits
+
+    def forward_train(self, conditions: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal forward over [condition, tokens]; returns (logits (B, t+1, V), hidden (B, t+1, D))."""
+        x = torch.cat([self.cls_embedding(conditions)[:, None], self.tok_embeddings(tokens)], dim=1)
+        x = self.tok_dropout(x)
+        rope = self.rope[: x.shape[1]][None].expand(x.shape[0], -1, -1, -1)
+        for layer in self.layers:
+            x = layer(x, rope, None)
+        h = self.norm(x)
+        return self.output(h).float(), h
+
+    # ---- cached decoding (CachedTokenModel) ----
+    def setup_cache(self, rows: int, extra: int) -> None:
+        p = next(self.parameters())
+        slots = self.prefix_len + self.layout.num_tokens + extra
+        cfg = self.config
+        self.cache = KVCache(cfg.n_layer, rows, cfg.n_kv_head, slots, cfg.head_dim, p.dtype, p.device)
+
+    def _run_cached(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None):
+        cache = self.cache
+        if cache is None:
+            raise RuntimeError("call setup_cache(rows, extra) before cached decoding")
+        n = x.shape[1]
+        slots = cache.block_slots(n)
+        mask = cache.attention_mask(n, tree_mask)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, mask, cache, i, slots)
+        h = self.norm(x)
+        return self.output(h).float(), h
+
+    @torch.no_grad()
+    def prefill(self, conditions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.cache.length.zero_()
+        x = self.cls_embedding(conditions)[:, None]
+        rope = self.rope[: self.prefix_len][None].expand(x.shape[0], -1, -1, -1)
+        logits, h = self._run_cached(x, rope, None)
+        self.cache.length.fill_(self.prefix_len)
+        return logits[:, -1], h[:, -1]
+
+    @torch.no_grad()
+    def forward_tokens(self, tokens: torch.Tensor, positions: torch.Tensor,
+                       tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = positions.clamp(0, self.layout.num_tokens - 1) + self.prefix_len
+        return self._run_cached(self.tok_embeddings(tokens), self.rope[pos], tree_mask)
+
+    def set_committed(self, n_fed: torch.Tensor) -> None:
+        self.cache.length = n_fed.to(self.cache.length) + self.prefix_len
+
+    def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
+        self.cache.keep_block(index, count)
+
+    # ---- official checkpoints ----
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, **overrides) -> "LlamaGen":
+        """Load an official LlamaGen c2i checkpoint (``{"model": sd}``, ``{"ema": sd}`` or a bare state dict).
+
+        The config is inferred from the weight shapes; ``n_head`` defaults to dim // 64 (all official
+        sizes but GPT-3B, whose 3200-wide model has 32 heads) and ``block_size`` comes from a stored
+        ``freqs_cis`` when present, else 256. Any field can be overridden by keyword.
+        """
+        sd = load_state_dict(path)
+        try:
+            vocab, dim = sd["tok_embeddings.weight"].shape
+            n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
+            hidden = sd["layers.0.feed_forward.w1.weight"].shape[0]
+            qkv = sd["layers.0.attention.wqkv.weight"].shape[0]
+            table = sd["cls_embedding.embedding_table.weight"].shape[0]
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{path}: not a LlamaGen c2i checkpoint (missing or malformed key {e})") from None
+        n_head = overrides.pop("n_head", 32 if dim == 3200 else max(dim // 64, 1))
+        head_dim = dim // n_head
+        block_size = 256
+        if "freqs_cis" in sd:  # stale buffer: used only as a hint for the grid size
+            block_size = sd["freqs_cis"].shape[0] - overrides.get("cls_token_num", 1)
+        class_dropout = overrides.pop("class_dropout_prob", 0.1)
+        num_classes = table - 1 if class_dropout > 0 else table
+        kw = dict(vocab_size=vocab, dim=dim, n_layer=n_layer, n_head=n_head,
+                  n_kv_head=(qkv // head_dim - n_head) // 2, num_classes=num_classes,
+                  class_dropout_prob=class_dropout, block_size=block_size, multiple_of=hidden)
+        kw.update(overrides)
+        cfg = LlamaGenConfig(**kw)
+        if cfg.ffn_hidden != hidden:
+            raise ValueError(f"{path}: feed-forward width {hidden} does not follow from dim {dim}; pass multiple_of/ffn_dim_multiplier")
+        model = cls(cfg)
+        sd = {k: v for k, v in sd.items() if k != "freqs_cis"}
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{path}: checkpoint does not match the inferred config "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        return model
+
+    def config_dict(self) -> dict:
+        return asdict(self.config)
+
+    @classmethod
+    def from_config_dict(cls, d: dict) -> "LlamaGen":
+        names = {f.name for f in fields(LlamaGenConfig)}
+        return cls(LlamaGenConfig(**{k: v for k, v in d.items() if k in names}))
+
+
+def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a torch checkpoint, unwrap ``model``/``ema``/``state_dict``, strip ``_orig_mod.``/``module.``."""
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint not found: {path}") from None
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+        raise ValueError(f"unreadable checkpoint {path}: {type(e).__name__}") from None
+    if isinstance(obj, dict):
+        for key in ("ema", "model", "state_dict"):
+            if key in obj and isinstance(obj[key], dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ValueError(f"{path}: expected a state dict of tensors")
+    out = {}
+    for k, v in obj.items():
+        for prefix in ("_orig_mod.", "module."):
+            k = k.removeprefix(prefix)
+        out[k] = v
+    return out

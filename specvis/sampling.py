@@ -1,0 +1,99 @@
+"""One probability pipeline for every method (API.md, "Sampling").
+
+Per position: guided = u + s * (c - u)  ->  / temperature  ->  top-k  ->  top-p  ->  softmax.
+Temperature 0 is greedy and is represented as a point mass at the argmax, so that every acceptance
+rule (min(1, p/q), residual max(0, p - q)) becomes deterministic without special cases.
+Sampling uses the exponential race argmax(p / E), E ~ Exp(1): no host synchronisation, and
+reproducible from a seeded ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters shared by every method; ``temperature == 0`` means greedy."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    cfg_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be None or an integer >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be None or in (0, 1], got {self.top_p}")
+        if not self.cfg_scale >= 0:
+            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def guide(self, cond: torch.Tensor, uncond: torch.Tensor | None) -> torch.Tensor:
+        """Classifier-free guidance on logits: u + s * (c - u); identity when s == 1."""
+        if not self.uses_cfg:
+            return cond
+        if uncond is None:
+            raise ValueError("cfg_scale != 1 needs unconditional logits")
+        return uncond + self.cfg_scale * (cond - uncond)
+
+    def probs(self, cond: torch.Tensor, uncond: torch.Tensor | None = None) -> torch.Tensor:
+        """Raw logits (..., V) -> the sampling law (..., V) in float32 (steps 2-5 of API.md)."""
+        logits = self.guide(cond.float(), None if uncond is None else uncond.float())
+        if self.greedy:
+            return one_hot_argmax(logits)
+        logits = logits / self.temperature
+        if self.top_k is not None and self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1.0:
+            logits = _top_p_filter(logits, self.top_p)
+        return torch.softmax(logits, dim=-1)
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass is >= top_p (at least one)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    drop_sorted = mass_before >= top_p
+    drop_sorted[..., 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Point mass at the argmax (ties broken by the lowest index)."""
+    return torch.zeros_like(logits, dtype=torch.float32).scatter_(
+        -1, logits.argmax(dim=-1, keepdim=True), 1.0
+    )
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one index per row of ``probs`` (..., V) by the exponential race; no host sync."""
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator).clamp_min_(1e-30)
+    return torch.argmax(probs / race, dim=-1)
+
+
+def uniform(shape: tuple[int, ...], like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """U[0, 1) draws on ``like``'s device, from ``generator``."""
+    return torch.rand(shape, device=like.device, generator=generator)
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """A seeded generator on ``device``: same seed and inputs give the same tokens."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
