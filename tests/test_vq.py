@@ -178,7 +178,7 @@ def test_bad_inputs(tmp_path):
         model.decode(torch.zeros(1, 8, dtype=torch.long))
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="cannot read") as err:
+    with pytest.raises(ValueError, match="unreadable checkpoint") as err:
         VQModel.from_checkpoint(junk)
     assert "\n" not in str(err.value)
     sd = model.state_dict()
@@ -192,7 +192,7 @@ def test_bad_inputs(tmp_path):
     torch.save({"model": model.state_dict()}, tmp_path / "ok.pt")
     with pytest.raises(ValueError, match="unknown VQConfig field"):
         VQModel.from_checkpoint(tmp_path / "ok.pt", bogus=1)
-    with pytest.raises(ValueError, match="cannot read VQ model directory"):
+    with pytest.raises(ValueError, match="cannot read model directory"):
         VQModel.from_pretrained(tmp_path / "missing")
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import KVCache, Layout
+from .checkpoint import load_strict, read_pretrained, read_state_dict, save_pretrained
 
 
 @dataclass
@@ -256,7 +257,7 @@ class LlamaGen(nn.Module):
         sizes but GPT-3B, whose 3200-wide model has 32 heads) and ``block_size`` comes from a stored
         ``freqs_cis`` when present, else 256. Any field can be overridden by keyword.
         """
-        sd = load_state_dict(path)
+        sd = read_state_dict(path)
         try:
             vocab, dim = sd["tok_embeddings.weight"].shape
             n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
@@ -280,12 +281,8 @@ class LlamaGen(nn.Module):
         if cfg.ffn_hidden != hidden:
             raise ValueError(f"{path}: feed-forward width {hidden} does not follow from dim {dim}; pass multiple_of/ffn_dim_multiplier")
         model = cls(cfg)
-        sd = {k: v for k, v in sd.items() if k != "freqs_cis"}
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"{path}: checkpoint does not match the inferred config "
-                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-        return model
+        load_strict(model, {k: v for k, v in sd.items() if k != "freqs_cis"}, str(path))
+        return model.eval()
 
     def config_dict(self) -> dict:
         return asdict(self.config)
@@ -295,25 +292,13 @@ class LlamaGen(nn.Module):
         names = {f.name for f in fields(LlamaGenConfig)}
         return cls(LlamaGenConfig(**{k: v for k, v in d.items() if k in names}))
 
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype | None = None) -> None:
+        """``config.json`` + ``model.safetensors`` (e.g. fp16 for the shipped bundle)."""
+        save_pretrained(self, self.config_dict(), directory, dtype)
 
-def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a torch checkpoint, unwrap ``model``/``ema``/``state_dict``, strip ``_orig_mod.``/``module.``."""
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ValueError(f"checkpoint not found: {path}") from None
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
-        raise ValueError(f"unreadable checkpoint {path}: {type(e).__name__}") from None
-    if isinstance(obj, dict):
-        for key in ("ema", "model", "state_dict"):
-            if key in obj and isinstance(obj[key], dict):
-                obj = obj[key]
-                break
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"{path}: expected a state dict of tensors")
-    out = {}
-    for k, v in obj.items():
-        for prefix in ("_orig_mod.", "module."):
-            k = k.removeprefix(prefix)
-        out[k] = v
-    return out
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "LlamaGen":
+        config, tensors = read_pretrained(directory)
+        model = cls.from_config_dict(config)
+        load_strict(model, tensors, str(directory))
+        return model.eval()

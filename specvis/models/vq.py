@@ -15,24 +15,19 @@ codebook, nearest entry by squared distance, straight-through gradients, codeboo
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import re
-import uuid
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
+
+from .checkpoint import load_strict, read_pretrained, read_state_dict, save_pretrained
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["VQConfig", "VQModel"]
-
-_CONFIG_NAME = "config.json"
-_WEIGHTS_NAME = "model.safetensors"
 
 
 @dataclass
@@ -360,36 +355,19 @@ class VQModel(nn.Module):
         return self.decoder(self.post_quant_conv(zq)), losses
 
     # ---- persistence
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
+    def save_pretrained(self, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (atomically per file)."""
-        from safetensors.torch import save_file
-
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        _atomic_write(out / _WEIGHTS_NAME, lambda p: save_file(tensors, str(p)))
-        text = json.dumps(asdict(self.config), indent=2)
-        _atomic_write(out / _CONFIG_NAME, lambda p: Path(p).write_text(text))
+        save_pretrained(self, asdict(self.config), directory, dtype)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> "VQModel":
         """Load a directory written by :meth:`save_pretrained`."""
-        from safetensors.torch import load_file
-
-        d = Path(directory)
-        try:
-            raw = json.loads((d / _CONFIG_NAME).read_text())
-            tensors = load_file(str(d / _WEIGHTS_NAME))
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is one clear error
-            raise ValueError(f"cannot read VQ model directory {d}: {_one_line(exc)}") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"{d / _CONFIG_NAME} must hold a JSON object")
-        known = {f.name for f in fields(VQConfig)}
-        unknown = sorted(set(raw) - known)
+        raw, tensors = read_pretrained(directory)
+        unknown = sorted(set(raw) - {f.name for f in fields(VQConfig)})
         if unknown:
-            raise ValueError(f"{d / _CONFIG_NAME}: unknown config field {unknown[0]!r}")
+            raise ValueError(f"{directory}: unknown VQ config field {unknown[0]!r}")
         model = cls(VQConfig(**raw))
-        _load_strict(model, tensors, str(d))
+        load_strict(model, tensors, str(directory))
         return model.eval()
 
     @classmethod
@@ -399,11 +377,7 @@ class VQModel(nn.Module):
         Sizes are inferred from tensor shapes; ``overrides`` set VQConfig fields that shapes cannot
         tell (``codebook_l2_norm``, ``norm_groups``, ``commit_loss_beta``) or force any other field.
         """
-        try:
-            obj = _safe_load(path)
-        except Exception as exc:  # noqa: BLE001
-            raise ValueError(f"cannot read VQ checkpoint {path}: {_one_line(exc)}") from None
-        sd = _extract_state_dict(obj, str(path))
+        sd = read_state_dict(path, prefer=("model", "ema", "state_dict"), ignore=("codebook_used",))
         known = {f.name for f in fields(VQConfig)}
         bad = sorted(set(overrides) - known)
         if bad:
@@ -411,61 +385,11 @@ class VQModel(nn.Module):
         cfg_kwargs = _infer_config(sd, str(path))
         cfg_kwargs.update(overrides)
         model = cls(VQConfig(**cfg_kwargs))
-        _load_strict(model, sd, str(path))
+        load_strict(model, sd, str(path))
         return model.eval()
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
-
-
-def _atomic_write(target: Path, write) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        write(str(tmp))
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _safe_load(path: str | os.PathLike) -> Any:
-    """``torch.load(weights_only=True)``, also allowing the ``argparse.Namespace`` of LlamaGen training files."""
-    safe = getattr(torch.serialization, "safe_globals", None)
-    if safe is None:  # torch < 2.5
-        return torch.load(str(path), map_location="cpu", weights_only=True)
-    with safe([argparse.Namespace]):
-        return torch.load(str(path), map_location="cpu", weights_only=True)
-
-
-_PREFIXES = ("_orig_mod.", "module.")
-_IGNORED = re.compile(r"(^|\.)codebook_used$")
-
-
-def _extract_state_dict(obj: Any, where: str) -> dict[str, torch.Tensor]:
-    if isinstance(obj, dict):
-        for key in ("model", "ema", "state_dict"):
-            if key in obj and isinstance(obj[key], dict):
-                obj = obj[key]
-                break
-    if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"{where}: not a VQ checkpoint (expected a state_dict or a dict with 'model'/'ema')")
-    sd = {}
-    for key, value in obj.items():
-        changed = True
-        while changed:
-            changed = False
-            for prefix in _PREFIXES:
-                if key.startswith(prefix):
-                    key, changed = key[len(prefix):], True
-        key = key.replace("._orig_mod.", ".")
-        if not _IGNORED.search(key):
-            sd[key] = value
-    return sd
 
 
 def _indices(sd: dict[str, torch.Tensor], pattern: str) -> list[int]:
@@ -498,19 +422,3 @@ def _infer_config(sd: dict[str, torch.Tensor], where: str) -> dict[str, Any]:
         "encoder_ch_mult": [c // ch for c in enc_out],
         "decoder_ch_mult": [c // ch for c in reversed(dec_out)],  # decoder blocks run from the deepest level
     }
-
-
-def _load_strict(model: nn.Module, sd: dict[str, torch.Tensor], where: str) -> None:
-    own = model.state_dict()
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
-    if missing:
-        raise ValueError(f"{where}: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]!r}")
-    if unexpected:
-        raise ValueError(f"{where}: checkpoint has {len(unexpected)} unexpected tensors, e.g. {unexpected[0]!r}")
-    for key, value in sd.items():
-        if tuple(value.shape) != tuple(own[key].shape):
-            raise ValueError(
-                f"{where}: shape mismatch for {key!r}: file {tuple(value.shape)} vs model {tuple(own[key].shape)}"
-            )
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()})

@@ -1,21 +1,5 @@
-"""Training utilities: emoji dataset, VQ tokenizer training, tokenisation for the AR models."""
-from __future__ import annotations
+"""Training: emoji dataset, VQ tokenizer, AR models, tokenisation and reports."""
 
-import os
-import uuid
-from pathlib import Path
-from typing import Callable
+from specvis.io import atomic_write
 
 __all__ = ["atomic_write"]
-
-
-def atomic_write(target: str | os.PathLike, write: Callable[[str], object]) -> None:
-    """Call ``write(tmp_path)`` on a sibling temporary name, then rename it onto ``target``."""
-    target = Path(target)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        write(str(tmp))
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
