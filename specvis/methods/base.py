@@ -8,7 +8,7 @@ A method is a frozen dataclass with ``name``, ``lossless`` and
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -151,13 +151,3 @@ def timed(fn, device: torch.device) -> float:
     fn()
     sync(device)
     return time.perf_counter() - t0
-
-
-def method_config(method) -> dict[str, Any]:
-    """The method's fields as JSON-friendly values (acceptance rules by name)."""
-    out = {}
-    for k, v in asdict(method).items() if hasattr(method, "__dataclass_fields__") else []:
-        if k == "acceptance":
-            continue
-        out[k] = list(v) if isinstance(v, tuple) else v
-    return out

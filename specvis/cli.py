@@ -1,0 +1,188 @@
+"""Command line: ``specvis generate | bench | models``. Bad input exits 2 with one line, no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .io import atomic_write, write_text
+from .registry import ACCEPTANCE, METHODS, available, build_method, describe
+from .sampling import Sampling
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not usage + message
+        raise UsageError(message)
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (defaults: the model's)")
+    g.add_argument("--temperature", type=float, help="0 = greedy")
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--cfg-scale", type=float)
+
+
+def _add_method_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("method options (each applies to the methods that have it)")
+    g.add_argument("--accept", default="exact", help=f"acceptance rule: {', '.join(ACCEPTANCE)}")
+    g.add_argument("--gamma", type=int, help="speculative: draft tokens per round")
+    g.add_argument("--window", type=int, help="jacobi/sjd: Jacobi window")
+    g.add_argument("--init", help="sjd: random, horizontal-repeat, vertical-repeat, horizontal-sample, "
+                                  "vertical-sample; adt: horizontal, vertical, random")
+    g.add_argument("--no-refine", dest="refine", action="store_const", const=False, help="sjd: App. F ablation")
+    g.add_argument("--depth", type=int, help="eagle: tree depth")
+    g.add_argument("--tree-top-k", type=int, help="eagle: frontier width per depth")
+    g.add_argument("--total-tokens", type=int, help="eagle/adt: tree size")
+    g.add_argument("--beta", type=float, help="adt: acceptance-rate threshold")
+    g.add_argument("--prefill", type=float, help="cspd: fraction of tokens pre-filled by the target")
+    g.add_argument("--lantern-k", type=int, help="lantern: neighbours per code")
+    g.add_argument("--lantern-delta", type=float, help="lantern: total-variation budget")
+    g.add_argument("--lantern-metric", help="lantern: l2 or cosine")
+
+
+def _method_options(a: argparse.Namespace) -> dict[str, Any]:
+    return {"gamma": a.gamma, "window": a.window, "init": a.init, "refine": a.refine, "depth": a.depth,
+            "top_k": a.tree_top_k, "total_tokens": a.total_tokens, "beta": a.beta, "prefill": a.prefill,
+            "k": a.lantern_k, "delta": a.lantern_delta, "metric": a.lantern_metric}
+
+
+def _sampling(a: argparse.Namespace, default: Sampling) -> Sampling:
+    return Sampling(
+        temperature=default.temperature if a.temperature is None else a.temperature,
+        top_k=default.top_k if a.top_k is None else (a.top_k or None),
+        top_p=default.top_p if a.top_p is None else a.top_p,
+        cfg_scale=default.cfg_scale if a.cfg_scale is None else a.cfg_scale,
+    )
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="specvis", description="Speculative decoding for autoregressive image generators.")
+    p.add_argument("--version", action="version", version=f"specvis {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    g = sub.add_parser("generate", help="generate images with one method")
+    g.add_argument("--model", default="emoji")
+    g.add_argument("--method", default="ar", help=f"one of {', '.join(METHODS)}")
+    g.add_argument("--class", dest="classes", type=int, nargs="+", action="extend", help="class ids")
+    g.add_argument("--num", type=int, help="number of images (default: one per --class, else 8)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", default="out", help="output directory")
+    g.add_argument("--device", default="cpu")
+    _add_sampling(g)
+    _add_method_options(g)
+
+    b = sub.add_parser("bench", help="benchmark methods against AR (JSON of API.md)")
+    b.add_argument("--model", default="emoji")
+    b.add_argument("--methods", default="ar,speculative",
+                   help="comma-separated method specs, options as name:key=value, e.g. sjd:window=8")
+    b.add_argument("--num", type=int, default=16)
+    b.add_argument("--batch-size", type=int, default=1)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--json", help="write the report JSON here")
+    b.add_argument("--md", help="write a markdown table here")
+    b.add_argument("--device", default="cpu")
+    _add_sampling(b)
+    b.add_argument("--accept", default="exact", help="default acceptance rule for methods that take one")
+
+    sub.add_parser("models", help="list model bundles")
+    return p
+
+
+def cmd_models(a: argparse.Namespace) -> int:
+    from .zoo import BUNDLES, installed
+
+    for name, (desc, _) in BUNDLES.items():
+        print(f"{name:12s} {'installed' if installed(name) else 'not installed':14s} {desc}")
+    print(f"methods: {', '.join(available(METHODS))}")
+    return 0
+
+
+def _save_png(image, path: Path) -> None:
+    atomic_write(path, lambda tmp: image.save(tmp, format="PNG"))
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from .viz import contact_sheet, heatmaps
+    from .zoo import load
+
+    pipe = load(a.model, a.device)
+    method = build_method(a.method, _method_options(a), a.accept)
+    sampling = _sampling(a, pipe.default_sampling)
+    if a.num is not None and a.num < 1:
+        raise ValueError(f"--num must be >= 1, got {a.num}")
+    classes = a.classes or list(range(pipe.num_classes))
+    num = a.num or (len(a.classes) if a.classes else 8)
+    classes = [classes[i % len(classes)] for i in range(num)]
+    bad = [c for c in classes if not 0 <= c < pipe.num_classes]
+    if bad:
+        raise ValueError(f"--class {bad[0]} is out of range; model {a.model} has classes 0..{pipe.num_classes - 1}")
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = pipe(classes, method, sampling, seed=a.seed)
+    for i, im in enumerate(out.images):
+        _save_png(im, out_dir / f"{i:03d}.png")
+    _save_png(contact_sheet(out.images), out_dir / "grid.png")
+    _save_png(contact_sheet(heatmaps(out.stats.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1))),
+              out_dir / "heatmap.png")
+    name, config, rule = describe(method)
+    stats = {"model": a.model, "method": name, "config": config, "acceptance": rule, "lossless": bool(method.lossless),
+             "classes": classes, "seed": a.seed, "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
+             **out.stats.to_dict(), "accept_map": out.stats.accept_map.tolist()}
+    write_text(out_dir / "stats.json", json.dumps(stats, indent=1))
+    s = out.stats
+    print(f"specvis {a.model} | {name} {config} | accept {rule} | {num} images, classes {sorted(set(classes))}")
+    print(f"  tokens/image {s.tokens}  target forwards {s.target_forwards}  draft forwards {s.draft_forwards}")
+    print(f"  step compression {s.step_compression:.2f}  mean accepted length {s.mean_accepted_length:.2f}  "
+          f"wall {s.wall_s:.2f}s  ({num / s.wall_s:.2f} images/s)")
+    print(f"  wrote {num} PNGs, grid.png, heatmap.png, stats.json to {out_dir}/")
+    return 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from .bench.runner import markdown_table, run_bench
+    from .zoo import load
+
+    pipe = load(a.model, a.device)
+    sampling = _sampling(a, pipe.default_sampling)
+    specs = [s for s in a.methods.split(",") if s.strip()]
+
+    def show(run: dict) -> None:
+        print(f"{run['method']:12s} {json.dumps(run['config']):40s} step compression {run['step_compression']:.2f}  "
+              f"accepted {run['mean_accepted_length']:.2f}  {run['images_per_s']:.3f} img/s  speedup {run['speedup']:.2f}x",
+              flush=True)
+
+    report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept,
+                       progress=sys.stderr.isatty(), on_run=show)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        write_text(a.json, json.dumps(report, indent=1) + "\n")
+    if a.md:
+        Path(a.md).parent.mkdir(parents=True, exist_ok=True)
+        write_text(a.md, markdown_table(report))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        a = build_parser().parse_args(argv)
+        return {"generate": cmd_generate, "bench": cmd_bench, "models": cmd_models}[a.command](a)
+    except (UsageError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+        print(f"specvis: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specvis: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Pipelines: a target model, its tokenizer and optional draft/drafter, from classes to images."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .generate import Generation, generate
+from .sampling import Sampling
+from .viz import to_pil
+
+
+class PaletteTokenizer(torch.nn.Module):
+    """Stand-in tokenizer for random models: each code is a fixed colour, ``cell`` pixels wide."""
+
+    def __init__(self, vocab_size: int, cell: int = 8, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("palette", torch.rand(vocab_size, 3, generator=g) * 2 - 1)
+        self.cell = cell
+
+    @property
+    def codebook(self) -> torch.Tensor:
+        return self.palette
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        side = int(codes.shape[1] ** 0.5)
+        img = self.palette[codes].view(codes.shape[0], side, side, 3).permute(0, 3, 1, 2)
+        return img.repeat_interleave(self.cell, 2).repeat_interleave(self.cell, 3)
+
+
+@dataclass
+class Pipeline:
+    """``pipe(classes, method, sampling, seed)`` -> ``Generation`` with decoded images."""
+
+    name: str
+    target: torch.nn.Module
+    tokenizer: Any
+    draft: torch.nn.Module | None = None
+    drafter: torch.nn.Module | None = None
+    class_names: list[str] = field(default_factory=list)
+    default_sampling: Sampling = field(default_factory=Sampling)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return self.target.num_conditions
+
+    @property
+    def codebook(self) -> torch.Tensor:
+        return self.tokenizer.codebook
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    def to(self, device: str | torch.device) -> "Pipeline":
+        for m in (self.target, self.tokenizer, self.draft, self.drafter):
+            if m is not None:
+                m.to(device)
+        return self
+
+    @torch.no_grad()
+    def __call__(self, classes, method=None, sampling: Sampling | None = None, seed: int = 0,
+                 decode: bool = True) -> Generation:
+        conditions = torch.as_tensor(list(classes), dtype=torch.long, device=self.device)
+        out = generate(self.target, conditions, method, sampling or self.default_sampling, seed,
+                       draft=self.draft, drafter=self.drafter, codebook=self.codebook)
+        if decode:
+            out.images = self.to_images(out.tokens)
+        return out
+
+    @torch.no_grad()
+    def to_images(self, tokens: torch.Tensor):
+        return to_pil(self.tokenizer.decode(tokens))
