@@ -26,6 +26,15 @@ def check_conditions(model, conditions: torch.Tensor) -> None:
         raise ValueError(f"class ids must be in 0..{n - 1}, got {conditions.tolist()}")
 
 
+def bind_rule(rule, codebook: torch.Tensor | None):
+    """Rules that need the tokenizer's codebook (LANTERN neighbourhoods) expose ``bind(codebook)``."""
+    if rule is None or not hasattr(rule, "bind"):
+        return rule
+    if codebook is None:
+        raise ValueError(f"acceptance rule {rule.name} needs the tokenizer codebook (codebook=...)")
+    return rule.bind(codebook)
+
+
 @torch.no_grad()
 def generate(model, conditions: torch.Tensor, method=None, sampling: Sampling | None = None, seed: int = 0,
              draft=None, drafter=None, codebook: torch.Tensor | None = None) -> Generation:
@@ -41,6 +50,7 @@ def generate(model, conditions: torch.Tensor, method=None, sampling: Sampling | 
     target = GuidedModel(model, conditions, sampling, pad)
     draft_view = GuidedModel(draft, conditions, sampling, pad) if draft is not None else None
     ctx = DecodeContext(target, make_generator(seed, device), pad, draft_view, drafter, codebook)
+    ctx.rule = bind_rule(getattr(method, "acceptance", None), codebook)
     wall = timed(lambda: method.decode(ctx), device)
     draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
     return Generation(ctx.tokens[:, : ctx.L].clone(), ctx.stats(wall, draft_forwards))

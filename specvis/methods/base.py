@@ -88,6 +88,7 @@ class DecodeContext:
                  draft: GuidedModel | None = None, drafter: Any = None, codebook: torch.Tensor | None = None) -> None:
         self.target, self.draft, self.drafter, self.codebook = target, draft, drafter, codebook
         self.generator = generator
+        self.rule: Any = None  # the method's acceptance rule, bound to the codebook if it needs one
         layout = target.model.layout
         self.layout, self.L = layout, layout.num_tokens
         B, dev = target.batch, target.conditions.device

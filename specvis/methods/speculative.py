@@ -41,7 +41,7 @@ class Speculative:
         if ctx.draft is None:
             raise ValueError("method speculative needs a draft model (draft=...)")
         target, draft, g, gen = ctx.target, ctx.draft, self.gamma, ctx.generator
-        rule = self.acceptance
+        rule = ctx.rule
         x0 = sample(target.prefill(), gen)
         draft.prefill()
         ctx.commit(x0[:, None], torch.ones_like(ctx.n))
