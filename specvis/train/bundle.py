@@ -1,0 +1,84 @@
+"""Assemble the embedded emoji bundle (``specvis/assets/emoji``) from finished training runs.
+
+    python -m specvis.train.bundle --runs runs --data data/emoji --out specvis/assets/emoji
+
+Copies each component's ``final/`` model as fp16 safetensors + config (the VQ, the target and the
+draft are required; the classifier, the EAGLE drafter and the continuous models are added when their
+runs exist) and writes ``bundle.json`` with class names, default sampling and where each part came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..io import write_text
+from ..models.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_pretrained
+
+REQUIRED = ("vq", "target", "draft")
+OPTIONAL = ("classifier", "drafter", "continuous_target", "continuous_draft")
+DEFAULT_SAMPLING = {"temperature": 1.0, "top_k": None, "top_p": None, "cfg_scale": 3.0}
+
+
+def _copy_fp16(src: Path, dst: Path) -> int:
+    """Copy a ``final/`` directory, casting float tensors to fp16; returns bytes written."""
+    from safetensors.torch import save_file
+
+    config, tensors = read_pretrained(src)
+    dst.mkdir(parents=True, exist_ok=True)
+    half = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
+    tmp = dst / f".{WEIGHTS_NAME}.tmp"
+    save_file(half, str(tmp))
+    tmp.replace(dst / WEIGHTS_NAME)
+    write_text(dst / CONFIG_NAME, json.dumps(config, indent=2))
+    return (dst / WEIGHTS_NAME).stat().st_size
+
+
+def build_bundle(runs: Path, data: Path, out: Path, sampling: dict | None = None) -> dict:
+    missing = [name for name in REQUIRED if not (runs / name / "final").is_dir()]
+    if missing:
+        raise ValueError(f"cannot build the bundle: runs/{missing[0]}/final is missing (train it first)")
+    classes = json.loads((data / "classes.json").read_text())["classes"]
+    staging = out.with_name(out.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    parts, sizes = {}, {}
+    for name in REQUIRED + OPTIONAL:
+        src = runs / name / "final"
+        if src.is_dir():
+            sizes[name] = _copy_fp16(src, staging / name)
+            report = runs / name / "report.json"
+            parts[name] = json.loads(report.read_text()) if report.exists() else {}
+    meta = {
+        "name": "emoji",
+        "class_names": [c["name"] for c in classes],
+        "classes": classes,
+        "default_sampling": sampling or DEFAULT_SAMPLING,
+        "components": sorted(parts),
+        "bytes": sizes,
+        "training": parts,
+        "torch": torch.__version__,
+    }
+    write_text(staging / "bundle.json", json.dumps(meta, indent=1))
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return meta
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", default="runs")
+    p.add_argument("--data", default="data/emoji")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "assets" / "emoji"))
+    a = p.parse_args(argv)
+    meta = build_bundle(Path(a.runs), Path(a.data), Path(a.out))
+    total = sum(meta["bytes"].values())
+    print(f"bundle {a.out}: {', '.join(meta['components'])}; {total / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
