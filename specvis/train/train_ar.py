@@ -1,0 +1,355 @@
+"""Train a class-conditional LlamaGen (target or draft) on VQ token sequences (CPU, time-limited, resumable).
+
+Objective: next-token cross-entropy over all image tokens, ``forward_train(labels, codes[:, :-1])``
+predicting ``codes``; labels are replaced by the null class with probability ``--class-dropout`` so that
+classifier-free guidance works. AdamW (0.9, 0.95), weight decay on matrices only, linear warm-up then
+cosine decay (to lr/10) over the wall-clock budget, gradient clipping at 1.0.
+
+The budget (``--minutes``) is wall time summed over resumes (evaluation and checkpoints included).
+Every ``--ckpt-every`` seconds the full state goes to ``OUT/ckpt.pt``; rerunning the same command
+resumes. Logs: ``OUT/losses.csv`` (training loss), ``OUT/eval.csv`` (held-out loss on ``eval_codes``).
+At the end: ``OUT/final/`` (``model.safetensors`` + ``config.json``, ``LlamaGen.from_pretrained``)
+and ``OUT/report.json``.
+
+    python -m specvis.train.train_ar --tokens data/emoji_tokens.npz --preset target --out runs/target --minutes 70
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specvis.io import write_text
+from specvis.models.llamagen import LlamaGen, LlamaGenConfig
+from specvis.train import atomic_write
+
+# Model shapes and optimisation defaults; throughput on one CPU thread is in docs/training.md.
+PRESETS: dict[str, dict] = {
+    "target": {"dim": 256, "n_layer": 5, "n_head": 4, "multiple_of": 32, "batch_size": 16, "lr": 8e-4, "warmup": 100},
+    "draft": {"dim": 96, "n_layer": 2, "n_head": 2, "multiple_of": 32, "batch_size": 32, "lr": 1e-3, "warmup": 200},
+}
+LOSS_FIELDS = ["step", "elapsed_s", "lr", "loss", "grad_norm", "tokens_per_s"]
+EVAL_FIELDS = ["step", "elapsed_s", "train_loss", "eval_loss"]
+
+
+# ---------------------------------------------------------------- data
+def load_tokens(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Arrays of a token ``.npz`` from :mod:`specvis.train.tokenize` (train/eval codes and labels, codebook_size)."""
+    try:
+        with np.load(path) as z:
+            data = {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise ValueError(f"token file not found: {path}") from None
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+        raise ValueError(f"unreadable token file {path}: {type(exc).__name__}") from None
+    for key in ("train_codes", "train_labels", "eval_codes", "eval_labels", "codebook_size"):
+        if key not in data:
+            raise ValueError(f"{path}: missing array {key!r}")
+    if data["train_codes"].ndim != 2 or len(data["train_codes"]) != len(data["train_labels"]):
+        raise ValueError(f"{path}: train_codes must be (M, L) with one label per row")
+    return data
+
+
+def num_classes_of(data: dict[str, np.ndarray]) -> int:
+    """Number of classes: one more than the largest train/eval label."""
+    return int(max(data["train_labels"].max(initial=0), data["eval_labels"].max(initial=0))) + 1
+
+
+def fake_tokens(path: str | os.PathLike, n_train: int = 64, n_eval: int = 16, vocab: int = 32,
+                grid: int = 4, num_classes: int = 3, seed: int = 0) -> None:
+    """A small learnable token ``.npz`` (class-dependent stripes plus 10% noise) for tests and smoke runs."""
+    rng = np.random.default_rng(seed)
+
+    def split(n: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = rng.integers(0, num_classes, n)
+        rows = np.arange(grid * grid) // grid
+        codes = (labels[:, None] * 5 + rows[None] + rng.integers(0, 2, (n, 1))) % vocab
+        noise = rng.random(codes.shape) < 0.1
+        codes = np.where(noise, rng.integers(0, vocab, codes.shape), codes)
+        return codes.astype(np.int16), labels.astype(np.int64)
+
+    tc, tl = split(n_train)
+    ec, el = split(n_eval)
+    arrays = {"train_codes": tc, "train_labels": tl, "eval_codes": ec, "eval_labels": el,
+              "grid": np.array([grid, grid], np.int64), "codebook_size": np.array(vocab, np.int64)}
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+
+    atomic_write(path, write)
+
+
+# ---------------------------------------------------------------- model and optimiser
+def build_config(args: argparse.Namespace, vocab: int, num_classes: int, block_size: int) -> LlamaGenConfig:
+    return LlamaGenConfig(vocab_size=vocab, dim=args.dim, n_layer=args.n_layer, n_head=args.n_head,
+                          multiple_of=args.multiple_of, num_classes=num_classes, block_size=block_size,
+                          class_dropout_prob=args.class_dropout)
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices (linear and embedding weights) only."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+
+
+def lr_schedule(step: int, frac: float, base: float, warmup: int) -> float:
+    """Linear warm-up over ``warmup`` steps times a cosine from 1 to 0.1 over the budget fraction ``frac``."""
+    warm = min(1.0, (step + 1) / max(1, warmup))
+    return base * warm * (0.1 + 0.45 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, frac)))))
+
+
+def drop_labels(labels: torch.Tensor, null: int, p: float, gen: torch.Generator) -> torch.Tensor:
+    """Replace each label by ``null`` with probability ``p`` (classifier-free guidance training)."""
+    mask = torch.rand(labels.shape, generator=gen) < p
+    return torch.where(mask, torch.full_like(labels, null), labels)
+
+
+def sequence_loss(model: LlamaGen, labels: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over all ``L`` codes given the condition and the previous codes."""
+    logits, _ = model.forward_train(labels, codes[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), codes.reshape(-1))
+
+
+@torch.no_grad()
+def mean_loss(model: LlamaGen, codes: np.ndarray, labels: np.ndarray, batch_size: int = 64) -> float:
+    """Token-averaged cross-entropy (nats) of ``codes`` under their true labels, in eval mode."""
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(codes), batch_size):
+        c = torch.from_numpy(codes[i:i + batch_size].astype(np.int64))
+        y = torch.from_numpy(labels[i:i + batch_size].astype(np.int64))
+        total += float(sequence_loss(model, y, c)) * c.numel()
+        count += c.numel()
+    model.train(was)
+    return total / max(count, 1)
+
+
+def load_model(directory: str | os.PathLike) -> LlamaGen:
+    """A trained model from ``OUT/final`` (``model.safetensors`` + ``config.json``), in eval mode."""
+    return LlamaGen.from_pretrained(directory)
+
+
+# ---------------------------------------------------------------- logs
+def _append_row(path: Path, fields: list[str], row: dict) -> None:
+    header = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        if header:
+            w.writeheader()
+        w.writerow(row)
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """On resume, forget log rows written after the checkpoint's step."""
+    if not path.exists():
+        return
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames or [], [r for r in reader if int(r["step"]) <= step]
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+
+    atomic_write(path, write)
+
+
+def machine_info(threads: int) -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
+            "python": platform.python_version()}
+
+
+# ---------------------------------------------------------------- training
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m specvis.train.train_ar", description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", default="data/emoji_tokens.npz", help="token .npz from specvis.train.tokenize")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="target", help="model size and optimiser defaults")
+    p.add_argument("--out", required=True, help="run directory (checkpoint, logs, final model, report)")
+    p.add_argument("--minutes", type=float, default=70.0, help="wall-clock budget, summed over resumes")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    for name, kind in (("dim", int), ("n-layer", int), ("n-head", int), ("multiple-of", int),
+                       ("batch-size", int), ("lr", float), ("warmup", int)):
+        p.add_argument(f"--{name}", type=kind, default=None, help="override the preset")
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--class-dropout", type=float, default=0.1, help="probability of the null condition")
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--ckpt-every", type=float, default=180.0, help="checkpoint period (seconds)")
+    p.add_argument("--eval-every", type=float, default=300.0, help="held-out loss period (seconds)")
+    p.add_argument("--log-every", type=int, default=10, help="training-loss log period (steps)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (tests, smoke runs)")
+    p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in --out")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for name in ("minutes", "threads", "dim", "n_layer", "n_head", "multiple_of", "batch_size", "lr",
+                 "ckpt_every", "eval_every", "log_every", "grad_clip"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0")
+    if not 0.0 < args.class_dropout < 1.0:
+        p.error("--class-dropout must be in (0, 1): the null class is needed for guidance")
+    if args.max_steps is not None and args.max_steps < 1:
+        p.error("--max-steps must be >= 1")
+    return args
+
+
+def train(args: argparse.Namespace) -> dict:
+    """Run (or resume) training; returns the report written to ``OUT/report.json``."""
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_tokens(args.tokens)
+    train_codes, train_labels = data["train_codes"], data["train_labels"]
+    eval_codes, eval_labels = data["eval_codes"], data["eval_labels"]
+    vocab, L = int(data["codebook_size"]), int(train_codes.shape[1])
+    if int(train_codes.max()) >= vocab or int(train_codes.min()) < 0:
+        raise ValueError(f"{args.tokens}: codes outside [0, {vocab})")
+    ckpt_path, loss_csv, eval_csv = out / "ckpt.pt", out / "losses.csv", out / "eval.csv"
+
+    state = None
+    if ckpt_path.exists() and not args.fresh:
+        try:
+            state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"cannot read checkpoint {ckpt_path}: {exc}") from None
+    if state is not None:
+        cfg = LlamaGenConfig(**state["config"])
+        hp = state["hparams"]  # the run keeps the hyper-parameters it started with
+        print(f"resuming from {ckpt_path} at step {state['step']} ({state['elapsed'] / 60:.1f} min done)", flush=True)
+    else:
+        cfg = build_config(args, vocab, num_classes_of(data), L)
+        hp = {k: getattr(args, k) for k in ("preset", "batch_size", "lr", "warmup", "weight_decay", "class_dropout",
+                                            "grad_clip", "seed", "minutes")}
+        for path in (loss_csv, eval_csv):
+            path.unlink(missing_ok=True)
+    hp["minutes"] = args.minutes  # the budget may be extended on resume
+    if cfg.vocab_size != vocab or cfg.block_size != L:
+        raise ValueError(f"checkpoint expects vocab {cfg.vocab_size} / length {cfg.block_size}, tokens have {vocab} / {L}")
+
+    torch.manual_seed(hp["seed"])
+    model = LlamaGen(cfg).train()
+    opt = make_optimizer(model, hp["lr"], hp["weight_decay"])
+    gen = torch.Generator().manual_seed(hp["seed"] + 1)
+    step, elapsed = 0, 0.0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        gen.set_state(state["gen"])
+        step, elapsed = state["step"], state["elapsed"]
+        for path in (loss_csv, eval_csv):
+            _drop_rows_after(path, step)
+    budget = args.minutes * 60.0
+    n_params = sum(p.numel() for p in model.parameters())
+    B = hp["batch_size"]
+    print(f"{hp['preset']}: LlamaGen {n_params / 1e6:.2f}M params (dim {cfg.dim}, {cfg.n_layer} layers, "
+          f"{cfg.n_head} heads, ffn {cfg.ffn_hidden}), vocab {vocab}, {cfg.num_classes} classes, "
+          f"{len(train_codes)} train / {len(eval_codes)} eval sequences of {L}, batch {B}, lr {hp['lr']}, "
+          f"budget {args.minutes} min, {args.threads} thread(s)", flush=True)
+
+    def save_ckpt() -> None:
+        blob = {"config": model.config_dict(), "hparams": hp, "model": model.state_dict(), "opt": opt.state_dict(),
+                "gen": gen.get_state(), "step": step, "elapsed": elapsed}
+        atomic_write(ckpt_path, lambda tmp: torch.save(blob, tmp))
+
+    codes_t = torch.from_numpy(train_codes.astype(np.int64))
+    labels_t = torch.from_numpy(train_labels.astype(np.int64))
+    t0 = time.monotonic() - elapsed
+    last_ckpt = last_eval = elapsed
+    run_loss, run_n, recent = 0.0, 0, float("nan")
+    t_log, step_log = time.monotonic(), step
+    while elapsed < budget and (args.max_steps is None or step < args.max_steps):
+        idx = torch.randint(0, len(codes_t), (B,), generator=gen)
+        codes, labels = codes_t[idx], drop_labels(labels_t[idx], model.null_condition, hp["class_dropout"], gen)
+        lr = lr_schedule(step, elapsed / budget, hp["lr"], hp["warmup"])
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = sequence_loss(model, labels, codes)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), hp["grad_clip"]))
+        opt.step()
+        step += 1
+        run_loss += float(loss.detach())
+        run_n += 1
+        elapsed = time.monotonic() - t0
+        if step % args.log_every == 0:
+            now = time.monotonic()
+            tps = (step - step_log) * B * L / max(now - t_log, 1e-9)
+            recent = run_loss / run_n
+            _append_row(loss_csv, LOSS_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}", "lr": f"{lr:.4g}",
+                                                "loss": f"{recent:.5f}", "grad_norm": f"{grad_norm:.3f}",
+                                                "tokens_per_s": f"{tps:.0f}"})
+            print(f"step {step} {elapsed / 60:.1f}min lr {lr:.2e} loss {recent:.4f} gnorm {grad_norm:.2f} "
+                  f"{tps:.0f} tok/s ({tps / (B * L):.2f} steps/s)", flush=True)
+            run_loss, run_n, t_log, step_log = 0.0, 0, now, step
+        if elapsed - last_eval >= args.eval_every:
+            ev = mean_loss(model, eval_codes, eval_labels)
+            elapsed = time.monotonic() - t0
+            _append_row(eval_csv, EVAL_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}",
+                                                "train_loss": f"{recent:.5f}", "eval_loss": f"{ev:.5f}"})
+            print(f"step {step} eval loss {ev:.4f}", flush=True)
+            last_eval = elapsed
+        if elapsed - last_ckpt >= args.ckpt_every:
+            save_ckpt()
+            elapsed = last_ckpt = time.monotonic() - t0
+    save_ckpt()
+    return finish(model, out, data, step, elapsed, hp, args, n_params)
+
+
+def finish(model: LlamaGen, out: Path, data: dict[str, np.ndarray], step: int, elapsed: float, hp: dict,
+           args: argparse.Namespace, n_params: int) -> dict:
+    """Final held-out and training losses, ``OUT/final/`` and ``OUT/report.json``."""
+    model.eval()
+    rng = np.random.default_rng(0)
+    sub = rng.choice(len(data["train_codes"]), size=min(512, len(data["train_codes"])), replace=False)
+    train_loss = mean_loss(model, data["train_codes"][sub], data["train_labels"][sub])
+    eval_loss = mean_loss(model, data["eval_codes"], data["eval_labels"])
+    L = int(data["train_codes"].shape[1])
+    report = {
+        "preset": hp["preset"], "final_train_loss": train_loss, "final_eval_loss": eval_loss,
+        "train_loss_subset": len(sub), "uniform_loss": math.log(model.config.vocab_size),
+        "steps": step, "batch_size": hp["batch_size"], "lr": hp["lr"], "warmup": hp["warmup"],
+        "weight_decay": hp["weight_decay"], "class_dropout": hp["class_dropout"], "grad_clip": hp["grad_clip"],
+        "tokens_seen": step * hp["batch_size"] * L,
+        "epochs": step * hp["batch_size"] / max(1, len(data["train_codes"])),
+        "train_minutes": round(elapsed / 60.0, 2), "budget_minutes": hp["minutes"],
+        "params": n_params, "config": model.config_dict(),
+        "num_train_sequences": len(data["train_codes"]), "num_eval_sequences": len(data["eval_codes"]),
+        "tokens_file": str(args.tokens), "machine": machine_info(args.threads),
+    }
+    model.save_pretrained(out / "final")
+    write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
+    print(f"final train loss {train_loss:.4f}, eval loss {eval_loss:.4f} (uniform {report['uniform_loss']:.3f}); "
+          f"{step} steps in {elapsed / 60:.1f} min; wrote {out / 'final'} and {out / 'report.json'}", flush=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        train(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
