@@ -88,8 +88,15 @@ def build_parser() -> Parser:
     b.add_argument("--batch-size", type=int, default=1)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--repeats", type=int, default=1)
-    b.add_argument("--json", help="write the report JSON here")
+    b.add_argument("--json", help="write the report JSON here (after every run); rerunning resumes from it")
     b.add_argument("--md", help="write a markdown table here")
+    b.add_argument("--plots", help="write speedup, step-compression and acceptance-heatmap PNGs to this directory")
+    b.add_argument("--metrics", help="quality metrics, comma-separated: proxy (default when the model ships a "
+                                     "classifier), fid, clip (torchmetrics, weights already on disk), none")
+    b.add_argument("--data", default="data/emoji", help="dataset directory with eval.npz (reference images for fid)")
+    b.add_argument("--shards", type=int, default=1, help="split the batches into this many shards")
+    b.add_argument("--shard-index", type=int, default=0, help="which shard to run (0-based)")
+    b.add_argument("--merge", nargs="+", metavar="JSON", help="merge shard reports into --json instead of running")
     b.add_argument("--device", default="cpu")
     _add_sampling(b)
     b.add_argument("--accept", default="exact", help="default acceptance rule for methods that take one")
@@ -149,26 +156,38 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from .bench.runner import markdown_table, run_bench
-    from .zoo import load
+    from .bench.report import markdown_table, merge_reports
+    from .bench.runner import run_bench
 
-    pipe = load(a.model, a.device)
-    sampling = _sampling(a, pipe.default_sampling)
-    specs = [s for s in a.methods.split(",") if s.strip()]
+    if a.merge:
+        if not a.json:
+            raise ValueError("--merge needs --json OUT for the merged report")
+        report, class_names = merge_reports(a.merge, a.json), None
+    else:
+        from .zoo import load
 
-    def show(run: dict) -> None:
-        print(f"{run['method']:12s} {json.dumps(run['config']):40s} step compression {run['step_compression']:.2f}  "
-              f"accepted {run['mean_accepted_length']:.2f}  {run['images_per_s']:.3f} img/s  speedup {run['speedup']:.2f}x",
-              flush=True)
+        pipe = load(a.model, a.device)
+        class_names = pipe.class_names
+        sampling = _sampling(a, pipe.default_sampling)
+        specs = [s for s in a.methods.split(",") if s.strip()]
+        metrics = None if a.metrics is None else [m.strip() for m in a.metrics.split(",") if m.strip() not in ("", "none")]
 
-    report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept,
-                       progress=sys.stderr.isatty(), on_run=show)
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        write_text(a.json, json.dumps(report, indent=1) + "\n")
+        def show(run: dict) -> None:
+            print(f"{run['method']:12s} {json.dumps(run['config']):40s} step compression {run['step_compression']:.2f}  "
+                  f"accepted {run['mean_accepted_length']:.2f}  {run['images_per_s']:.3f} img/s  speedup {run['speedup']:.2f}x"
+                  + "".join(f"  {k} {v:.3f}" for k, v in run.get("quality", {}).items() if k in ("fid_proxy", "class_accuracy")),
+                  flush=True)
+
+        report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept,
+                           progress=sys.stderr.isatty(), on_run=show, json_path=a.json, shards=a.shards,
+                           shard_index=a.shard_index, metrics=metrics, data_dir=a.data)  # writes --json
     if a.md:
         Path(a.md).parent.mkdir(parents=True, exist_ok=True)
         write_text(a.md, markdown_table(report))
+    if a.plots:
+        from .bench.plots import write_plots
+
+        write_plots(report, a.plots, class_names)
     return 0
 
 

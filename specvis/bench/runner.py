@@ -1,21 +1,38 @@
 """``specvis bench``: AR first, then each method on the same classes and seeds; warm-up excluded;
-each configuration repeated and the median wall-clock reported (API.md JSON)."""
+each configuration repeated and the median wall-clock reported (API.md JSON).
+
+With ``json_path`` the report is written after every completed run and a rerun reuses the runs
+whose key (model, device, batch size, number of images, seed, sampling, shard, method, config,
+acceptance) matches, so an interrupted benchmark resumes. ``shards``/``shard_index`` take every
+``shards``-th batch of the work list; ``report.merge_reports`` joins the shard reports.
+"""
 
 from __future__ import annotations
 
+import json
 import platform
 import statistics
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from .. import __version__
 from ..registry import build_method, describe, parse_method_spec
 from ..sampling import Sampling
+from .quality import Metric, QualitySource, build_metrics, seed_groups, summarize
+from .report import (key_id, load_observations, markdown_table, run_key, save_observations, set_speedups,
+                     side_path, write_report)
+
+__all__ = ["batches", "shard_work", "measure", "run_bench", "markdown_table"]
+
+Work = list[tuple[list[int], int]]
 
 
-def batches(num: int, batch_size: int, num_classes: int, seed: int) -> list[tuple[list[int], int]]:
+def batches(num: int, batch_size: int, num_classes: int, seed: int) -> Work:
     """Deterministic work list: image i has class i % num_classes; batch j uses seed + j."""
     out = []
     for j, start in enumerate(range(0, num, batch_size)):
@@ -23,29 +40,57 @@ def batches(num: int, batch_size: int, num_classes: int, seed: int) -> list[tupl
     return out
 
 
-def measure(pipe, method, work: list[tuple[list[int], int]], sampling: Sampling, repeats: int,
-            progress: bool = False) -> dict[str, Any]:
+def shard_work(work: Work, shards: int = 1, shard_index: int = 0) -> tuple[list[int], Work]:
+    """(batch indices, batches) of one shard: batches j with j % shards == shard_index."""
+    if shards < 1 or not 0 <= shard_index < shards:
+        raise ValueError(f"--shard-index must be in 0..{shards - 1} and --shards >= 1, got {shard_index} of {shards}")
+    idx = list(range(shard_index, len(work), shards))
+    if not idx:
+        raise ValueError(f"shard {shard_index} of {shards} has no batches ({len(work)} batches in all)")
+    return idx, [work[j] for j in idx]
+
+
+def _accept_maps(per_batch: list[tuple[int, Any]], work: Work) -> tuple[dict[str, list], dict[str, int]]:
+    """Per-class mean accept maps (rounded to 1e-4) and image counts."""
+    sums: dict[int, torch.Tensor] = {}
+    counts: dict[int, int] = {}
+    for (classes, _), (_, out) in zip(work, per_batch):
+        amap = out.stats.accept_map.double()
+        for row, c in enumerate(classes):
+            sums[c] = sums.get(c, 0) + amap[row]
+            counts[c] = counts.get(c, 0) + 1
+    order = sorted(sums)
+    return ({str(c): (sums[c] / counts[c]).mul(1e4).round().div(1e4).tolist() for c in order},
+            {str(c): counts[c] for c in order})
+
+
+def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress: bool = False,
+            bar: tqdm | None = None) -> dict[str, Any]:
     """Run ``method`` over ``work`` ``repeats`` times after one warm-up batch; token/forward counts
     come from the first repeat (they are identical across repeats), wall-clock is the median."""
     pipe(work[0][0], method, sampling, seed=work[0][1], decode=False)  # warm-up, not timed
     walls, first = [], None
     for _ in range(repeats):
         wall, per_batch = 0.0, []
-        for classes, seed in tqdm(work, disable=not progress, leave=False, desc=method.name):
+        for classes, seed in tqdm(work, disable=not progress or bar is not None, leave=False, desc=method.name):
             out = pipe(classes, method, sampling, seed=seed, decode=False)
             wall += out.stats.wall_s
             per_batch.append((len(classes), out))
+            if bar is not None:
+                bar.update(1)
         walls.append(wall)
         first = first or per_batch
     n_images = sum(n for n, _ in first)
     tokens = sum(n * o.stats.tokens for n, o in first)
     name, config, rule = describe(method)
     wall = statistics.median(walls)
+    maps, counts = _accept_maps(first, work)
     return {
         "method": name,
         "config": config,
         "acceptance": rule,
         "lossless": bool(method.lossless),
+        "n_images": n_images,
         "tokens": tokens,
         "target_forwards": sum(o.stats.target_forwards for _, o in first),
         "draft_forwards": sum(o.stats.draft_forwards for _, o in first),
@@ -53,19 +98,54 @@ def measure(pipe, method, work: list[tuple[list[int], int]], sampling: Sampling,
         "mean_accepted_length": sum(n * o.stats.mean_accepted_length for n, o in first) / n_images,
         "wall_s": wall,
         "wall_s_repeats": walls,
-        "images_per_s": n_images / wall,
+        "images_per_s": n_images / wall if wall > 0 else float("nan"),
         "quality": {},
+        "accept_map_per_class": maps,
+        "images_per_class": counts,
         "_outputs": first,
     }
 
 
+def observe(pipe, metrics: list[Metric], per_batch: list[tuple[int, Any]], work: Work,
+            batch_index: list[int]) -> dict[str, np.ndarray]:
+    """Decode each batch's tokens and collect every metric's per-image observations (+ labels, batch)."""
+    obs: dict[str, list[np.ndarray]] = {"labels": [], "batch": []}
+    for (classes, _), (_, out), j in zip(work, per_batch, batch_index):
+        images = np.stack([np.asarray(im.convert("RGB")) for im in pipe.to_images(out.tokens)])
+        labels = np.asarray(classes, np.int64)
+        for metric in metrics:
+            for k, v in metric.observe(images, labels).items():
+                obs.setdefault(k, []).append(np.asarray(v))
+        obs["labels"].append(labels)
+        obs["batch"].append(np.full(len(classes), j, np.int64))
+    return {k: np.concatenate(v) for k, v in obs.items()}
+
+
+def _load_previous(json_path: Path | None) -> tuple[dict[str, dict], dict, dict]:
+    """Completed runs of an earlier report at ``json_path`` by key, and its observation file."""
+    if json_path is None or not json_path.exists():
+        return {}, {}, {}
+    try:
+        old = json.loads(json_path.read_text())
+        done = {run_key(old, r): r for r in old.get("runs", [])}
+    except (OSError, ValueError, KeyError, TypeError):
+        print(f"specvis: {json_path} is not a bench report; starting afresh", file=sys.stderr)
+        return {}, {}, {}
+    refs, obs = load_observations(side_path(json_path))
+    return done, refs, obs
+
+
 def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, sampling: Sampling | None = None,
               repeats: int = 1, acceptance: str = "exact", progress: bool = True,
-              on_run: Callable[[dict], None] | None = None) -> dict[str, Any]:
+              on_run: Callable[[dict], None] | None = None, *, json_path: str | Path | None = None,
+              shards: int = 1, shard_index: int = 0, metrics: list[str] | None = None,
+              data_dir: str | Path | None = None, quality_groups: int = 4) -> dict[str, Any]:
     """Benchmark ``specs`` (method specs such as ``"sjd:window=16"``) on ``pipe``; ``ar`` always runs first.
 
     ``step_compression`` and ``mean_accepted_length`` are per-image averages (tokens of an image over
-    the batched target forwards it took); ``target_forwards`` counts batched calls.
+    the batched target forwards it took); ``target_forwards`` counts batched calls. ``metrics``: quality
+    metric names (None: the bundle's classifier proxy when present; [] for none). ``json_path``: write
+    the report (and ``*.quality.npz`` observations) after every run and resume from it.
     """
     if num < 1 or batch_size < 1 or repeats < 1:
         raise ValueError("--num, --batch-size and --repeats must be >= 1")
@@ -74,36 +154,55 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     if not parsed or parsed[0][0] != "ar":
         parsed = [("ar", {})] + [p for p in parsed if p != ("ar", {})]
     methods = [build_method(name, opts, opts.pop("accept", acceptance)) for name, opts in parsed]
-    work = batches(num, batch_size, pipe.num_classes, seed)
+    full = batches(num, batch_size, pipe.num_classes, seed)
+    batch_index, work = shard_work(full, shards, shard_index)
     report = {
         "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),
         "device_name": torch.cuda.get_device_name(pipe.device) if pipe.device.type == "cuda" else platform.processor() or platform.machine(),
         "torch": torch.__version__, "batch_size": batch_size, "num_images": num, "seed": seed,
         "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "cfg_scale": sampling.cfg_scale},
-        "repeats": repeats, "runs": [],
+        "repeats": repeats, "shards": shards, "shard_index": shard_index,
+        "n_images": sum(len(c) for c, _ in work), "quality_groups": quality_groups, "runs": [],
     }
+    json_path = Path(json_path) if json_path is not None else None
+    done, refs, all_obs = _load_previous(json_path)
+    keep_obs: dict[str, dict[str, np.ndarray]] = {}
+    todo = []
     for method in methods:
-        run = measure(pipe, method, work, sampling, repeats, progress)
-        run.pop("_outputs")
-        ar = report["runs"][0] if report["runs"] else run
-        run["speedup"] = run["images_per_s"] / ar["images_per_s"]
+        name, config, rule = describe(method)
+        key = run_key(report, {"method": name, "config": config, "acceptance": rule})
+        todo.append((method, key, done.get(key)))
+    fresh = sum(prev is None for _, _, prev in todo)
+    bar = tqdm(total=fresh * repeats * len(work), desc="bench", disable=not progress or not fresh, leave=False)
+    quality: list[Metric] | None = None
+    for method, key, prev in todo:
+        rid = key_id(key)
+        if prev is not None:
+            run = prev
+            if rid in all_obs:
+                keep_obs[rid] = all_obs[rid]
+            tqdm.write(f"reusing {run['method']} {json.dumps(run['config'])} from {json_path}", file=sys.stderr)
+        else:
+            bar.set_description(method.name)
+            run = measure(pipe, method, work, sampling, repeats, progress, bar=bar)
+            outputs = run.pop("_outputs")
+            if quality is None:  # built on first need: resumed runs never load the classifier
+                quality = build_metrics(metrics, QualitySource(pipe, Path(data_dir) if data_dir else None))
+                for m in quality:
+                    refs.update(m.references)
+            if quality:
+                obs = observe(pipe, quality, outputs, work, batch_index)
+                figures = {k: v for k, v in obs.items() if k not in ("labels", "batch")}
+                run["quality"] = summarize(figures, refs, seed_groups(obs["batch"], len(full), quality_groups))
+                keep_obs[rid] = obs
         report["runs"].append(run)
+        set_speedups(report)
+        if json_path is not None:
+            write_report(report, json_path)
+            if keep_obs:
+                save_observations(side_path(json_path), refs, keep_obs)
         if on_run is not None:
             on_run(run)
+    bar.close()
     return report
-
-
-def markdown_table(report: dict[str, Any]) -> str:
-    """The runs of a report as a markdown table."""
-    head = (f"model `{report['model']}` on {report['device']} ({report.get('device_name', '')}), "
-            f"batch {report['batch_size']}, {report['num_images']} images, seed {report['seed']}, "
-            f"torch {report['torch']}, median of {report.get('repeats', 1)}\n\n")
-    rows = ["| method | config | acceptance | lossless | step compression | mean accepted length | images/s | speedup |",
-            "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
-    for r in report["runs"]:
-        cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items()) or "-"
-        rows.append(f"| {r['method']} | {cfg} | {r['acceptance']} | {'yes' if r['lossless'] else 'no'} | "
-                    f"{r['step_compression']:.2f} | {r['mean_accepted_length']:.2f} | {r['images_per_s']:.3f} | "
-                    f"{r['speedup']:.2f}x |")
-    return head + "\n".join(rows) + "\n"

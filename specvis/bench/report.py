@@ -1,0 +1,248 @@
+"""Bench reports: run keys, JSON layout, markdown table, run labels, and merging shard reports."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..io import atomic_write, write_text
+from .quality import seed_groups, summarize
+
+# report fields that, with a run's method/config/acceptance, identify a completed configuration
+KEY_FIELDS = ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards", "shard_index")
+TIMING_FIELDS = ("wall_s", "wall_s_repeats", "images_per_s", "speedup")
+
+
+def run_key(report: dict[str, Any], run: dict[str, Any]) -> str:
+    """Canonical key of a run within a report (what resume matches on)."""
+    key = {k: report.get(k, 1 if k == "shards" else 0 if k == "shard_index" else None) for k in KEY_FIELDS}
+    key.update(method=run["method"], config=run["config"], acceptance=run["acceptance"])
+    return json.dumps(key, sort_keys=True)
+
+
+def key_id(key: str) -> str:
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def set_speedups(report: dict[str, Any]) -> None:
+    """``speedup`` = images_per_s over the ``ar`` run's (the first run)."""
+    runs = report["runs"]
+    ar = next((r for r in runs if r["method"] == "ar"), runs[0] if runs else None)
+    for r in runs:
+        r["speedup"] = r["images_per_s"] / ar["images_per_s"] if ar and ar["images_per_s"] > 0 else float("nan")
+
+
+def dumps(obj: Any, indent: int = 1, _level: int = 0) -> str:
+    """JSON with dicts indented and lists of scalars (accept maps) kept on one line each."""
+    pad, inner = " " * (indent * _level), " " * (indent * (_level + 1))
+    if isinstance(obj, dict) and obj:
+        items = [f"{inner}{json.dumps(str(k))}: {dumps(v, indent, _level + 1)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, list) and obj and any(isinstance(v, (dict, list)) for v in obj):
+        if all(isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v) for v in obj):
+            return "[" + ", ".join(json.dumps(v) for v in obj) + "]"
+        return "[\n" + ",\n".join(inner + dumps(v, indent, _level + 1) for v in obj) + "\n" + pad + "]"
+    return json.dumps(obj)
+
+
+def side_path(json_path: str | Path) -> Path:
+    """The quality observations file next to a report JSON (``X.json`` -> ``X.quality.npz``)."""
+    p = Path(json_path)
+    return p.with_name(p.stem + ".quality.npz")
+
+
+def save_observations(path: Path, refs: dict[str, np.ndarray], obs: dict[str, dict[str, np.ndarray]]) -> None:
+    """Reference features and per-run observations (incl. ``labels`` and ``batch``), atomically."""
+    arrays = {f"ref__{k}": v for k, v in refs.items()}
+    for rid, d in obs.items():
+        arrays.update({f"run__{rid}__{k}": v for k, v in d.items()})
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **arrays)
+
+    atomic_write(path, write)
+
+
+def load_observations(path: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]]]:
+    """Inverse of :func:`save_observations`; ({}, {}) when the file is absent or unreadable."""
+    refs: dict[str, np.ndarray] = {}
+    obs: dict[str, dict[str, np.ndarray]] = {}
+    try:
+        with np.load(path) as z:
+            for name in z.files:
+                parts = name.split("__")
+                if parts[0] == "ref":
+                    refs[parts[1]] = z[name]
+                elif parts[0] == "run":
+                    obs.setdefault(parts[1], {})[parts[2]] = z[name]
+    except (OSError, ValueError):
+        return {}, {}
+    return refs, obs
+
+
+def write_report(report: dict[str, Any], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, dumps(report) + "\n")
+
+
+# ------------------------------------------------------------------------------------------ labels
+
+
+def _cfg_text(config: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.items()) or "-"
+
+
+def run_labels(runs: list[dict[str, Any]]) -> list[str]:
+    """Short unique labels: method (+ acceptance unless exact/none), plus the config entries that
+    differ between runs sharing that label."""
+    base = [r["method"] + ("" if r["acceptance"] in ("exact", "none") else f"+{r['acceptance']}") for r in runs]
+    out = list(base)
+    for label in set(base):
+        same = [i for i, b in enumerate(base) if b == label]
+        if len(same) < 2:
+            continue
+        keys = sorted({k for i in same for k in runs[i]["config"]})
+        differ = [k for k in keys if len({json.dumps(runs[i]["config"].get(k), sort_keys=True) for i in same}) > 1]
+        for i in same:
+            cfg = runs[i]["config"]
+            out[i] = label + "(" + ", ".join(f"{k}={cfg.get(k)}" for k in differ) + ")"
+    return out
+
+
+# ------------------------------------------------------------------------------------------ markdown
+
+QUALITY_COLUMNS = (("fid_proxy", "FID proxy", ".2f"), ("class_accuracy", "class acc.", ".2f"),
+                   ("fid", "FID", ".2f"), ("clip_score", "CLIP score", ".2f"))
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The runs of a report as a markdown table (quality columns when any run has them)."""
+    n = report.get("n_images") or report["num_images"]
+    shard = f", shard {report['shard_index']} of {report['shards']}" if report.get("shards", 1) > 1 else ""
+    head = (f"model `{report['model']}` on {report['device']} ({report.get('device_name', '')}), "
+            f"batch {report['batch_size']}, {n} images, seed {report['seed']}{shard}, "
+            f"torch {report['torch']}, median of {report.get('repeats', 1)}\n\n")
+    qcols = [c for c in QUALITY_COLUMNS if any(c[0] in r.get("quality", {}) for r in report["runs"])]
+    cols = ["method", "config", "acceptance", "lossless", "step compression", "mean accepted length",
+            "images/s", "speedup"] + [c[1] for c in qcols]
+    rows = ["| " + " | ".join(cols) + " |", "| " + " | ".join(["---"] * 4 + ["---:"] * (len(cols) - 4)) + " |"]
+    for r in report["runs"]:
+        cells = [r["method"], _cfg_text(r["config"]), r["acceptance"], "yes" if r["lossless"] else "no",
+                 f"{r['step_compression']:.2f}", f"{r['mean_accepted_length']:.2f}", f"{r['images_per_s']:.3f}",
+                 f"{r['speedup']:.2f}x"]
+        q = r.get("quality", {})
+        for key, _, fmt in qcols:
+            v = q.get(key)
+            cell = "-" if v is None else format(v, fmt)
+            if v is not None and f"{key}_std" in q:
+                cell += f" ± {format(q[f'{key}_std'], fmt)}"
+            cells.append(cell)
+        rows.append("| " + " | ".join(cells) + " |")
+    note = ""
+    if qcols:
+        nq = next((r["quality"].get("n_images") for r in report["runs"] if r.get("quality")), n)
+        note = (f"\nQuality over {nq} images per method; ± is the std of the metric over "
+                f"{report.get('quality_groups', 4)} seed groups (a quarter of the images each), "
+                "so differences well inside it are noise.\n")
+    return head + "\n".join(rows) + "\n" + note
+
+
+# ------------------------------------------------------------------------------------------ merge
+
+
+def _per_class_merge(runs: list[dict[str, Any]]) -> tuple[dict[str, list], dict[str, int]]:
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    for r in runs:
+        for c, m in (r.get("accept_map_per_class") or {}).items():
+            k = int(r["images_per_class"][c])
+            sums[c] = sums.get(c, 0) + np.asarray(m, np.float64) * k
+            counts[c] = counts.get(c, 0) + k
+    order = sorted(sums, key=int)
+    return ({c: np.round(sums[c] / counts[c], 4).tolist() for c in order}, {c: counts[c] for c in order})
+
+
+def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -> dict[str, Any]:
+    """Merge shard reports into the report of one unsharded run: counts and wall-clock summed, rates
+    and speedups recomputed, per-class accept maps weighted by images, quality recomputed from the
+    shards' observation files when all are present (else mean metrics weighted, Frechet ones dropped)."""
+    reports = []
+    for p in paths:
+        try:
+            reports.append(json.loads(Path(p).read_text()))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read bench report {p}: {e}") from None
+    first = reports[0]
+    for p, r in zip(paths, reports):
+        for k in ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards"):
+            if r.get(k) != first.get(k):
+                raise ValueError(f"cannot merge {p}: its {k} {r.get(k)!r} differs from {paths[0]}'s {first.get(k)!r}")
+    shards = int(first.get("shards", 1))
+    indices = sorted(int(r.get("shard_index", 0)) for r in reports)
+    if indices != list(range(shards)):
+        raise ValueError(f"cannot merge: need shards 0..{shards - 1} once each, got indices {indices}")
+    sides = [load_observations(side_path(p)) for p in paths]
+    merged = {k: v for k, v in first.items() if k != "runs"}
+    merged.update(shards=1, shard_index=0, merged_from=[str(p) for p in paths], runs=[])
+    merged.pop("n_images", None)
+    n_batches = -(-int(first["num_images"]) // int(first["batch_size"]))
+    groups = int(first.get("quality_groups", 4))
+    all_refs: dict[str, np.ndarray] = {}
+    all_obs: dict[str, dict[str, np.ndarray]] = {}
+
+    def ident(run: dict) -> str:
+        return json.dumps([run["method"], run["config"], run["acceptance"]], sort_keys=True)
+
+    for run0 in first["runs"]:
+        parts = []
+        for p, r in zip(paths, reports):
+            match = [x for x in r["runs"] if ident(x) == ident(run0)]
+            if not match:
+                raise ValueError(f"cannot merge: {p} lacks the run {run0['method']} {run0['config']}")
+            parts.append((r, match[0]))
+        runs = [x for _, x in parts]
+        n = sum(int(x["n_images"]) for x in runs)
+        m = {k: run0[k] for k in ("method", "config", "acceptance", "lossless")}
+        m["n_images"] = n
+        for k in ("tokens", "target_forwards", "draft_forwards"):
+            m[k] = sum(int(x[k]) for x in runs)
+        for k in ("step_compression", "mean_accepted_length"):
+            m[k] = sum(x[k] * x["n_images"] for x in runs) / n
+        m["wall_s"] = sum(x["wall_s"] for x in runs)
+        m["wall_s_repeats"] = [sum(w) for w in zip(*(x.get("wall_s_repeats", [x["wall_s"]]) for x in runs))]
+        m["images_per_s"] = n / m["wall_s"] if m["wall_s"] > 0 else float("nan")
+        m["quality"] = {}
+        rid = key_id(run_key(merged, m))
+        pieces = [side[1].get(key_id(run_key(r, x))) for side, (r, x) in zip(sides, parts)]
+        if run0.get("quality") and all(pc is not None for pc in pieces):
+            obs = {k: np.concatenate([pc[k] for pc in pieces]) for k in pieces[0]}
+            order = np.lexsort((np.arange(len(obs["batch"])), obs["batch"]))
+            obs = {k: v[order] for k, v in obs.items()}
+            refs = {k: v for side in sides for k, v in side[0].items()}
+            metric_obs = {k: v for k, v in obs.items() if k not in ("labels", "batch")}
+            m["quality"] = summarize(metric_obs, refs, seed_groups(obs["batch"], n_batches, groups))
+            all_refs.update(refs)
+            all_obs[rid] = obs
+        elif run0.get("quality"):  # no observations: average the per-image means, drop Frechet figures
+            q0 = run0["quality"]
+            frechet = {k[len("n_reference_"):] for k in q0 if k.startswith("n_reference_")}
+            for key in q0:
+                plain = key not in frechet and key != "n_images" and not key.startswith("n_reference_") \
+                    and not key.endswith(("_std", "_groups"))
+                if plain and all(key in x.get("quality", {}) for x in runs):
+                    m["quality"][key] = sum(x["quality"][key] * x["n_images"] for x in runs) / n
+            if m["quality"]:
+                m["quality"]["n_images"] = n
+        m["accept_map_per_class"], m["images_per_class"] = _per_class_merge(runs)
+        merged["runs"].append(m)
+    set_speedups(merged)
+    if out_json is not None:
+        write_report(merged, out_json)
+        if all_obs:
+            save_observations(side_path(out_json), all_refs, all_obs)
+    return merged

@@ -1,0 +1,193 @@
+"""Bench harness: resume, shards + merge, pluggable quality metrics, fid_proxy, reports and plots."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import specvis.bench.runner as runner
+from specvis.bench import quality
+from specvis.bench.quality import (ClassifierConfig, EmojiClassifier, FrechetMetric, QualitySource, build_metrics,
+                                   frechet_distance)
+from specvis.bench.report import TIMING_FIELDS, merge_reports, run_labels
+from specvis.cli import main
+from specvis.zoo import load
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return load("random-tiny")
+
+
+class FakeExtractor:
+    """Mean colour and brightness spread per image: a stand-in for Inception/CLIP features."""
+
+    name = "fake"
+
+    def features(self, images: np.ndarray) -> np.ndarray:
+        x = images.astype(np.float64) / 255.0
+        return np.concatenate([x.mean((1, 2)), x.std((1, 2, 3))[:, None]], 1)
+
+
+def fake_metric(src: QualitySource) -> FrechetMetric:
+    rng = np.random.default_rng(0)
+    return FrechetMetric("fake_fid", FakeExtractor(), rng.integers(0, 256, (16, 8, 8, 3), dtype=np.uint8))
+
+
+def strip_timings(report: dict) -> dict:
+    out = {k: v for k, v in report.items() if k not in ("runs", "merged_from", "n_images", "repeats")}
+    out["runs"] = [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in report["runs"]]
+    return out
+
+
+def assert_close(a, b, path="report"):
+    if isinstance(a, dict):
+        assert set(a) == set(b), f"{path}: keys {sorted(set(a) ^ set(b))}"
+        for k in a:
+            assert_close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=1e-6, abs=2e-4), path
+    else:
+        assert a == b, path
+
+
+def test_resume_skips_completed_runs(pipe, tmp_path, monkeypatch):
+    calls = []
+    real = runner.measure
+    monkeypatch.setattr(runner, "measure", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+    path = tmp_path / "b.json"
+    specs = ["speculative:gamma=2"]
+
+    def interrupt(run):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # interrupted after the AR run was written
+        runner.run_bench(pipe, specs, 2, 2, progress=False, on_run=interrupt, json_path=path)
+    first = json.loads(path.read_text())
+    assert calls == ["ar"] and [r["method"] for r in first["runs"]] == ["ar"]
+
+    report = runner.run_bench(pipe, specs, 2, 2, progress=False, json_path=path)
+    assert calls == ["ar", "speculative"]  # AR reused, not redone
+    assert report["runs"][0]["wall_s"] == first["runs"][0]["wall_s"]
+    assert [r["method"] for r in json.loads(path.read_text())["runs"]] == ["ar", "speculative"]
+
+    runner.run_bench(pipe, specs, 2, 2, progress=False, json_path=path)
+    assert len(calls) == 2  # everything reused
+    runner.run_bench(pipe, specs, 2, 2, seed=1, progress=False, json_path=path)
+    assert len(calls) == 4  # another seed is another configuration
+
+
+def test_two_shards_merge_to_the_unsharded_report(pipe, tmp_path, monkeypatch):
+    monkeypatch.setitem(quality.METRICS, "fake", fake_metric)
+    kw = dict(progress=False, metrics=["fake"])
+    specs = ["speculative:gamma=2"]
+    whole = runner.run_bench(pipe, specs, 8, 2, json_path=tmp_path / "all.json", **kw)
+    parts = [tmp_path / f"s{i}.json" for i in range(2)]
+    for i, p in enumerate(parts):
+        shard = runner.run_bench(pipe, specs, 8, 2, json_path=p, shards=2, shard_index=i, **kw)
+        assert shard["n_images"] == 4 and shard["runs"][0]["n_images"] == 4
+    assert main(["bench", "--merge", *map(str, parts), "--json", str(tmp_path / "m.json")]) == 0
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert merged["runs"][0]["speedup"] == 1.0 and merged["runs"][0]["n_images"] == 8
+    assert merged["runs"][1]["wall_s"] == pytest.approx(sum(json.loads(p.read_text())["runs"][1]["wall_s"] for p in parts))
+    assert "fake_fid" in merged["runs"][1]["quality"] and "fake_fid_std" in merged["runs"][1]["quality"]
+    assert_close(strip_timings(json.loads((tmp_path / "all.json").read_text())), strip_timings(merged))
+
+    with pytest.raises(ValueError, match="shards 0..1"):
+        merge_reports([parts[0], parts[0]])
+
+
+def test_fake_extractor_metrics_and_no_quality_without_extractor(pipe, tmp_path, monkeypatch):
+    warnings = []
+    src = QualitySource(pipe)
+    assert build_metrics(None, src, warnings.append) == []  # random-tiny ships no classifier: quiet, no quality
+    assert build_metrics(["proxy", "nope"], src, warnings.append) == [] and len(warnings) == 2
+    report = runner.run_bench(pipe, [], 4, 1, progress=False)
+    assert report["runs"][0]["quality"] == {}
+
+    monkeypatch.setitem(quality.METRICS, "fake", fake_metric)
+    q = runner.run_bench(pipe, [], 8, 2, progress=False, metrics=["fake", "fid"])["runs"][0]["quality"]
+    assert q["n_images"] == 8 and q["fake_fid"] > 0 and q["n_reference_fake_fid"] == 16
+    assert len(q["fake_fid_groups"]) == 4 and q["fake_fid_std"] >= 0
+
+
+def test_classifier_proxy_from_bundle_dir(pipe, tmp_path):
+    torch.manual_seed(0)
+    model = EmojiClassifier(ClassifierConfig(num_classes=4, channels=(8, 16), feature_dim=6))
+    model.set_reference(torch.randn(20, 6).abs(), torch.arange(20) % 4)
+    model.save_pretrained(tmp_path / "bundle" / "classifier", dtype=torch.float16)
+    loaded = EmojiClassifier.from_pretrained(tmp_path / "bundle" / "classifier")
+    assert loaded.ref_features.shape == (20, 6) and loaded.ref_features.dtype == torch.float32
+    fake_pipe = type("P", (), {"name": "fake", "tokenizer": pipe.tokenizer, "extras": {"root": tmp_path / "bundle"}})()
+    (metric,) = build_metrics(None, QualitySource(fake_pipe))
+    obs = metric.observe(np.random.default_rng(0).integers(0, 256, (5, 64, 64, 3), dtype=np.uint8), np.arange(5) % 4)
+    assert obs["fid_proxy"].shape == (5, 6) and set(np.unique(obs["class_accuracy"])) <= {0.0, 1.0}
+
+
+def test_fid_proxy_zero_on_itself_positive_when_shifted():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(400, 8)) @ rng.normal(size=(8, 8))
+    assert frechet_distance(a, a) == pytest.approx(0.0, abs=1e-8)
+    assert frechet_distance(a, a + 1.0) == pytest.approx(8.0, rel=1e-6)  # mean shift of 1 in 8 dims
+    assert frechet_distance(a, 2 * a) > 1.0
+    scipy_linalg = pytest.importorskip("scipy.linalg")
+    b = rng.normal(size=(300, 8))
+    ca, cb = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    ref = ((a.mean(0) - b.mean(0)) ** 2).sum() + np.trace(ca + cb - 2 * scipy_linalg.sqrtm(ca @ cb).real)
+    assert frechet_distance(a, b) == pytest.approx(ref, rel=1e-6)
+
+
+def test_markdown_plots_and_readme_table(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    j, md, plots = tmp_path / "b.json", tmp_path / "b.md", tmp_path / "plots"
+    assert main(["bench", "--model", "random-tiny", "--methods", "sjd:window=4,sjd:window=2", "--num", "2",
+                 "--batch-size", "2", "--json", str(j), "--md", str(md), "--plots", str(plots)]) == 0
+    assert "| sjd | window=2" in md.read_text()
+    for name in ("speedup.png", "step_compression.png", "acceptance.png"):
+        assert (plots / name).read_bytes()[:4] == b"\x89PNG"
+    report = json.loads(j.read_text())
+    assert run_labels(report["runs"]) == ["ar", "sjd(window=4)", "sjd(window=2)"]
+    assert set(report["runs"][1]["accept_map_per_class"]) == {"0", "1"}
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- bench-table:start -->\nold\n<!-- bench-table:end -->\ntail\n")
+    spec = importlib.util.spec_from_file_location("readme_table", ROOT / "scripts" / "readme_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(j), str(readme)]) == 0
+    text = readme.read_text()
+    assert "old" not in text and "| sjd | window=4" in text and text.endswith("<!-- bench-table:end -->\ntail\n")
+    readme.write_text("no markers\n")
+    assert script.main([str(j), str(readme)]) == 1
+    assert "bench-table" in capsys.readouterr().err and readme.read_text() == "no markers\n"
+
+
+def test_train_classifier_smoke(tmp_path):
+    from specvis.train.emoji_data import synthetic_dataset
+    from specvis.train.train_classifier import main as train_main
+
+    x, y = synthetic_dataset(6, 3, size=32)
+    for split, sl in (("train", slice(None)), ("eval", slice(None, None, 2))):
+        np.savez(tmp_path / f"{split}.npz", images=x[sl], labels=y[sl])
+    assert train_main(["--data", str(tmp_path), "--out", str(tmp_path / "clf"), "--minutes", "0.002",
+                       "--batch-size", "8"]) == 0
+    rep = json.loads((tmp_path / "clf" / "report.json").read_text())
+    assert 0 <= rep["heldout_accuracy"] <= 1 and rep["n_heldout"] == 9
+    assert EmojiClassifier.from_pretrained(tmp_path / "clf" / "final").ref_features.shape[0] == 9
