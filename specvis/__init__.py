@@ -3,6 +3,7 @@
 from . import models
 from .accept import Exact
 from .generate import Generation, generate
+from .lantern import Lantern
 from .methods import AR, Speculative, Stats
 from .models.base import TokenModel
 from .sampling import Sampling

@@ -1,0 +1,257 @@
+"""LANTERN relaxed acceptance (Jang et al. 2024, Sec. 3.2-3.3, Algorithm 1) as a pluggable rule.
+
+Image tokens that are close in the tokenizer's latent space are nearly interchangeable, so a draft
+token x may be accepted on the target mass of its latent neighbourhood instead of its own.
+Notation of ``specvis.accept``: p is the target law, q the law x was drafted from.
+
+- B_k(x): the k nearest codes of x (x first), from a cached table (``neighbour_table``).
+- A_{k,delta}(x): the longest prefix of B_k(x) whose merge stays within the budget; with ``budget="paper"``
+  (the paper) the target mass moved onto x, m(A) = sum_{y in A, y != x} p(y), must be <= delta.
+- p_{k,delta}(.|x): the distorted target: p(A) on x, 0 on A \\ {x}, p elsewhere;
+  TV(p_{k,delta}(.|x), p) = m(A) <= delta.
+- accept x with alpha = min(1, p(A) / q(x)); on rejection resample from max(0, p_{k,delta}(.|x) - q).
+
+Bound (what is and is not guaranteed). ``budget="paper"`` bounds the distorted target of each
+candidate: TV(p_{k,delta}(.|x), p) <= delta. That does NOT bound the law of the committed token:
+the target depends on the candidate, and the output law is
+O(y) = min(q(y), p(A_y)) + sum_x max(0, q(x) - p(A_x)) r_x(y), r_x = normalise(max(0, p_{k,delta}(.|x) - q)),
+whose TV to p can exceed delta by far when q is spread (every y with q(y) > p(y) may gain up to
+delta; tests/test_lantern.py measures such a case).
+
+``budget="output"`` bounds the committed token itself. It keeps the exact residual max(0, p - q) and
+grows A_x only while the acceptance gain stays within delta:
+min(q(x), p(A_x)) - min(q(x), p(x)) <= delta * q(x). Then, with beta_x = min(1, p(x)/q(x)),
+O(y) = min(q, p)(y) + q(y) (alpha_y - beta_y) + (1 - D / TV(p, q)) max(0, p - q)(y), D = E_{x~q}[alpha_x - beta_x],
+so TV(O, p) = D <= delta exactly: per position and conditional on the prefix (and on everything
+before it in the round), each committed token's law is within delta of the target's. Bonus tokens
+are exact. With a point-mass draft (q(x) = 1) both budgets pick the same A and TV(O, p) = m(A) <= delta
+(for "paper", O = p_{k,delta}(.|x)).
+
+Both: delta = 0 is token for token ``Exact()`` (only zero-mass neighbours join A, alpha and residual
+are bitwise Exact's). Greedy (p, q point masses): for delta < 1 the argmax a of p never joins
+another token's neighbourhood (moving it costs mass 1), so x is accepted iff x == a ==
+argmax p_{k,delta}(.|x): greedy AR token for token; no special case is needed.
+
+Draft trees (``sibling``): deterministic candidates x1, x2, ... tried in turn, each as a point-mass
+draft; per tried candidate the distortion is <= delta, so the committed token is within
+delta * E[number of candidates tried] of p (telescoping over the chain of rejections).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .accept import normalise
+from .io import atomic_write
+
+METRICS = ("l2", "cosine")
+BUDGETS = ("paper", "output")
+_TABLES: dict[str, torch.Tensor] = {}  # in-process cache: key -> (V, k) CPU table
+_VERSION = "lantern-nn-v1"
+
+
+def cache_dir() -> Path:
+    """``$SPECVIS_CACHE/lantern`` if SPECVIS_CACHE is set, else ``~/.cache/specvis/lantern``."""
+    root = os.environ.get("SPECVIS_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "specvis") / "lantern"
+
+
+def table_key(codebook: torch.Tensor, k: int, metric: str) -> str:
+    """sha256 over the codebook's bytes, dtype and shape, the metric and k."""
+    cb = codebook.detach().to("cpu").contiguous()
+    h = hashlib.sha256(f"{_VERSION}|{metric}|{k}|{cb.dtype}|{tuple(cb.shape)}|".encode())
+    h.update(cb.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:40]
+
+
+def index_dtype(vocab: int) -> torch.dtype:
+    """The smallest integer dtype that holds the code ids 0 .. vocab-1."""
+    return torch.int16 if vocab <= 32767 else torch.int32
+
+
+def _distances(block: torch.Tensor, cb: torch.Tensor, sq: torch.Tensor, metric: str) -> torch.Tensor:
+    """(b, d) x (V, d) -> (b, V) float64: squared L2 distance |a|^2 + |c|^2 - 2 a.c, or 1 - cos(a, c)
+    (block and cb already unit-normalised for cosine; sq = |c|^2)."""
+    if metric == "cosine":
+        d = torch.addmm(torch.ones_like(sq).expand(block.shape[0], -1), block, cb.T, alpha=-1.0)
+    else:
+        d = torch.addmm((block * block).sum(-1, keepdim=True) + sq, block, cb.T, alpha=-2.0)
+    return d.clamp_min_(0.0)
+
+
+def build_table(codebook: torch.Tensor, k: int, metric: str = "l2", chunk: int = 512) -> torch.Tensor:
+    """(V, k) ids of each code's k nearest codes, the code itself first, then by (distance, id),
+    as a CPU tensor of ``index_dtype(V)``; computed in float64 on the codebook's device.
+
+    Rows are processed in blocks of ``chunk`` (memory O(chunk * V), time O(V^2 d)): top-k, then the
+    k selected ordered by (distance, id); rows whose k-th distance is tied with an unselected code
+    (duplicate codes) fall back to a full stable sort, so ties always go to the lower id."""
+    cb = codebook.detach().to(torch.float64)
+    if metric == "cosine":
+        cb = cb / cb.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    sq = (cb * cb).sum(-1)
+    V, dev = cb.shape[0], cb.device
+    k = min(k, V)
+    out = torch.empty(V, k, dtype=index_dtype(V))
+    for s in range(0, V, chunk):
+        rows = torch.arange(s, min(s + chunk, V), device=dev)
+        d = _distances(cb[rows], cb, sq, metric)
+        d[torch.arange(rows.numel(), device=dev), rows] = -1.0  # the code itself comes first
+        val, idx = d.topk(k, dim=-1, largest=False, sorted=False)
+        idx, order = idx.sort(dim=-1)  # by id, then stably by distance: (distance, id) order
+        order = val.gather(-1, order).sort(dim=-1, stable=True).indices
+        idx = idx.gather(-1, order)
+        tied = (d <= val.max(-1, keepdim=True).values).sum(-1) > k
+        if bool(tied.any()):
+            idx[tied] = d[tied].sort(dim=-1, stable=True).indices[:, :k]
+        out[s: s + rows.numel()] = idx.to("cpu", out.dtype)
+    return out
+
+
+def neighbour_table(codebook: torch.Tensor, k: int, metric: str = "l2", cache: bool = True) -> torch.Tensor:
+    """``build_table`` cached in process and on disk (``cache_dir()/<key>.pt``, atomic write)."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if codebook.ndim != 2 or codebook.shape[0] < 1:
+        raise ValueError(f"codebook must be a (V, d) tensor, got shape {tuple(codebook.shape)}")
+    k = min(int(k), codebook.shape[0])
+    key = table_key(codebook, k, metric)
+    if cache and key in _TABLES:
+        return _TABLES[key]
+    path = cache_dir() / f"{key}.pt"
+    table = None
+    if cache and path.is_file():
+        try:
+            table = torch.load(path, map_location="cpu", weights_only=True)
+            if table.shape != (codebook.shape[0], k):
+                table = None
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):  # unreadable: rebuild
+            table = None
+    if table is None:
+        table = build_table(codebook, k, metric)
+        if cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda tmp: torch.save(table, tmp))
+    if cache:
+        _TABLES[key] = table
+    return table
+
+
+@dataclass(frozen=True)
+class Lantern:
+    """LANTERN relaxed acceptance: neighbourhood A_{k,delta}(x) over the tokenizer codebook
+    (``metric`` l2 or cosine); ``budget`` "paper" (TV of the distorted target <= delta) or "output"
+    (TV of the committed token's law <= delta). See the module docstring for the equations and bound.
+    Needs ``bind(codebook)`` before use (``specvis.generate`` does it with ``codebook=``)."""
+
+    k: int = 1000
+    delta: float = 0.2
+    metric: str = "l2"
+    budget: str = "paper"
+    name = "lantern"
+    lossless = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"Lantern.k must be an integer >= 1, got {self.k!r}")
+        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0.0 <= self.delta <= 1.0:
+            raise ValueError(f"Lantern.delta must be a number in [0, 1], got {self.delta!r}")
+        if self.metric not in METRICS:
+            raise ValueError(f"Lantern.metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        if self.budget not in BUDGETS:
+            raise ValueError(f"Lantern.budget must be one of {', '.join(BUDGETS)}, got {self.budget!r}")
+
+    def bind(self, codebook: torch.Tensor) -> BoundLantern:
+        """The rule on this codebook (k clipped to V); the neighbour table is built once and cached."""
+        return BoundLantern(self, neighbour_table(codebook, self.k, self.metric), codebook.device)
+
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise ValueError("Lantern needs the tokenizer codebook: use Lantern(...).bind(codebook), "
+                         "or pass codebook= to specvis.generate")
+
+    def config(self) -> dict:
+        return {"k": self.k, "delta": self.delta, "metric": self.metric, "budget": self.budget}
+
+
+class BoundLantern:
+    """``Lantern`` bound to a neighbour table (V, k): a pure, batched rule ``(p, q, x) -> (alpha, residual)``
+    plus ``sibling(p, x) -> (alpha, p_next)`` for deterministic draft trees."""
+
+    lossless = False
+    name = "lantern"
+
+    def __init__(self, spec: Lantern, table: torch.Tensor, device: torch.device | str = "cpu") -> None:
+        self.spec = spec
+        self.k, self.delta, self.budget = table.shape[1], float(spec.delta), spec.budget
+        self.table = table.to(device)
+
+    def config(self) -> dict:
+        return {**self.spec.config(), "k": self.k}
+
+    def neighbourhood(self, p: torch.Tensor, x: torch.Tensor, qx: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids (..., k), in_A (..., k) bool, p(A) (...)) for candidates x (...) under target p (..., V).
+
+        moved_j = sum_{i=1..j} p(n_i) over neighbours n_1.. of x (n_0 = x); A = the prefix with
+        moved_j <= delta ("paper"), or min(q(x), p(x) + moved_j) - min(q(x), p(x)) <= delta q(x)
+        ("output"; qx = q(x), 1 for point-mass drafts). Both conditions are monotone in j."""
+        if self.table.device != p.device:
+            self.table = self.table.to(p.device)
+        ids = self.table[x].long()
+        pn = p.gather(-1, ids)
+        moved = torch.cat([torch.zeros_like(pn[..., :1]), pn[..., 1:].cumsum(-1)], -1)
+        px = pn[..., :1]
+        if self.budget == "paper" or qx is None:
+            in_a = moved <= self.delta
+        else:
+            q1 = qx[..., None]
+            gain = torch.minimum(q1, px + moved) - torch.minimum(q1, px)
+            in_a = gain <= self.delta * q1
+        count = in_a.sum(-1, keepdim=True)  # >= 1: moved_0 = 0
+        p_a = px + moved.gather(-1, count - 1)
+        return ids, in_a, p_a.squeeze(-1)
+
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """alpha = min(1, p(A)/q(x)) (1 where q(x) = 0); residual max(0, p_{k,delta}(.|x) - q) ("paper")
+        or max(0, p - q) ("output")."""
+        qx = q.gather(-1, x[..., None]).squeeze(-1)
+        ids, in_a, p_a = self.neighbourhood(p, x, qx)
+        alpha = torch.where(qx > 0, p_a / qx.clamp_min(1e-30), torch.ones_like(p_a)).clamp(max=1.0)
+        if self.budget == "output":
+            return alpha, (p - q).clamp_min(0.0)
+        return alpha, (_merge(p, x, ids, in_a, p_a) - q).clamp_min(0.0)
+
+    def distorted(self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
+        """p_{k,delta}(.|x): p(A) on x, 0 on A \\ {x}, p elsewhere (A for a point-mass draft if q is None).
+        It is the candidate's target for budget "paper"; budget "output" never resamples from it."""
+        qx = None if q is None else q.gather(-1, x[..., None]).squeeze(-1)
+        return _merge(p, x, *self.neighbourhood(p, x, qx))
+
+    def sibling(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Deterministic multi-candidate step (draft trees): accept candidate x (...) with p(A_x)
+        (q(x) = 1, so both budgets give the same A); on rejection the next candidate sees
+        normalise(p with A_x zeroed) ("paper"), or normalise(p with x zeroed) ("output")."""
+        ids, in_a, p_a = self.neighbourhood(p, x)
+        if self.budget == "output":
+            rest = p.scatter(-1, x[..., None], 0.0)
+        else:
+            rest = _merge(p, x, ids, in_a, torch.zeros_like(p_a))
+        return p_a.clamp(max=1.0), normalise(rest, p)
+
+
+def _merge(p: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, in_a: torch.Tensor, p_a: torch.Tensor) -> torch.Tensor:
+    """p with the members of A (ids where in_a) zeroed and p_a written on x."""
+    merged = torch.zeros_like(p, dtype=torch.bool).scatter(-1, ids, in_a)
+    return p.masked_fill(merged, 0.0).scatter(-1, x[..., None], p_a[..., None])
+
+
+def exact_sibling(p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lossless deterministic multi-candidate step (EAGLE): accept candidate x with p(x); on
+    rejection the next candidate sees normalise(p with x zeroed). Equals ``BoundLantern.sibling`` at delta = 0."""
+    return p.gather(-1, x[..., None]).squeeze(-1), normalise(p.scatter(-1, x[..., None], 0.0), p)
