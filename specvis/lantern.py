@@ -47,7 +47,6 @@ from pathlib import Path
 
 import torch
 
-from .accept import normalise
 from .io import atomic_write
 
 METRICS = ("l2", "cosine")
@@ -236,13 +235,14 @@ class BoundLantern:
     def sibling(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Deterministic multi-candidate step (draft trees): accept candidate x (...) with p(A_x)
         (q(x) = 1, so both budgets give the same A); on rejection the next candidate sees
-        normalise(p with A_x zeroed) ("paper"), or normalise(p with x zeroed) ("output")."""
+        normalise(residual): residual = p with A_x zeroed ("paper") or with x zeroed ("output"),
+        returned unnormalised like ``Exact.sibling`` (the tree walk normalises)."""
         ids, in_a, p_a = self.neighbourhood(p, x)
         if self.budget == "output":
             rest = p.scatter(-1, x[..., None], 0.0)
         else:
             rest = _merge(p, x, ids, in_a, torch.zeros_like(p_a))
-        return p_a.clamp(max=1.0), normalise(rest, p)
+        return p_a.clamp(max=1.0), rest
 
 
 def _merge(p: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, in_a: torch.Tensor, p_a: torch.Tensor) -> torch.Tensor:
@@ -253,5 +253,6 @@ def _merge(p: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, in_a: torch.Tens
 
 def exact_sibling(p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The lossless deterministic multi-candidate step (EAGLE): accept candidate x with p(x); on
-    rejection the next candidate sees normalise(p with x zeroed). Equals ``BoundLantern.sibling`` at delta = 0."""
-    return p.gather(-1, x[..., None]).squeeze(-1), normalise(p.scatter(-1, x[..., None], 0.0), p)
+    rejection the next candidate sees normalise(residual), residual = p with x zeroed (returned
+    unnormalised). Bitwise ``BoundLantern.sibling`` at delta = 0."""
+    return p.gather(-1, x[..., None]).squeeze(-1), p.scatter(-1, x[..., None], 0.0)
