@@ -29,6 +29,12 @@ class Exact:
         alpha = torch.where(qx > 0, px / qx.clamp_min(1e-30), torch.ones_like(px)).clamp(max=1.0)
         return alpha, (p - q).clamp_min(0.0)
 
+    def sibling(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Deterministic candidate x against the normalised law p (EAGLE multi-candidate rule, i.e.
+        q = point mass at x): accept with p(x); on rejection the residual is p with x zeroed."""
+        alpha = p.gather(-1, x[..., None]).squeeze(-1)
+        return alpha, p.scatter(-1, x[..., None], 0.0)
+
     def config(self) -> dict:
         return {}
 

@@ -137,3 +137,23 @@ def test_law_stats_identical_draft_agrees() -> None:
     assert stats["draft_top1_agreement"] == 1.0 and stats["draft_top3_agreement"] == 1.0
     assert stats["draft_acceptance_prob"] == pytest.approx(1.0, abs=1e-5)
     assert np.isfinite(stats["target_entropy_mean"])
+
+
+def test_sigterm_checkpoints_and_stops(tokens: Path, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "specvis.train.train_ar", "--tokens", str(tokens), "--out", str(out), *TINY]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "losses.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, log
+    assert "stopped by signal" in log
+    assert not (out / "report.json").exists()
+    assert torch.load(out / "ckpt.pt", weights_only=False)["step"] >= 5

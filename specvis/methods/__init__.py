@@ -3,5 +3,6 @@
 from .ar import AR
 from .base import Stats
 from .speculative import Speculative
+from .tree import ADTTree, EagleTree
 
-__all__ = ["AR", "Speculative", "Stats"]
+__all__ = ["ADTTree", "AR", "EagleTree", "Speculative", "Stats"]

@@ -33,7 +33,7 @@ import torch
 import specvis
 from specvis.io import atomic_write, write_text
 from specvis.models.llamagen import LlamaGen
-from specvis.train.train_ar import load_model, load_tokens
+from specvis.train.train_ar import load_model, load_tokens, machine_info
 
 PENDING = "pending"
 
@@ -146,7 +146,8 @@ def plot_ar_losses(run_dir: Path, path: Path, name: str, vocab: int | None) -> b
         ax.axhline(math.log(vocab), color="gray", ls=":", lw=0.8, label=f"uniform ln {vocab}")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title(f"{name} loss", fontsize=10)
+    done = (run_dir / "report.json").exists()
+    ax.set_title(f"{name} loss" + ("" if done else f" (in progress, step {int(train['step'][-1])})"), fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     _save_fig(fig, path)
@@ -233,24 +234,27 @@ def recipe_markdown(runs: dict[str, dict | None]) -> str:
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
 
     g = (lambda k: vq.get(k)) if vq is not None else (lambda k: None)
-    row("parameters", g("params"), "params", lambda v: f"{v / 1e6:.2f}M" if v is not None else PENDING)
+    row("parameters", g("params"), "params", lambda v: f"{v / 1e6:.2f}M" if isinstance(v, int) else _fmt(v))
     row("steps", g("steps"), "steps")
     row("batch size", g("batch_size"), "batch_size")
     row("peak lr", None if vq is None else "3e-4 (default)", "lr")
-    row("training minutes", g("train_minutes"), "train_minutes")
+    def fixed(digits: int):
+        return lambda v: f"{v:.{digits}f}" if isinstance(v, (int, float)) else _fmt(v)
+
+    row("training minutes", g("train_minutes"), "train_minutes", fixed(1))
+    row("epochs over the training set", None if vq is None else "-", "epochs", fixed(2))
     row("final train loss (nats/token)", "-", "final_train_loss")
     row("final held-out loss (nats/token)", "-", "final_eval_loss")
     row("held-out PSNR (dB)", g("eval_psnr_db"), None)
     row("codebook usage / perplexity", None if vq is None else
         f"{vq.get('codebook_usage_train', 0):.3f} / {vq.get('codebook_perplexity_train', 0):.0f}", None)
-    row("threads", g("threads"), None)
-    for r in (tgt, drf, vq):
-        m = (r or {}).get("machine")
-        if m:
-            lines.append("")
-            lines.append(f"Machine (from the AR runs): {m.get('platform')}, {m.get('processor')}, "
-                         f"{m.get('cpu_count')} CPUs, torch {m.get('torch')}, {m.get('torch_threads')} thread(s) per run.")
-            break
+    threads = [str(r.get("threads", r.get("machine", {}).get("torch_threads", "?"))) if r else PENDING
+               for r in (vq, tgt, drf)]
+    lines.append("| torch threads | " + " | ".join(threads) + " |")
+    m, where = next(((r["machine"], "from the AR runs' report.json") for r in (tgt, drf) if r and r.get("machine")),
+                    (machine_info(torch.get_num_threads()), "where this report was generated"))
+    lines += ["", (f"Machine ({where}): {m.get('platform')}, {m.get('processor')}, {m.get('cpu_count')} CPUs, "
+                   f"torch {m.get('torch')}.")]
     return "\n".join(lines)
 
 

@@ -6,8 +6,8 @@ classifier-free guidance works. AdamW (0.9, 0.95), weight decay on matrices only
 cosine decay (to lr/10) over the wall-clock budget, gradient clipping at 1.0.
 
 The budget (``--minutes``) is wall time summed over resumes (evaluation and checkpoints included).
-Every ``--ckpt-every`` seconds the full state goes to ``OUT/ckpt.pt``; rerunning the same command
-resumes. Logs: ``OUT/losses.csv`` (training loss), ``OUT/eval.csv`` (held-out loss on ``eval_codes``).
+Every ``--ckpt-every`` seconds (and on SIGTERM/SIGINT, which then stop the run) the full state goes
+to ``OUT/ckpt.pt``; rerunning the same command resumes, a larger ``--minutes`` extends the budget. Logs: ``OUT/losses.csv`` (training loss), ``OUT/eval.csv`` (held-out loss on ``eval_codes``).
 At the end: ``OUT/final/`` (``model.safetensors`` + ``config.json``, ``LlamaGen.from_pretrained``)
 and ``OUT/report.json``.
 
@@ -21,9 +21,11 @@ import json
 import math
 import os
 import platform
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import torch
@@ -210,8 +212,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def train(args: argparse.Namespace) -> dict:
-    """Run (or resume) training; returns the report written to ``OUT/report.json``."""
+class _StopFlag:
+    """Set by SIGTERM/SIGINT: the loop checkpoints after the current step and exits without finishing."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> Self:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: no signal handling
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.set = True
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def train(args: argparse.Namespace) -> dict | None:
+    """Run (or resume) training; returns the report written to ``OUT/report.json``, or None when
+    stopped by SIGTERM/SIGINT (state checkpointed: rerun to resume, e.g. with a larger ``--minutes``)."""
+    with _StopFlag() as stop:
+        return _train(args, stop)
+
+
+def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -309,6 +340,10 @@ def train(args: argparse.Namespace) -> dict:
         if elapsed - last_ckpt >= args.ckpt_every:
             save_ckpt()
             elapsed = last_ckpt = time.monotonic() - t0
+        if stop.set:
+            save_ckpt()
+            print(f"stopped by signal at step {step} ({elapsed / 60:.1f} min); rerun the command to resume", flush=True)
+            return None
     save_ckpt()
     return finish(model, out, data, step, elapsed, hp, args, n_params)
 

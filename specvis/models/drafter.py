@@ -1,0 +1,311 @@
+"""EAGLE draft head (Li et al. 2024) for LlamaGen targets, as LANTERN trains it for image tokens.
+
+The head predicts the target's next last-hidden-state ("feature") from the current token and the
+current feature: ``fc(concat(embed(x_i), h_{i-1})) -> decoder layer(s) -> f_i``; the target's frozen
+output head turns ``f_i`` into logits for token i+1. Here ``h_{i-1}`` is the target's (post-norm) last
+hidden state that predicted ``x_i`` (the condition position for ``x_0``), so the drafter sequence is
+exactly the image tokens at grid positions 0, 1, ..., with LlamaGen's 2D RoPE and no prefix.
+
+Caching follows ``models.base``: a static per-row ``KVCache`` over the committed image tokens; a
+forward writes a block after the committed slots at offset ``start`` and attends to the committed
+slots plus the uncommitted block region as ``tree_mask`` says, so a tree can be drafted depth by
+depth without committing anything; ``commit``/``keep_block`` then extend the committed prefix.
+
+Files use the EAGLE/LANTERN layout: ``config.json`` (HF Llama fields) plus ``model.safetensors`` or
+``pytorch_model.bin`` with ``embed_tokens.weight``, ``fc.weight``/``fc.bias`` and
+``layers.N.self_attn.{q,k,v,o}_proj.weight``, ``layers.N.mlp.{gate,up,down}_proj.weight``,
+``layers.N.input_layernorm.weight`` (absent for layer 0 in EAGLE: no norm there) and
+``layers.N.post_attention_layernorm.weight``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .base import KVCache
+from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, one_line, read_state_dict
+from .llamagen import LlamaGenConfig, TransformerBlock, rope_2d_table
+
+BIN_NAME = "pytorch_model.bin"
+
+
+@dataclass
+class DrafterConfig:
+    """Shapes of the head; HF Llama names, as EAGLE's config.json spells them."""
+
+    vocab_size: int = 16384
+    hidden_size: int = 768
+    intermediate_size: int = 2048
+    num_attention_heads: int = 12
+    num_key_value_heads: int | None = None
+    num_hidden_layers: int = 1
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    block_size: int = 256  # image tokens (square grid)
+    fc_bias: bool = True
+    first_input_norm: bool = False  # EAGLE: layer 0 has no input_layernorm
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DrafterConfig.{name} must be >= 1, got {getattr(self, name)}")
+        side = math.isqrt(self.block_size)
+        if side * side != self.block_size:
+            raise ValueError(f"DrafterConfig.block_size must be a square grid size, got {self.block_size}")
+
+    def block_config(self) -> LlamaGenConfig:
+        """A LlamaGenConfig whose TransformerBlock has exactly these widths."""
+        base = int(2 * 4 * self.hidden_size / 3)
+        cfg = LlamaGenConfig(vocab_size=self.vocab_size, dim=self.hidden_size, n_layer=self.num_hidden_layers,
+                             n_head=self.num_attention_heads, n_kv_head=self.num_key_value_heads,
+                             multiple_of=self.intermediate_size, ffn_dim_multiplier=self.intermediate_size / base,
+                             rope_base=self.rope_theta, norm_eps=self.rms_norm_eps, block_size=self.block_size)
+        if cfg.ffn_hidden != self.intermediate_size:
+            raise ValueError(f"DrafterConfig.intermediate_size {self.intermediate_size} is not representable")
+        return cfg
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(architectures=["EagleDrafter"], model_type="llama", hidden_act="silu",
+                 max_position_embeddings=self.block_size, input_type="c2i")
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict, **overrides) -> DrafterConfig:
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        if "block_size" not in d and d.get("input_type") == "c2i":
+            kw["block_size"] = 576  # LANTERN's LlamaGen c2i drafters (24 x 24 grid)
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"drafter hidden_act {d['hidden_act']!r} is not supported (silu only)")
+        kw.update(overrides)
+        return cls(**kw)
+
+
+class EagleDrafter(nn.Module):
+    """EAGLE feature-regression head with its own static KV cache (see module docstring)."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = cfg = config
+        block = cfg.block_config()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
+        self.layers = nn.ModuleList(TransformerBlock(block) for _ in range(cfg.num_hidden_layers))
+        if not cfg.first_input_norm:
+            self.layers[0].attention_norm = nn.Identity()
+        side = math.isqrt(cfg.block_size)
+        self.register_buffer("rope", rope_2d_table(side, block.head_dim, cfg.rope_theta, 0), persistent=False)
+        self.cache: KVCache | None = None
+        self.__dict__["head"] = None  # the target's output layer: used, never owned or saved
+
+    # ---- construction ----
+    @classmethod
+    def from_target(cls, target: nn.Module, num_hidden_layers: int = 1, seed: int | None = None) -> EagleDrafter:
+        """A fresh head shaped like one ``target`` layer, embeddings copied from the target, head attached."""
+        tc = target.config
+        cfg = DrafterConfig(vocab_size=tc.vocab_size, hidden_size=tc.dim, intermediate_size=tc.ffn_hidden,
+                            num_attention_heads=tc.n_head, num_key_value_heads=tc.n_kv_head,
+                            num_hidden_layers=num_hidden_layers, rms_norm_eps=tc.norm_eps, rope_theta=tc.rope_base,
+                            block_size=tc.block_size)
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = cls(cfg)
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=tc.initializer_range)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        p = next(target.parameters())
+        model = model.to(device=p.device, dtype=p.dtype)
+        with torch.no_grad():
+            model.embed_tokens.weight.copy_(target.tok_embeddings.weight)
+        return model.attach(target)
+
+    def attach(self, target: nn.Module) -> EagleDrafter:
+        """Use ``target.output`` (frozen, not part of this module's state) as the output head."""
+        head = target.output
+        if head.weight.shape != (self.config.vocab_size, self.config.hidden_size):
+            raise ValueError(f"drafter (vocab {self.config.vocab_size}, width {self.config.hidden_size}) does not fit "
+                             f"the target head {tuple(head.weight.shape)}")
+        if getattr(target, "layout", None) is not None and target.layout.num_tokens > self.config.block_size:
+            raise ValueError(f"drafter grid {self.config.block_size} is smaller than the target's {target.layout.num_tokens}")
+        self.__dict__["head"] = head
+        return self
+
+    # ---- teacher-forced (training, tests) ----
+    def _layers(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None, slots: torch.Tensor | None) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, mask, self.cache if slots is not None else None, i, slots)
+        return x
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        if self.head is None:
+            raise RuntimeError("attach(target) the drafter to its target before asking for logits")
+        return self.head(features).float()
+
+    def forward_train(self, tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal forward over image tokens 0..t-1 (B, t) with ``hidden[:, i]`` the target feature that
+        predicted token i; returns (logits (B, t, V) for tokens 1..t, predicted features (B, t, D))."""
+        x = self.fc(torch.cat([self.embed_tokens(tokens), hidden.to(self.fc.weight.dtype)], dim=-1))
+        rope = self.rope[: tokens.shape[1]][None].expand(tokens.shape[0], -1, -1, -1)
+        f = self._layers(x, rope, None, None)
+        return self.logits(f), f
+
+    # ---- cached decoding ----
+    def setup_cache(self, rows: int, extra: int) -> None:
+        """Room for the whole grid plus ``extra`` uncommitted slots per row; committed length 0."""
+        p = self.fc.weight
+        blk = self.layers[0].attention
+        self.cache = KVCache(len(self.layers), rows, blk.n_kv_head, self.config.block_size + extra,
+                             blk.head_dim, p.dtype, p.device)
+
+    @property
+    def length(self) -> torch.Tensor:
+        """Committed image tokens per row."""
+        return self.cache.length
+
+    @torch.no_grad()
+    def forward_tokens(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                       tree_mask: torch.Tensor | None = None, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed n nodes per row (token, input feature, grid position) into slots ``length + start + j``.
+
+        Node j attends to the committed slots and, inside the uncommitted region ``[length, length +
+        start + n)``, to slot i where ``tree_mask[r, j, i]`` (default: causal within this block, nothing
+        earlier). Returns (logits (rows, n, V), predicted features (rows, n, D)); nothing is committed.
+        """
+        cache = self.cache
+        if cache is None:
+            raise RuntimeError("call setup_cache(rows, extra) before cached decoding")
+        n = tokens.shape[1]
+        dev = tokens.device
+        j = torch.arange(n, device=dev)
+        if tree_mask is None:
+            tree_mask = torch.zeros(n, start + n, dtype=torch.bool, device=dev)
+            tree_mask[:, start:] = j[None, :] <= j[:, None]
+            tree_mask = tree_mask[None].expand(tokens.shape[0], -1, -1)
+        offset = cache.slot_ids[None, :] - cache.length[:, None]  # (rows, S)
+        committed = offset < 0
+        pending = (offset >= 0) & (offset < start + n)
+        gathered = torch.gather(tree_mask, 2, offset.clamp(0, start + n - 1)[:, None, :].expand(-1, n, -1))
+        mask = (committed[:, None, :] | (pending[:, None, :] & gathered))[:, None]
+        slots = (cache.length[:, None] + start + j).clamp_max(cache.slots - 1)
+        x = self.fc(torch.cat([self.embed_tokens(tokens), hidden.to(self.fc.weight.dtype)], dim=-1))
+        rope = self.rope[positions.clamp(0, self.config.block_size - 1)]
+        f = self._layers(x, rope, mask, slots)
+        return self.logits(f), f
+
+    def commit(self, count: torch.Tensor) -> None:
+        """Keep the first ``count[r]`` slots of the last block written at start 0."""
+        self.cache.length = self.cache.length + count.to(self.cache.length)
+
+    def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
+        """Tree compaction: uncommitted slot ``length + index[r, j]`` moves to ``length + j``, then commit ``count``."""
+        self.cache.keep_block(index, count.to(self.cache.length))
+
+    # ---- EAGLE / LANTERN files ----
+    def eagle_state_dict(self) -> dict[str, torch.Tensor]:
+        """Weights under the EAGLE key names (q/k/v split, Llama MLP names)."""
+        sd = {"embed_tokens.weight": self.embed_tokens.weight, "fc.weight": self.fc.weight}
+        if self.fc.bias is not None:
+            sd["fc.bias"] = self.fc.bias
+        for i, layer in enumerate(self.layers):
+            a, m = layer.attention, layer.feed_forward
+            q, k, v = a.wqkv.weight.split([a.n_head * a.head_dim, a.n_kv_head * a.head_dim, a.n_kv_head * a.head_dim])
+            pre = f"layers.{i}."
+            sd.update({pre + "self_attn.q_proj.weight": q, pre + "self_attn.k_proj.weight": k,
+                       pre + "self_attn.v_proj.weight": v, pre + "self_attn.o_proj.weight": a.wo.weight,
+                       pre + "mlp.gate_proj.weight": m.w1.weight, pre + "mlp.up_proj.weight": m.w3.weight,
+                       pre + "mlp.down_proj.weight": m.w2.weight,
+                       pre + "post_attention_layernorm.weight": layer.ffn_norm.weight})
+            if isinstance(layer.attention_norm, nn.Module) and hasattr(layer.attention_norm, "weight"):
+                sd[pre + "input_layernorm.weight"] = layer.attention_norm.weight
+        return {k: v.detach().cpu().contiguous() for k, v in sd.items()}
+
+    def load_eagle_state_dict(self, sd: dict[str, torch.Tensor], where: str = "drafter") -> None:
+        """Load EAGLE-named weights (strict: every tensor present, none unexpected, shapes equal)."""
+        own = self.eagle_state_dict()
+        missing = sorted(set(own) - set(sd))
+        unexpected = sorted(set(sd) - set(own))
+        if missing:
+            raise ValueError(f"{where}: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]!r}")
+        if unexpected:
+            raise ValueError(f"{where}: checkpoint has {len(unexpected)} unexpected tensors, e.g. {unexpected[0]!r}")
+        for key, value in sd.items():
+            if tuple(value.shape) != tuple(own[key].shape):
+                raise ValueError(f"{where}: shape mismatch for {key!r}: file {tuple(value.shape)} vs model {tuple(own[key].shape)}")
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(sd["embed_tokens.weight"])
+            self.fc.weight.copy_(sd["fc.weight"])
+            if self.fc.bias is not None:
+                self.fc.bias.copy_(sd["fc.bias"])
+            for i, layer in enumerate(self.layers):
+                pre = f"layers.{i}."
+                a, m = layer.attention, layer.feed_forward
+                a.wqkv.weight.copy_(torch.cat([sd[pre + f"self_attn.{p}_proj.weight"] for p in "qkv"]))
+                a.wo.weight.copy_(sd[pre + "self_attn.o_proj.weight"])
+                m.w1.weight.copy_(sd[pre + "mlp.gate_proj.weight"])
+                m.w3.weight.copy_(sd[pre + "mlp.up_proj.weight"])
+                m.w2.weight.copy_(sd[pre + "mlp.down_proj.weight"])
+                layer.ffn_norm.weight.copy_(sd[pre + "post_attention_layernorm.weight"])
+                if pre + "input_layernorm.weight" in own:
+                    layer.attention_norm.weight.copy_(sd[pre + "input_layernorm.weight"])
+
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype | None = None) -> None:
+        """``config.json`` + ``model.safetensors`` in the EAGLE layout."""
+        from safetensors.torch import save_file
+
+        from ..io import atomic_write, write_text
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        sd = {k: (v.to(dtype) if dtype is not None else v) for k, v in self.eagle_state_dict().items()}
+        atomic_write(out / WEIGHTS_NAME, lambda p: save_file(sd, p))
+        write_text(out / CONFIG_NAME, json.dumps(self.config.to_json(), indent=2))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, target: nn.Module | None = None, **overrides) -> EagleDrafter:
+        """Load an EAGLE/LANTERN drafter directory (``config.json`` + ``model.safetensors`` or
+        ``pytorch_model.bin``); attach ``target``'s output head when given."""
+        d = Path(directory)
+        try:
+            raw = json.loads((d / CONFIG_NAME).read_text())
+        except Exception as exc:  # noqa: BLE001 - any unreadable config is the same user error
+            raise ValueError(f"cannot read drafter config {d / CONFIG_NAME}: {one_line(exc)}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{d / CONFIG_NAME} must hold a JSON object")
+        if (d / WEIGHTS_NAME).exists():
+            from safetensors.torch import load_file
+
+            try:
+                sd = load_file(str(d / WEIGHTS_NAME))
+            except Exception as exc:  # noqa: BLE001
+                raise ValueError(f"unreadable drafter weights {d / WEIGHTS_NAME}: {one_line(exc)}") from None
+        elif (d / BIN_NAME).exists():
+            sd = read_state_dict(d / BIN_NAME)
+        else:
+            raise ValueError(f"{d}: no {WEIGHTS_NAME} or {BIN_NAME}")
+        if target is not None and "block_size" not in raw and "block_size" not in overrides and raw.get("input_type") != "c2i":
+            overrides["block_size"] = target.config.block_size
+        overrides.setdefault("fc_bias", "fc.bias" in sd)
+        overrides.setdefault("first_input_norm", "layers.0.input_layernorm.weight" in sd)
+        model = cls(DrafterConfig.from_json(raw, **overrides))
+        model.load_eagle_state_dict(sd, str(d))
+        if target is not None:
+            p = next(target.parameters())
+            model = model.to(device=p.device, dtype=p.dtype).attach(target)
+        return model.eval()
+
+
+def load_drafter(directory: str | Path, target: nn.Module) -> EagleDrafter:
+    """``EagleDrafter.from_pretrained(directory, target)``."""
+    return EagleDrafter.from_pretrained(directory, target)
+
