@@ -102,6 +102,7 @@ def build_parser() -> Parser:
     b.add_argument("--accept", default="exact", help="default acceptance rule for methods that take one")
 
     sub.add_parser("models", help="list model bundles")
+    sub.add_parser("train-drafter", help="train an EAGLE draft head on a target (see --help)", add_help=False)
     return p
 
 
@@ -192,6 +193,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train-drafter"]:  # its own flags: python -m specvis.train.train_drafter
+        from .train.train_drafter import main as train_drafter
+
+        return train_drafter(argv[1:])
     try:
         a = build_parser().parse_args(argv)
         return {"generate": cmd_generate, "bench": cmd_bench, "models": cmd_models}[a.command](a)

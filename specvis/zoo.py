@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from .models.drafter import EagleDrafter
 from .models.llamagen import LlamaGen, LlamaGenConfig
 from .pipeline import PaletteTokenizer, Pipeline
 from .sampling import Sampling
@@ -20,7 +21,8 @@ def _random_tiny() -> Pipeline:
     base = dict(vocab_size=64, num_classes=4, block_size=64, multiple_of=32)
     target = LlamaGen(LlamaGenConfig(dim=64, n_layer=2, n_head=4, initializer_range=0.2, **base)).eval()
     draft = LlamaGen(LlamaGenConfig(dim=32, n_layer=1, n_head=2, initializer_range=0.2, **base)).eval()
-    return Pipeline("random-tiny", target, PaletteTokenizer(64).eval(), draft=draft,
+    drafter = EagleDrafter.from_target(target, seed=1).eval()
+    return Pipeline("random-tiny", target, PaletteTokenizer(64).eval(), draft=draft, drafter=drafter,
                     class_names=[f"class{i}" for i in range(4)])
 
 
@@ -33,11 +35,13 @@ def _emoji() -> Pipeline:
     from .models.vq import VQModel
 
     meta = json.loads(meta_path.read_text())
+    target = LlamaGen.from_pretrained(root / "target")
     pipe = Pipeline(
         "emoji",
-        LlamaGen.from_pretrained(root / "target"),
+        target,
         VQModel.from_pretrained(root / "vq"),
         draft=LlamaGen.from_pretrained(root / "draft") if (root / "draft").exists() else None,
+        drafter=EagleDrafter.from_pretrained(root / "drafter", target) if (root / "drafter").exists() else None,
         class_names=meta["class_names"],
         default_sampling=Sampling(**meta.get("default_sampling", {})),
         extras={"meta": meta, "root": root},
