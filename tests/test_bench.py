@@ -19,14 +19,6 @@ from specvis.zoo import load
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def pipe():
     return load("random-tiny")
@@ -98,7 +90,7 @@ def test_two_shards_merge_to_the_unsharded_report(pipe, tmp_path, monkeypatch):
     monkeypatch.setitem(quality.METRICS, "fake", fake_metric)
     kw = dict(progress=False, metrics=["fake"])
     specs = ["speculative:gamma=2"]
-    whole = runner.run_bench(pipe, specs, 8, 2, json_path=tmp_path / "all.json", **kw)
+    runner.run_bench(pipe, specs, 8, 2, json_path=tmp_path / "all.json", **kw)
     parts = [tmp_path / f"s{i}.json" for i in range(2)]
     for i, p in enumerate(parts):
         shard = runner.run_bench(pipe, specs, 8, 2, json_path=p, shards=2, shard_index=i, **kw)

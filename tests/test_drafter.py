@@ -17,15 +17,6 @@ EAGLE_KEYS = ["embed_tokens.weight", "fc.weight", "fc.bias",
               "layers.0.post_attention_layernorm.weight"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is faster, and far faster on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def target():
     return tiny_llamagen(0, vocab=8, grid=3, sharpness=5.0)
