@@ -47,12 +47,14 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lantern-k", type=int, help="lantern: neighbours per code")
     g.add_argument("--lantern-delta", type=float, help="lantern: total-variation budget")
     g.add_argument("--lantern-metric", help="lantern: l2 or cosine")
+    g.add_argument("--lantern-budget", help="lantern: paper (Alg. 1, delta bounds each candidate's distorted target) "
+                                            "or output (delta bounds the committed token's law)")
 
 
 def _method_options(a: argparse.Namespace) -> dict[str, Any]:
     return {"gamma": a.gamma, "window": a.window, "init": a.init, "refine": a.refine, "depth": a.depth,
             "top_k": a.tree_top_k, "total_tokens": a.total_tokens, "beta": a.beta, "prefill": a.prefill,
-            "k": a.lantern_k, "delta": a.lantern_delta, "metric": a.lantern_metric}
+            "k": a.lantern_k, "delta": a.lantern_delta, "metric": a.lantern_metric, "budget": a.lantern_budget}
 
 
 def _sampling(a: argparse.Namespace, default: Sampling) -> Sampling:

@@ -114,7 +114,7 @@ class SJD:
             raise ValueError(f"SJD.init must be one of {', '.join(INITS)}, got {self.init!r}")
         if not isinstance(self.refine, bool):
             raise ValueError(f"SJD.refine must be a bool, got {self.refine!r}")
-        if not callable(self.acceptance):
+        if not hasattr(self.acceptance, "lossless"):
             raise ValueError(f"SJD.acceptance must be an acceptance rule, got {self.acceptance!r}")
 
     @property
@@ -126,7 +126,7 @@ class SJD:
         return self.window + 2
 
     def decode(self, ctx: DecodeContext) -> None:
-        target, W, gen, rule = ctx.target, self.window, ctx.generator, self.acceptance
+        target, W, gen, rule = ctx.target, self.window, ctx.generator, ctx.rule
         win = _Initialiser(ctx, W, self.init)
         p0 = target.prefill()
         x0 = sample(p0, gen)
