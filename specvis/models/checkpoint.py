@@ -54,6 +54,12 @@ def read_state_dict(path: str | os.PathLike, prefer: tuple[str, ...] = ("ema", "
 def load_strict(model: nn.Module, sd: dict[str, torch.Tensor], where: str) -> None:
     """load_state_dict with one-line errors for missing, unexpected or mis-shaped tensors."""
     own = model.state_dict()
+    check_tensors(own, sd, where)
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()})
+
+
+def check_tensors(own: dict[str, torch.Tensor], sd: dict[str, torch.Tensor], where: str) -> None:
+    """Same names and shapes as ``own``, or a one-line ValueError naming the first difference."""
     missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))
     if missing:
@@ -63,7 +69,6 @@ def load_strict(model: nn.Module, sd: dict[str, torch.Tensor], where: str) -> No
     for key, value in sd.items():
         if tuple(value.shape) != tuple(own[key].shape):
             raise ValueError(f"{where}: shape mismatch for {key!r}: file {tuple(value.shape)} vs model {tuple(own[key].shape)}")
-    model.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()})
 
 
 def save_pretrained(model: nn.Module, config: dict[str, Any], directory: str | os.PathLike,

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .base import KVCache
-from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, one_line, read_state_dict
+from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_tensors, one_line, read_state_dict
 from .llamagen import LlamaGenConfig, TransformerBlock, rope_2d_table
 
 BIN_NAME = "pytorch_model.bin"
@@ -233,15 +233,7 @@ class EagleDrafter(nn.Module):
     def load_eagle_state_dict(self, sd: dict[str, torch.Tensor], where: str = "drafter") -> None:
         """Load EAGLE-named weights (strict: every tensor present, none unexpected, shapes equal)."""
         own = self.eagle_state_dict()
-        missing = sorted(set(own) - set(sd))
-        unexpected = sorted(set(sd) - set(own))
-        if missing:
-            raise ValueError(f"{where}: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]!r}")
-        if unexpected:
-            raise ValueError(f"{where}: checkpoint has {len(unexpected)} unexpected tensors, e.g. {unexpected[0]!r}")
-        for key, value in sd.items():
-            if tuple(value.shape) != tuple(own[key].shape):
-                raise ValueError(f"{where}: shape mismatch for {key!r}: file {tuple(value.shape)} vs model {tuple(own[key].shape)}")
+        check_tensors(own, sd, where)
         with torch.no_grad():
             self.embed_tokens.weight.copy_(sd["embed_tokens.weight"])
             self.fc.weight.copy_(sd["fc.weight"])

@@ -33,7 +33,8 @@ import torch
 import specvis
 from specvis.io import atomic_write, write_text
 from specvis.models.llamagen import LlamaGen
-from specvis.train.train_ar import load_model, load_tokens, machine_info
+from specvis.train.common import machine_info
+from specvis.train.train_ar import load_model, load_tokens
 
 PENDING = "pending"
 

@@ -16,11 +16,9 @@ and ``OUT/report.json``.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
-import platform
 import signal
 import sys
 import time
@@ -34,6 +32,7 @@ import torch.nn.functional as F
 from specvis.io import write_text
 from specvis.models.llamagen import LlamaGen, LlamaGenConfig
 from specvis.train import atomic_write
+from specvis.train.common import append_row, drop_rows_after, machine_info, run_main
 
 # Model shapes and optimisation defaults; throughput on one CPU thread is in docs/training.md.
 PRESETS: dict[str, dict] = {
@@ -145,38 +144,6 @@ def load_model(directory: str | os.PathLike) -> LlamaGen:
 
 
 # ---------------------------------------------------------------- logs
-def _append_row(path: Path, fields: list[str], row: dict) -> None:
-    header = not path.exists()
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        if header:
-            w.writeheader()
-        w.writerow(row)
-
-
-def _drop_rows_after(path: Path, step: int) -> None:
-    """On resume, forget log rows written after the checkpoint's step."""
-    if not path.exists():
-        return
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        fields, rows = reader.fieldnames or [], [r for r in reader if int(r["step"]) <= step]
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(rows)
-
-    atomic_write(path, write)
-
-
-def machine_info(threads: int) -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
-            "python": platform.python_version()}
-
-
 # ---------------------------------------------------------------- training
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specvis.train.train_ar", description=__doc__.split("\n")[0])
@@ -285,7 +252,7 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
         gen.set_state(state["gen"])
         step, elapsed = state["step"], state["elapsed"]
         for path in (loss_csv, eval_csv):
-            _drop_rows_after(path, step)
+            drop_rows_after(path, step)
     budget = args.minutes * 60.0
     n_params = sum(p.numel() for p in model.parameters())
     B = hp["batch_size"]
@@ -324,7 +291,7 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
             now = time.monotonic()
             tps = (step - step_log) * B * L / max(now - t_log, 1e-9)
             recent = run_loss / run_n
-            _append_row(loss_csv, LOSS_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}", "lr": f"{lr:.4g}",
+            append_row(loss_csv, LOSS_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}", "lr": f"{lr:.4g}",
                                                 "loss": f"{recent:.5f}", "grad_norm": f"{grad_norm:.3f}",
                                                 "tokens_per_s": f"{tps:.0f}"})
             print(f"step {step} {elapsed / 60:.1f}min lr {lr:.2e} loss {recent:.4f} gnorm {grad_norm:.2f} "
@@ -333,7 +300,7 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
         if elapsed - last_eval >= args.eval_every:
             ev = mean_loss(model, eval_codes, eval_labels)
             elapsed = time.monotonic() - t0
-            _append_row(eval_csv, EVAL_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}",
+            append_row(eval_csv, EVAL_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}",
                                                 "train_loss": f"{recent:.5f}", "eval_loss": f"{ev:.5f}"})
             print(f"step {step} eval loss {ev:.4f}", flush=True)
             last_eval = elapsed
@@ -378,12 +345,7 @@ def finish(model: LlamaGen, out: Path, data: dict[str, np.ndarray], step: int, e
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        train(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_main(train, args)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,9 @@ goes to ``OUT/ckpt.pt``; rerunning the same command resumes. Logs: ``OUT/losses.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ import torch.nn.functional as F
 from specvis.io import atomic_write, write_text
 from specvis.models.drafter import DrafterConfig, EagleDrafter
 from specvis.models.llamagen import LlamaGen
+from specvis.train.common import append_row, drop_rows_after, machine_info, run_main
 
 LOSS_FIELDS = ["step", "elapsed_s", "lr", "loss", "v_loss", "p_loss", "grad_norm"]
 EVAL_FIELDS = ["step", "elapsed_s", "v_loss", "p_loss", "top1", "top3"]
@@ -106,32 +105,6 @@ def evaluate(drafter: EagleDrafter, target: LlamaGen, codes: np.ndarray, labels:
         total += len(c)
     drafter.train(was)
     return {k: v / max(total, 1) for k, v in sums.items()}
-
-
-def _append(path: Path, names: list[str], row: dict) -> None:
-    new = not path.exists()
-    with open(path, "a", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=names)
-        if new:
-            w.writeheader()
-        w.writerow(row)
-
-
-def _truncate(path: Path, step: int) -> None:
-    """On resume, forget log rows written after the checkpoint's step."""
-    if not path.exists():
-        return
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        names, rows = reader.fieldnames or [], [r for r in reader if int(r["step"]) <= step]
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=names)
-            w.writeheader()
-            w.writerows(rows)
-
-    atomic_write(path, write)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -226,7 +199,7 @@ def train(args: argparse.Namespace) -> dict:
         gen.set_state(state["gen"])
         step, elapsed = state["step"], state["elapsed"]
         for path in (loss_csv, eval_csv):
-            _truncate(path, step)
+            drop_rows_after(path, step)
     drafter.train()
     budget = args.minutes * 60.0
     n_params = sum(q.numel() for q in params)
@@ -241,7 +214,7 @@ def train(args: argparse.Namespace) -> dict:
 
     def run_eval() -> dict[str, float]:
         ev = evaluate(drafter, target, data["eval_codes"], data["eval_labels"])
-        _append(eval_csv, EVAL_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}",
+        append_row(eval_csv, EVAL_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}",
                                         **{k: f"{ev[k]:.5f}" for k in ("v_loss", "p_loss", "top1", "top3")}})
         print(f"step {step} eval v_loss {ev['v_loss']:.4f} p_loss {ev['p_loss']:.4f} "
               f"top1 {ev['top1']:.3f} top3 {ev['top3']:.3f}", flush=True)
@@ -275,7 +248,7 @@ def train(args: argparse.Namespace) -> dict:
         elapsed = time.monotonic() - t0
         if step % args.log_every == 0:
             row = {k: v / n_acc for k, v in acc.items()}
-            _append(loss_csv, LOSS_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}", "lr": f"{lr:.4g}",
+            append_row(loss_csv, LOSS_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}", "lr": f"{lr:.4g}",
                                             **{k: f"{v:.5f}" for k, v in row.items()}, "grad_norm": f"{gnorm:.3f}"})
             print(f"step {step} {elapsed / 60:.1f}min lr {lr:.2e} loss {row['loss']:.4f} "
                   f"(v {row['v_loss']:.4f} p {row['p_loss']:.4f}) gnorm {gnorm:.2f}", flush=True)
@@ -293,8 +266,7 @@ def train(args: argparse.Namespace) -> dict:
     report = {"final_eval": final, "initial_eval": initial, "steps": step, "train_minutes": round(elapsed / 60.0, 2),
               "budget_minutes": hp["minutes"], "hparams": hp, "trainable_params": n_params,
               "config": drafter.config.to_json(), "target": str(args.target), "tokens_file": str(args.tokens),
-              "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": args.threads,
-                          "torch": torch.__version__}}
+              "machine": machine_info(args.threads)}
     drafter.save_pretrained(out / "final")
     write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
     print(f"final eval v_loss {final['v_loss']:.4f} p_loss {final['p_loss']:.4f} top1 {final['top1']:.3f} "
@@ -304,12 +276,7 @@ def train(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        train(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_main(train, args)
 
 
 if __name__ == "__main__":

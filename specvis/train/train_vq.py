@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from specvis.models.vq import VQConfig, VQModel
 from specvis.train import atomic_write
+from specvis.train.common import run_main
 from specvis.train.emoji_data import augment, flip_safe, load_split
 
 LOSS_FIELDS = ["step", "elapsed_s", "lr", "loss", "l1", "mse", "codebook", "commit", "usage", "perplexity"]
@@ -291,12 +292,7 @@ def finish(model: VQModel, out: Path, train_x: np.ndarray, eval_x: np.ndarray, s
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        train(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_main(train, args)
 
 
 if __name__ == "__main__":
