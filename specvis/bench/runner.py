@@ -159,7 +159,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     report = {
         "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),
         "device_name": torch.cuda.get_device_name(pipe.device) if pipe.device.type == "cuda" else platform.processor() or platform.machine(),
-        "torch": torch.__version__, "batch_size": batch_size, "num_images": num, "seed": seed,
+        "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "batch_size": batch_size, "num_images": num, "seed": seed,
         "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "cfg_scale": sampling.cfg_scale},
         "repeats": repeats, "shards": shards, "shard_index": shard_index,
