@@ -4,7 +4,7 @@ from . import models
 from .accept import Exact
 from .generate import Generation, generate
 from .lantern import Lantern
-from .methods import AR, SJD, ADTTree, EagleTree, Jacobi, Speculative, Stats
+from .methods import AR, SJD, ADTTree, CSpD, EagleTree, Jacobi, Speculative, Stats
 from .models.base import TokenModel
 from .pipeline import Pipeline
 from .sampling import Sampling
@@ -12,5 +12,5 @@ from .zoo import load
 
 __version__ = "0.1.0"
 
-__all__ = ["ADTTree", "AR", "EagleTree", "Exact", "Generation", "Jacobi", "Lantern", "Pipeline", "SJD", "Sampling",
+__all__ = ["ADTTree", "AR", "CSpD", "EagleTree", "Exact", "Generation", "Jacobi", "Lantern", "Pipeline", "SJD", "Sampling",
            "Speculative", "Stats", "TokenModel", "generate", "load", "models"]

@@ -2,8 +2,9 @@
 
 from .ar import AR
 from .base import Stats
+from .cspd import CSpD
 from .sjd import SJD, Jacobi
 from .speculative import Speculative
 from .tree import ADTTree, EagleTree
 
-__all__ = ["ADTTree", "AR", "EagleTree", "SJD", "Jacobi", "Speculative", "Stats"]
+__all__ = ["ADTTree", "AR", "CSpD", "EagleTree", "SJD", "Jacobi", "Speculative", "Stats"]
