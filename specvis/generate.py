@@ -16,6 +16,7 @@ class Generation:
     tokens: torch.Tensor  # (B, H*W) image-token ids
     stats: Stats
     images: list = field(default_factory=list)  # PIL images when a pipeline decoded them
+    latents: torch.Tensor | None = None  # (B, H*W, C) continuous tokens (continuous-token models)
 
 
 def check_conditions(model, conditions: torch.Tensor) -> None:
@@ -53,4 +54,4 @@ def generate(model, conditions: torch.Tensor, method=None, sampling: Sampling | 
     ctx.rule = bind_rule(getattr(method, "acceptance", None), codebook)
     wall = timed(lambda: method.decode(ctx), device)
     draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
-    return Generation(ctx.tokens[:, : ctx.L].clone(), ctx.stats(wall, draft_forwards))
+    return Generation(ctx.tokens[:, : ctx.L].clone(), ctx.stats(wall, draft_forwards), latents=getattr(ctx, "latents", None))

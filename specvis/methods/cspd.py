@@ -60,8 +60,8 @@ import torch
 
 from ..diffusion import gaussian_log_density, residual_sample, transition_log_density
 from ..models.continuous import DiffusionHead, Trajectory
-from ..sampling import Sampling, make_generator
-from .base import DecodeContext, GuidedModel, Stats, timed
+from ..sampling import Sampling
+from .base import DecodeContext, GuidedModel, Stats
 
 RATIOS = ("paper", "coupled", "trajectory")
 GREEDY_ATOL = 1e-4
@@ -390,14 +390,8 @@ class CSpD:
 def generate_latents(model, conditions: torch.Tensor, method: CSpD | None = None, sampling: Sampling | None = None,
                      seed: int = 0, draft=None) -> tuple[torch.Tensor, Stats]:
     """Run ``method`` (default: target-only, ``CSpD(prefill=1.0)``) on a continuous model; returns the
-    tokens (B, L, C) and Stats. Same set-up as ``specvis.generate``, which returns ``ctx.tokens``."""
-    method = CSpD(prefill=1.0) if method is None else method
-    sampling = Sampling() if sampling is None else sampling
-    device = next(model.parameters()).device
-    conditions = torch.as_tensor(conditions, device=device)
-    target = GuidedModel(model, conditions, sampling, method.pad)
-    draft_view = GuidedModel(draft, conditions, sampling, method.pad) if draft is not None else None
-    ctx = DecodeContext(target, make_generator(seed, device), method.pad, draft_view)
-    wall = timed(lambda: method.decode(ctx), device)
-    draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
-    return ctx.latents, ctx.stats(wall, draft_forwards)
+    tokens (B, L, C) and Stats (``specvis.generate(...).latents`` and ``.stats``)."""
+    from ..generate import generate
+
+    out = generate(model, conditions, CSpD(prefill=1.0) if method is None else method, sampling, seed, draft=draft)
+    return out.latents, out.stats
