@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The committed CPU benchmarks of the emoji bundle (docs/benchmarks/). One torch thread per process,
+# so the numbers do not depend on how busy the second core is. Each command resumes if interrupted.
+set -euo pipefail
+export OMP_NUM_THREADS=1
+out=docs/benchmarks
+methods="ar,speculative:gamma=2,speculative:gamma=4"
+methods+=",sjd:window=8:init=random,sjd:window=8:init=horizontal-repeat,sjd:window=8:init=vertical-repeat"
+methods+=",sjd:window=8:init=horizontal-sample,sjd:window=8:init=vertical-sample,sjd:window=16:init=horizontal-sample"
+methods+=",speculative:gamma=4:accept=lantern:k=50:delta=0.2,sjd:window=8:init=horizontal-sample:accept=lantern:k=50:delta=0.2"
+case "${1:-main}" in
+  main)   # batch 8, 64 images: every method, quality proxy, plots
+    specvis bench --model emoji --methods "$methods" --num 64 --batch-size 8 \
+      --json $out/emoji-cpu.json --md $out/emoji-cpu.md --plots $out/plots ;;
+  batch1) # batch 1: the latency case
+    specvis bench --model emoji --methods "ar,speculative:gamma=2,speculative:gamma=4,sjd:window=4:init=horizontal-sample,sjd:window=8:init=horizontal-sample,sjd:window=16:init=horizontal-sample" \
+      --num 8 --batch-size 1 --json $out/emoji-cpu-b1.json --md $out/emoji-cpu-b1.md ;;
+  greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
+    specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
+      --num 16 --batch-size 8 --temperature 0 --json $out/emoji-cpu-greedy.json --md $out/emoji-cpu-greedy.md ;;
+  sjd-ablations|lantern-grid)
+    python -m specvis.bench.sweeps "$1" --model emoji --out $out --num 16 --batch-size 8 ;;
+esac
