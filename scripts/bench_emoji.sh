@@ -8,6 +8,8 @@ methods="ar,speculative:gamma=2,speculative:gamma=4"
 methods+=",sjd:window=8:init=random,sjd:window=8:init=horizontal-repeat,sjd:window=8:init=vertical-repeat"
 methods+=",sjd:window=8:init=horizontal-sample,sjd:window=8:init=vertical-sample,sjd:window=16:init=horizontal-sample"
 methods+=",speculative:gamma=4:accept=lantern:k=50:delta=0.2,sjd:window=8:init=horizontal-sample:accept=lantern:k=50:delta=0.2"
+trees="eagle:depth=5:top_k=8:total_tokens=24,adt:init=horizontal:total_tokens=24,adt:init=vertical:total_tokens=24,adt:init=random:total_tokens=24"
+methods+=",$trees,eagle:depth=5:top_k=8:total_tokens=24:accept=lantern:k=50:delta=0.2,adt:init=horizontal:total_tokens=24:accept=lantern:k=50:delta=0.2"
 case "${1:-main}" in
   main)   # batch 8, 64 images: every method, quality proxy, plots
     specvis bench --model emoji --methods "$methods" --num 64 --batch-size 8 \
@@ -15,6 +17,13 @@ case "${1:-main}" in
   batch1) # batch 1: the latency case
     specvis bench --model emoji --methods "ar,speculative:gamma=2,speculative:gamma=4,sjd:window=4:init=horizontal-sample,sjd:window=8:init=horizontal-sample,sjd:window=16:init=horizontal-sample" \
       --num 8 --batch-size 1 --json $out/emoji-cpu-b1.json --md $out/emoji-cpu-b1.md ;;
+  trees)  # ADT-Tree Table I on our model: batch 1 and 8, temperature 1 and 0
+    for t in 1 0; do
+      specvis bench --model emoji --methods "ar,speculative:gamma=4,$trees" --num 8 --batch-size 1 --temperature $t \
+        --json $out/emoji-cpu-trees-b1-t$t.json --md $out/emoji-cpu-trees-b1-t$t.md
+      specvis bench --model emoji --methods "ar,speculative:gamma=4,$trees" --num 16 --batch-size 8 --temperature $t \
+        --json $out/emoji-cpu-trees-b8-t$t.json --md $out/emoji-cpu-trees-b8-t$t.md
+    done ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
       --num 16 --batch-size 8 --temperature 0 --json $out/emoji-cpu-greedy.json --md $out/emoji-cpu-greedy.md ;;
