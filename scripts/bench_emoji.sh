@@ -15,7 +15,7 @@ case "${1:-main}" in
     specvis bench --model emoji --methods "$methods" --num 64 --batch-size 8 \
       --json $out/emoji-cpu.json --md $out/emoji-cpu.md --plots $out/plots ;;
   batch1) # batch 1: the latency case
-    specvis bench --model emoji --methods "ar,speculative:gamma=2,speculative:gamma=4,sjd:window=4:init=horizontal-sample,sjd:window=8:init=horizontal-sample,sjd:window=16:init=horizontal-sample" \
+    specvis bench --model emoji --methods "ar,speculative:gamma=2,speculative:gamma=4,sjd:window=4:init=horizontal-sample,sjd:window=8:init=horizontal-sample,sjd:window=16:init=horizontal-sample,sjd:window=8:init=random,sjd:window=8:init=horizontal-repeat,sjd:window=8:init=vertical-repeat,sjd:window=8:init=vertical-sample" \
       --num 8 --batch-size 1 --json $out/emoji-cpu-b1.json --md $out/emoji-cpu-b1.md ;;
   trees)  # ADT-Tree Table I on our model: batch 1 and 8, temperature 1 and 0
     for t in 1 0; do
