@@ -183,3 +183,10 @@ def test_train_classifier_smoke(tmp_path):
     rep = json.loads((tmp_path / "clf" / "report.json").read_text())
     assert 0 <= rep["heldout_accuracy"] <= 1 and rep["n_heldout"] == 9
     assert EmojiClassifier.from_pretrained(tmp_path / "clf" / "final").ref_features.shape[0] == 9
+
+
+def test_tree_runs_report_mean_tree_depth(pipe):
+    """Method-specific Stats.extra figures (ADT-Tree's d-bar) reach the bench JSON."""
+    report = runner.run_bench(pipe, ["adt:total_tokens=8"], 2, 2, progress=False, metrics=[])
+    depth = report["runs"][1]["mean_tree_depth"]
+    assert 1.0 <= depth <= 10.0

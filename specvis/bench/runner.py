@@ -85,6 +85,8 @@ def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress
     name, config, rule = describe(method)
     wall = statistics.median(walls)
     maps, counts = _accept_maps(first, work)
+    extra_keys = sorted({k for _, o in first for k, v in o.stats.extra.items() if isinstance(v, (int, float))})
+    extra = {k: sum(n * float(o.stats.extra.get(k, 0.0)) for n, o in first) / n_images for k in extra_keys}
     return {
         "method": name,
         "config": config,
@@ -100,6 +102,7 @@ def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress
         "wall_s_repeats": walls,
         "images_per_s": n_images / wall if wall > 0 else float("nan"),
         "quality": {},
+        **extra,  # method-specific means, e.g. mean_tree_depth (d-bar) of the tree methods
         "accept_map_per_class": maps,
         "images_per_class": counts,
         "_outputs": first,
