@@ -39,8 +39,20 @@ def _check_int(owner: str, name: str, value, low: int) -> None:
         raise ValueError(f"{owner}.{name} must be an integer >= {low}, got {value!r}")
 
 
+class _TreeMethod:
+    """What both tree methods share: losslessness follows the rule; cache room for a whole tree."""
+
+    @property
+    def lossless(self) -> bool:
+        return self.acceptance.lossless
+
+    @property
+    def pad(self) -> int:
+        return self.total_tokens + 2
+
+
 @dataclass(frozen=True)
-class EagleTree:
+class EagleTree(_TreeMethod):
     """EAGLE-2 dynamic tree: ``depth`` draft levels, ``top_k`` children per expanded node,
     ``total_tokens`` tokens per target forward (root included). Needs ``drafter=`` (an EagleDrafter)."""
 
@@ -55,20 +67,12 @@ class EagleTree:
         _check_int("EagleTree", "top_k", self.top_k, 1)
         _check_int("EagleTree", "total_tokens", self.total_tokens, 2)
 
-    @property
-    def lossless(self) -> bool:
-        return self.acceptance.lossless
-
-    @property
-    def pad(self) -> int:
-        return self.total_tokens + 2
-
     def decode(self, ctx: DecodeContext) -> None:
         _decode_trees(ctx, self.name, self.total_tokens, _Fixed(self.depth, self.top_k))
 
 
 @dataclass(frozen=True)
-class ADTTree:
+class ADTTree(_TreeMethod):
     """ADT-Tree: each tree's (depth, top_k) starts from the left (``horizontal``) or upper
     (``vertical``) neighbour's tree or uniformly at random (``random``), then moves by one bisection
     step: acceptance rate (accepted / depth of the previous tree) >= ``beta``: deeper by ``depth_step``
@@ -99,14 +103,6 @@ class ADTTree:
             if not ok or not 1 <= value[0] <= value[1]:
                 raise ValueError(f"ADTTree.{name} must be two integers 1 <= low <= high, got {value!r}")
             object.__setattr__(self, name, tuple(value))
-
-    @property
-    def lossless(self) -> bool:
-        return self.acceptance.lossless
-
-    @property
-    def pad(self) -> int:
-        return self.total_tokens + 2
 
     def decode(self, ctx: DecodeContext) -> None:
         _decode_trees(ctx, self.name, self.total_tokens, _Adaptive(self, ctx))

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from specvis.models.vq import VQConfig, VQModel
 from specvis.train import atomic_write
-from specvis.train.common import run_main
+from specvis.train.common import append_row, run_main
 from specvis.train.emoji_data import augment, flip_safe, load_split
 
 LOSS_FIELDS = ["step", "elapsed_s", "lr", "loss", "l1", "mse", "codebook", "commit", "usage", "perplexity"]
@@ -106,15 +106,6 @@ def _trim_csv(path: Path, max_step: int) -> None:
         return
     keep = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= max_step]
     atomic_write(path, lambda tmp: Path(tmp).write_text("".join(",".join(r) + "\n" for r in keep)))
-
-
-def _append_csv(path: Path, fields: list[str], row: dict) -> None:
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        if new:
-            w.writeheader()
-        w.writerow(row)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -240,13 +231,13 @@ def train(args: argparse.Namespace) -> dict:
             row = {"step": step, "elapsed_s": round(elapsed, 1), "lr": f"{lr:.3g}",
                    **{k: f"{v / acc_n:.5f}" for k, v in acc.items()},
                    "usage": f"{hist['usage']:.4f}", "perplexity": f"{hist['perplexity']:.1f}"}
-            _append_csv(loss_csv, LOSS_FIELDS, row)
+            append_row(loss_csv, LOSS_FIELDS, row)
             print(f"step {step} {elapsed / 60:.1f}min lr {lr:.2e} loss {row['loss']} l1 {row['l1']} "
                   f"mse {row['mse']} batch-usage {row['usage']}", flush=True)
             acc, acc_n = {}, 0
         if elapsed - last_eval >= args.eval_every:
             value = eval_psnr()
-            _append_csv(eval_csv, ["step", "elapsed_s", "eval_psnr"], {"step": step, "elapsed_s": round(elapsed, 1),
+            append_row(eval_csv, ["step", "elapsed_s", "eval_psnr"], {"step": step, "elapsed_s": round(elapsed, 1),
                                                                       "eval_psnr": f"{value:.3f}"})
             print(f"step {step} eval PSNR {value:.2f} dB", flush=True)
             t_start += time.monotonic() - t_start - elapsed  # evaluation time is not training time
