@@ -24,6 +24,11 @@ case "${1:-main}" in
       specvis bench --model emoji --methods "ar,speculative:gamma=4,$trees" --num 16 --batch-size 8 --temperature $t \
         --json $out/emoji-cpu-trees-b8-t$t.json --md $out/emoji-cpu-trees-b8-t$t.md
     done ;;
+  tree-sizes) # tree size (total_tokens) against CPU cost: batch 1, temperature 1
+    sizes=""
+    for n in 12 24 40 60; do sizes+=",eagle:depth=5:top_k=8:total_tokens=$n,adt:init=horizontal:total_tokens=$n"; done
+    specvis bench --model emoji --methods "ar$sizes" --num 8 --batch-size 1 \
+      --json $out/emoji-cpu-tree-sizes.json --md $out/emoji-cpu-tree-sizes.md ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
       --num 16 --batch-size 8 --temperature 0 --json $out/emoji-cpu-greedy.json --md $out/emoji-cpu-greedy.md ;;

@@ -10,7 +10,7 @@ from typing import Any
 
 from . import __version__
 from .io import atomic_write, write_text
-from .registry import ACCEPTANCE, METHODS, available, build_method, describe
+from .registry import ACCEPTANCE, METHODS, available, build_method, describe, parse_method_spec
 from .sampling import Sampling
 
 
@@ -34,7 +34,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 def _add_method_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("method options (each applies to the methods that have it)")
     g.add_argument("--accept", default="exact", help=f"acceptance rule: {', '.join(ACCEPTANCE)}")
-    g.add_argument("--gamma", type=int, help="speculative: draft tokens per round")
+    g.add_argument("--gamma", type=int, help="speculative/cspd: draft tokens per round")
     g.add_argument("--window", type=int, help="jacobi/sjd: Jacobi window")
     g.add_argument("--init", help="sjd: random, horizontal-repeat, vertical-repeat, horizontal-sample, "
                                   "vertical-sample; adt: horizontal, vertical, random")
@@ -44,6 +44,9 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--total-tokens", type=int, help="eagle/adt: tree size")
     g.add_argument("--beta", type=float, help="adt: acceptance-rate threshold")
     g.add_argument("--prefill", type=float, help="cspd: fraction of tokens pre-filled by the target")
+    g.add_argument("--ratio", help="cspd: paper (Eq. 5), coupled or trajectory (both exact)")
+    g.add_argument("--no-align", dest="align", action="store_const", const=False,
+                   help="cspd: the target runs its own noise (no trajectory alignment)")
     g.add_argument("--lantern-k", type=int, help="lantern: neighbours per code")
     g.add_argument("--lantern-delta", type=float, help="lantern: total-variation budget")
     g.add_argument("--lantern-metric", help="lantern: l2 or cosine")
@@ -54,6 +57,7 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
 def _method_options(a: argparse.Namespace) -> dict[str, Any]:
     return {"gamma": a.gamma, "window": a.window, "init": a.init, "refine": a.refine, "depth": a.depth,
             "top_k": a.tree_top_k, "total_tokens": a.total_tokens, "beta": a.beta, "prefill": a.prefill,
+            "ratio": a.ratio, "align": a.align,
             "k": a.lantern_k, "delta": a.lantern_delta, "metric": a.lantern_metric, "budget": a.lantern_budget}
 
 
@@ -121,11 +125,36 @@ def _save_png(image, path: Path) -> None:
     atomic_write(path, lambda tmp: image.save(tmp, format="PNG"))
 
 
+CONTINUOUS_METHODS = ("ar", "cspd")
+
+
+def pipeline_for(pipe, names: list[str]):
+    """The pipeline that runs methods ``names``: cspd needs continuous-token models, so a bundle that
+    ships them (``pipe.continuous``) switches to them when every method is ar or cspd."""
+    from .pipeline import ContinuousPipeline
+
+    other = sorted(set(names) - set(CONTINUOUS_METHODS))
+    if isinstance(pipe, ContinuousPipeline):
+        if other:
+            raise ValueError(f"model {pipe.name} has continuous tokens: methods {' and '.join(CONTINUOUS_METHODS)} only, got {other[0]}")
+        return pipe
+    if "cspd" not in names:
+        return pipe
+    if pipe.continuous is None:
+        raise ValueError(f"method cspd needs continuous-token models and model {pipe.name} has none "
+                         "(try --model emoji-continuous or random-tiny-continuous)")
+    if other:
+        raise ValueError(f"method cspd runs on the continuous-token models of {pipe.name}: bench it with ar only, "
+                         f"not with {other[0]} (e.g. --methods ar,cspd)")
+    print(f"specvis: cspd: using {pipe.continuous.name}, the continuous-token models of {pipe.name}", file=sys.stderr)
+    return pipe.continuous
+
+
 def cmd_generate(a: argparse.Namespace) -> int:
     from .viz import contact_sheet, heatmaps
     from .zoo import load
 
-    pipe = load(a.model, a.device)
+    pipe = pipeline_for(load(a.model, a.device), [a.method])
     method = build_method(a.method, _method_options(a), a.accept)
     sampling = _sampling(a, pipe.default_sampling)
     if a.num is not None and a.num < 1:
@@ -169,10 +198,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
     else:
         from .zoo import load
 
-        pipe = load(a.model, a.device)
+        specs = [s for s in a.methods.split(",") if s.strip()]
+        pipe = pipeline_for(load(a.model, a.device), [parse_method_spec(s)[0] for s in specs])
         class_names = pipe.class_names
         sampling = _sampling(a, pipe.default_sampling)
-        specs = [s for s in a.methods.split(",") if s.strip()]
         metrics = None if a.metrics is None else [m.strip() for m in a.metrics.split(",") if m.strip() not in ("", "none")]
 
         def show(run: dict) -> None:

@@ -31,9 +31,28 @@ class PaletteTokenizer(torch.nn.Module):
         return img.repeat_interleave(self.cell, 2).repeat_interleave(self.cell, 3)
 
 
+class LatentPalette(torch.nn.Module):
+    """Stand-in decoder for random continuous-token models: token (C channels) -> the colour
+    tanh(first three channels), ``cell`` pixels wide."""
+
+    def __init__(self, cell: int = 8) -> None:
+        super().__init__()
+        self.cell = cell
+
+    def decode_continuous(self, tokens: torch.Tensor) -> torch.Tensor:
+        B, n, C = tokens.shape
+        side = int(n ** 0.5)
+        rgb = torch.tanh(tokens.float()[..., :3])
+        if C < 3:
+            rgb = torch.cat([rgb, rgb[..., :1].expand(B, n, 3 - C)], -1)
+        img = rgb.view(B, side, side, 3).permute(0, 3, 1, 2)
+        return img.repeat_interleave(self.cell, 2).repeat_interleave(self.cell, 3)
+
+
 @dataclass
 class Pipeline:
-    """``pipe(classes, method, sampling, seed)`` -> ``Generation`` with decoded images."""
+    """``pipe(classes, method, sampling, seed)`` -> ``Generation`` with decoded images. ``continuous``:
+    the bundle's continuous-token pipeline (``ContinuousPipeline``), where it ships one."""
 
     name: str
     target: torch.nn.Module
@@ -43,6 +62,7 @@ class Pipeline:
     class_names: list[str] = field(default_factory=list)
     default_sampling: Sampling = field(default_factory=Sampling)
     extras: dict[str, Any] = field(default_factory=dict)
+    continuous: "Pipeline | None" = None
 
     @property
     def num_classes(self) -> int:
@@ -60,6 +80,8 @@ class Pipeline:
         for m in (self.target, self.tokenizer, self.draft, self.drafter):
             if m is not None:
                 m.to(device)
+        if self.continuous is not None:
+            self.continuous.to(device)
         return self
 
     @torch.no_grad()
@@ -69,9 +91,30 @@ class Pipeline:
         out = generate(self.target, conditions, method, sampling or self.default_sampling, seed,
                        draft=self.draft, drafter=self.drafter, codebook=self.codebook)
         if decode:
-            out.images = self.to_images(out.tokens)
+            out.images = self.images_of(out)
         return out
 
     @torch.no_grad()
     def to_images(self, tokens: torch.Tensor):
         return to_pil(self.tokenizer.decode(tokens))
+
+    def images_of(self, out: Generation):
+        """PIL images of a ``Generation`` of this pipeline."""
+        return self.to_images(out.tokens)
+
+
+class ContinuousPipeline(Pipeline):
+    """A ``ContinuousAR`` target (+ draft) whose continuous tokens a decoder with ``decode_continuous``
+    renders (the VQ decoder for the emoji bundle). Methods: ``sv.CSpD`` and ``sv.AR`` (target-only
+    sampling); there is no codebook, so no LANTERN."""
+
+    @property
+    def codebook(self) -> None:
+        return None
+
+    @torch.no_grad()
+    def to_images(self, latents: torch.Tensor):
+        return to_pil(self.tokenizer.decode_continuous(latents))
+
+    def images_of(self, out: Generation):
+        return self.to_images(out.latents)

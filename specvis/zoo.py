@@ -1,5 +1,6 @@
-"""Model bundles by name: the embedded ``emoji`` bundle (shipped under ``specvis/assets/emoji``)
-and ``random-tiny`` (seeded random models, for smoke tests without any weights)."""
+"""Model bundles by name: the embedded ``emoji`` bundle (shipped under ``specvis/assets/emoji``), its
+continuous-token models as ``emoji-continuous`` (also ``load("emoji").continuous``), and
+``random-tiny`` / ``random-tiny-continuous`` (seeded random models, for smoke tests without weights)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from pathlib import Path
 
 import torch
 
+from .models.continuous import ContinuousAR, ContinuousARConfig
 from .models.drafter import EagleDrafter
 from .models.llamagen import LlamaGen, LlamaGenConfig
-from .pipeline import PaletteTokenizer, Pipeline
+from .pipeline import ContinuousPipeline, LatentPalette, PaletteTokenizer, Pipeline
 from .sampling import Sampling
 
 ASSETS = Path(__file__).parent / "assets"
@@ -26,6 +28,39 @@ def _random_tiny() -> Pipeline:
                     class_names=[f"class{i}" for i in range(4)])
 
 
+def _random_tiny_continuous() -> ContinuousPipeline:
+    """A random target (MAR's zero-initialised head output replaced by a random one) and, as its draft, a
+    copy with every weight perturbed by 1e-4 of its spread: random heads amplify differences along the
+    denoising run so much that independent ones, or a 1% perturbation, are never accepted."""
+    torch.manual_seed(0)
+    cfg = ContinuousARConfig(token_dim=3, height=4, width=4, num_classes=4, dim=64, n_layer=2, n_head=4,
+                             multiple_of=32, head_width=64, head_depth=2, num_train_steps=16, num_sampling_steps=8)
+    target = ContinuousAR(cfg).eval()
+    target.head.net.init_weights(zero_init=False)
+    draft = ContinuousAR(cfg).eval()
+    with torch.no_grad():
+        for p, q in zip(draft.parameters(), target.parameters()):
+            p.copy_(q + 1e-4 * q.std().clamp_min(1e-3) * torch.randn_like(q))
+    return ContinuousPipeline("random-tiny-continuous", target, LatentPalette(), draft=draft,
+                              class_names=[f"class{i}" for i in range(4)])
+
+
+def _emoji_continuous(root: Path, meta: dict, vq) -> ContinuousPipeline | None:
+    """The bundle's ContinuousAR target + draft over VQ pre-quantisation latents, when shipped."""
+    if not (root / "continuous_target").exists():
+        return None
+    draft = root / "continuous_draft"
+    return ContinuousPipeline(
+        "emoji-continuous",
+        ContinuousAR.from_pretrained(root / "continuous_target"),
+        vq,
+        draft=ContinuousAR.from_pretrained(draft) if draft.exists() else None,
+        class_names=meta["class_names"],
+        default_sampling=Sampling(**meta.get("continuous_sampling", {"cfg_scale": 3.0})),
+        extras={"meta": meta, "root": root},
+    )
+
+
 def _emoji() -> Pipeline:
     root = ASSETS / "emoji"
     meta_path = root / "bundle.json"
@@ -36,22 +71,34 @@ def _emoji() -> Pipeline:
 
     meta = json.loads(meta_path.read_text())
     target = LlamaGen.from_pretrained(root / "target")
+    vq = VQModel.from_pretrained(root / "vq")
     pipe = Pipeline(
         "emoji",
         target,
-        VQModel.from_pretrained(root / "vq"),
+        vq,
         draft=LlamaGen.from_pretrained(root / "draft") if (root / "draft").exists() else None,
         drafter=EagleDrafter.from_pretrained(root / "drafter", target) if (root / "drafter").exists() else None,
         class_names=meta["class_names"],
         default_sampling=Sampling(**meta.get("default_sampling", {})),
         extras={"meta": meta, "root": root},
+        continuous=_emoji_continuous(root, meta, vq),
     )
     return pipe.to("cpu")
 
 
+def _emoji_continuous_only() -> ContinuousPipeline:
+    pipe = _emoji().continuous
+    if pipe is None:
+        raise ValueError("the emoji bundle ships no continuous-token models (specvis/assets/emoji/continuous_target missing)")
+    return pipe
+
+
 BUNDLES = {
     "emoji": ("colour-emoji LlamaGen target + draft and VQ tokenizer trained for specvis (embedded)", _emoji),
+    "emoji-continuous": ("the emoji bundle's continuous-token models (ContinuousAR + diffusion head over VQ "
+                         "latents) for cspd", _emoji_continuous_only),
     "random-tiny": ("seeded random tiny LlamaGen target + draft, palette images (smoke tests)", _random_tiny),
+    "random-tiny-continuous": ("seeded random tiny ContinuousAR target + draft (cspd smoke tests)", _random_tiny_continuous),
 }
 
 
@@ -63,4 +110,6 @@ def load(name: str = "emoji", device: str | torch.device = "cpu") -> Pipeline:
 
 
 def installed(name: str) -> bool:
+    if name == "emoji-continuous":
+        return (ASSETS / "emoji" / "continuous_target").exists()
     return name != "emoji" or (ASSETS / "emoji" / "bundle.json").exists()

@@ -52,6 +52,7 @@ from specvis.diffusion import (
 from specvis.methods import cspd as cspd_mod
 from specvis.methods.base import GuidedModel
 from specvis.methods.cspd import CSpD, GuidedContinuous, generate_latents
+from specvis.bench.two_sample import energy_test
 from specvis.models.continuous import ContinuousAR, ContinuousARConfig, DiffusionHead
 from specvis.models.llamagen import rope_2d_table
 from specvis.registry import build_method
@@ -140,22 +141,9 @@ def reference(model: ContinuousAR, conditions: torch.Tensor, sampling: sv.Sampli
     return tokens
 
 
-def energy_pvalue(x: torch.Tensor, y: torch.Tensor, perms: int = 200, seed: int = 0) -> tuple[float, float]:
-    """Two-sample energy distance 2E|X-Y| - E|X-X'| - E|Y-Y'| with a permutation p-value; all
-    permutations in one matmul against the pairwise distance matrix."""
-    z = torch.cat([x, y]).double().reshape(x.shape[0] + y.shape[0], -1)
-    n, N = x.shape[0], z.shape[0]
-    m = N - n
-    D = torch.cdist(z, z)
-    g = torch.Generator().manual_seed(seed)
-    masks = [torch.arange(N) < n] + [torch.randperm(N, generator=g) < n for _ in range(perms)]
-    Wa = torch.stack(masks, 1).double()
-    Da = D @ Wa
-    aa = (Wa * Da).sum(0) / n ** 2
-    ab = ((1 - Wa) * Da).sum(0) / (n * m)
-    bb = ((1 - Wa) * (D.sum(1, keepdim=True) - Da)).sum(0) / m ** 2
-    e = 2 * ab - aa - bb
-    return float(((e[1:] >= e[0]).sum() + 1) / (perms + 1)), float(e[0])
+def energy_pvalue(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(p-value, energy distance) with 200 permutations (``specvis.bench.two_sample.energy_test``)."""
+    return energy_test(x, y, perms=200)
 
 
 # ---------------------------------------------------------------- config and DDPM closed forms

@@ -286,7 +286,8 @@ METRICS: dict[str, Callable[[QualitySource], Metric]] = {"proxy": _proxy, "fid":
 
 
 def can_decode(pipe: Any) -> bool:
-    return callable(getattr(getattr(pipe, "tokenizer", None), "decode", None))
+    tok = getattr(pipe, "tokenizer", None)
+    return any(callable(getattr(tok, name, None)) for name in ("decode", "decode_continuous"))
 
 
 def build_metrics(names: list[str] | None, src: QualitySource, warn: Callable[[str], None] | None = None) -> list[Metric]:

@@ -120,6 +120,9 @@ QUALITY_COLUMNS = (("fid_proxy", "FID proxy", ".2f"), ("class_accuracy", "class 
                    ("fid", "FID", ".2f"), ("clip_score", "CLIP score", ".2f"))
 
 
+EXTRA_COLUMNS = (("mean_tree_depth", "mean tree depth"), ("acceptance_rate", "acceptance rate"))
+
+
 def markdown_table(report: dict[str, Any]) -> str:
     """The runs of a report as a markdown table (quality columns when any run has them)."""
     n = report.get("n_images") or report["num_images"]
@@ -128,13 +131,14 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"batch {report['batch_size']}, {n} images, seed {report['seed']}{shard}, "
             f"torch {report['torch']}, median of {report.get('repeats', 1)}\n\n")
     qcols = [c for c in QUALITY_COLUMNS if any(c[0] in r.get("quality", {}) for r in report["runs"])]
-    cols = ["method", "config", "acceptance", "lossless", "step compression", "mean accepted length",
-            "images/s", "speedup"] + [c[1] for c in qcols]
+    xcols = [c for c in EXTRA_COLUMNS if any(c[0] in r for r in report["runs"])]
+    cols = ["method", "config", "acceptance", "lossless", "step compression", "mean accepted length"] \
+        + [c[1] for c in xcols] + ["images/s", "speedup"] + [c[1] for c in qcols]
     rows = ["| " + " | ".join(cols) + " |", "| " + " | ".join(["---"] * 4 + ["---:"] * (len(cols) - 4)) + " |"]
     for r in report["runs"]:
         cells = [r["method"], _cfg_text(r["config"]), r["acceptance"], "yes" if r["lossless"] else "no",
-                 f"{r['step_compression']:.2f}", f"{r['mean_accepted_length']:.2f}", f"{r['images_per_s']:.3f}",
-                 f"{r['speedup']:.2f}x"]
+                 f"{r['step_compression']:.2f}", f"{r['mean_accepted_length']:.2f}"] \
+            + [f"{r[k]:.2f}" if k in r else "-" for k, _ in xcols] + [f"{r['images_per_s']:.3f}", f"{r['speedup']:.2f}x"]
         q = r.get("quality", {})
         for key, _, fmt in qcols:
             v = q.get(key)
@@ -216,6 +220,9 @@ def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -
         m["wall_s"] = sum(x["wall_s"] for x in runs)
         m["wall_s_repeats"] = [sum(w) for w in zip(*(x.get("wall_s_repeats", [x["wall_s"]]) for x in runs))]
         m["images_per_s"] = n / m["wall_s"] if m["wall_s"] > 0 else float("nan")
+        for k, v in run0.items():  # method-specific means (Stats.extra, e.g. mean_tree_depth), image-weighted
+            if k not in m and k != "speedup" and isinstance(v, float) and all(k in x for x in runs):
+                m[k] = sum(x[k] * x["n_images"] for x in runs) / n
         m["quality"] = {}
         rid = key_id(run_key(merged, m))
         pieces = [side[1].get(key_id(run_key(r, x))) for side, (r, x) in zip(sides, parts)]

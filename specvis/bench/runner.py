@@ -114,7 +114,7 @@ def observe(pipe, metrics: list[Metric], per_batch: list[tuple[int, Any]], work:
     """Decode each batch's tokens and collect every metric's per-image observations (+ labels, batch)."""
     obs: dict[str, list[np.ndarray]] = {"labels": [], "batch": []}
     for (classes, _), (_, out), j in zip(work, per_batch, batch_index):
-        images = np.stack([np.asarray(im.convert("RGB")) for im in pipe.to_images(out.tokens)])
+        images = np.stack([np.asarray(im.convert("RGB")) for im in pipe.images_of(out)])
         labels = np.asarray(classes, np.int64)
         for metric in metrics:
             for k, v in metric.observe(images, labels).items():

@@ -20,6 +20,13 @@ class AR:
     pad = 1
 
     def decode(self, ctx: DecodeContext) -> None:
+        if getattr(ctx.target.model, "token_dim", None) is not None:
+            # Continuous-token target: plain sampling is CSpD with every token pre-filled (target only).
+            from .cspd import CSpD
+
+            CSpD(prefill=1.0).decode(ctx)
+            ctx.extra.clear()
+            return
         ones = torch.ones_like(ctx.n)
         x = sample(ctx.target.prefill(), ctx.generator)
         ctx.commit(x[:, None], ones)

@@ -326,6 +326,21 @@ class VQModel(nn.Module):
             raise ValueError(f"z must be (B, {self.config.codebook_embed_dim}, h, w), got {tuple(z.shape)}")
         return self.decoder(self.post_quant_conv(z)).clamp(-1.0, 1.0)
 
+    @torch.no_grad()
+    def decode_continuous(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Continuous tokens (B, h*w, d) of a square grid (``ContinuousAR`` outputs trained on
+        ``tokenize --latents``) -> images (B, 3, H, W): each token is L2-normalised onto the codebook
+        sphere (when the codebook is), then decoded like codebook latents."""
+        d = self.config.codebook_embed_dim
+        B, n = tokens.shape[:2]
+        side = math.isqrt(n)
+        if tokens.dim() != 3 or side * side != n or tokens.shape[2] != d:
+            raise ValueError(f"continuous tokens must be (B, square, {d}), got {tuple(tokens.shape)}")
+        z = tokens.float().transpose(1, 2).reshape(B, d, side, side)
+        if self.config.codebook_l2_norm:
+            z = F.normalize(z, dim=1)
+        return self.decode_latents(z.to(self.post_quant_conv.weight.dtype))
+
     def codes_to_latents(self, codes: torch.Tensor, size: tuple[int, int] | None = None) -> torch.Tensor:
         """Codes (B, h*w) -> codebook latents (B, d, h, w); square grid unless ``size`` is given."""
         if codes.dim() != 2 or codes.dtype not in (torch.int16, torch.int32, torch.int64, torch.uint8):

@@ -1,7 +1,11 @@
-"""Train a class-conditional LlamaGen (target or draft) on VQ token sequences (CPU, time-limited, resumable).
+"""Train a class-conditional AR model (target or draft) on token sequences (CPU, time-limited, resumable).
 
-Objective: next-token cross-entropy over all image tokens, ``forward_train(labels, codes[:, :-1])``
-predicting ``codes``; labels are replaced by the null class with probability ``--class-dropout`` so that
+Two families, chosen by the preset: LlamaGen on VQ codes (``target``, ``draft``), objective next-token
+cross-entropy over all image tokens, ``forward_train(labels, codes[:, :-1])`` predicting ``codes``; and
+``ContinuousAR`` on continuous tokens (``continuous-target``, ``continuous-draft``, a ``--latents`` file
+of :mod:`specvis.train.tokenize`), objective the diffusion head's loss (epsilon MSE + iDDPM variance
+term) on every token given z from [class, x_<i], each token repeated ``--batch-mul`` times with its own
+diffusion step and noise (MAR). Labels are replaced by the null class with probability ``--class-dropout`` so that
 classifier-free guidance works. AdamW (0.9, 0.95), weight decay on matrices only, linear warm-up then
 cosine decay (to lr/10) over the wall-clock budget, gradient clipping at 1.0.
 
@@ -12,6 +16,7 @@ At the end: ``OUT/final/`` (``model.safetensors`` + ``config.json``, ``LlamaGen.
 and ``OUT/report.json``.
 
     python -m specvis.train.train_ar --tokens data/emoji_tokens.npz --preset target --out runs/target --minutes 70
+    python -m specvis.train.train_ar --tokens data/emoji_latents.npz --preset continuous-target --out runs/continuous_target
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from specvis.io import write_text
+from specvis.models.continuous import ContinuousAR, ContinuousARConfig
 from specvis.models.llamagen import LlamaGen, LlamaGenConfig
 from specvis.train import atomic_write
 from specvis.train.common import append_row, drop_rows_after, machine_info, run_main
@@ -38,14 +44,21 @@ from specvis.train.common import append_row, drop_rows_after, machine_info, run_
 PRESETS: dict[str, dict] = {
     "target": {"dim": 256, "n_layer": 5, "n_head": 4, "multiple_of": 32, "batch_size": 16, "lr": 8e-4, "warmup": 100},
     "draft": {"dim": 96, "n_layer": 2, "n_head": 2, "multiple_of": 32, "batch_size": 32, "lr": 1e-3, "warmup": 200},
+    "continuous-target": {"dim": 256, "n_layer": 5, "n_head": 4, "multiple_of": 32, "batch_size": 16, "lr": 8e-4,
+                          "warmup": 100, "head_width": 256, "head_depth": 3, "batch_mul": 4},
+    "continuous-draft": {"dim": 96, "n_layer": 2, "n_head": 2, "multiple_of": 32, "batch_size": 32, "lr": 1e-3,
+                         "warmup": 200, "head_width": 128, "head_depth": 2, "batch_mul": 4},
 }
+HEAD_DEFAULTS = {"head_width": 256, "head_depth": 3, "batch_mul": 4}
+SAMPLING_STEPS = 25  # respaced reverse steps of the continuous models' heads (1000 training steps)
 LOSS_FIELDS = ["step", "elapsed_s", "lr", "loss", "grad_norm", "tokens_per_s"]
 EVAL_FIELDS = ["step", "elapsed_s", "train_loss", "eval_loss"]
 
 
 # ---------------------------------------------------------------- data
-def load_tokens(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Arrays of a token ``.npz`` from :mod:`specvis.train.tokenize` (train/eval codes and labels, codebook_size)."""
+def load_tokens(path: str | os.PathLike, kind: str = "codes") -> dict[str, np.ndarray]:
+    """Arrays of a token ``.npz`` from :mod:`specvis.train.tokenize`: train/eval ``kind`` ("codes" with
+    codebook_size, or "latents") and labels."""
     try:
         with np.load(path) as z:
             data = {k: z[k] for k in z.files}
@@ -53,11 +66,14 @@ def load_tokens(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise ValueError(f"token file not found: {path}") from None
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
         raise ValueError(f"unreadable token file {path}: {type(exc).__name__}") from None
-    for key in ("train_codes", "train_labels", "eval_codes", "eval_labels", "codebook_size"):
+    needed = (f"train_{kind}", "train_labels", f"eval_{kind}", "eval_labels") + (("codebook_size",) if kind == "codes" else ())
+    for key in needed:
         if key not in data:
-            raise ValueError(f"{path}: missing array {key!r}")
-    if data["train_codes"].ndim != 2 or len(data["train_codes"]) != len(data["train_labels"]):
-        raise ValueError(f"{path}: train_codes must be (M, L) with one label per row")
+            hint = " (continuous presets need a --latents token file)" if kind == "latents" else ""
+            raise ValueError(f"{path}: missing array {key!r}{hint}")
+    ndim = 2 if kind == "codes" else 3
+    if data[f"train_{kind}"].ndim != ndim or len(data[f"train_{kind}"]) != len(data["train_labels"]):
+        raise ValueError(f"{path}: train_{kind} must have {ndim} dimensions with one label per row")
     return data
 
 
@@ -97,6 +113,20 @@ def build_config(args: argparse.Namespace, vocab: int, num_classes: int, block_s
                           class_dropout_prob=args.class_dropout)
 
 
+def build_continuous_config(args: argparse.Namespace, token_dim: int, num_classes: int, L: int) -> ContinuousARConfig:
+    side = math.isqrt(L)
+    if side * side != L:
+        raise ValueError(f"continuous tokens must form a square grid, got {L} per image")
+    return ContinuousARConfig(token_dim=token_dim, height=side, width=side, dim=args.dim, n_layer=args.n_layer,
+                              n_head=args.n_head, multiple_of=args.multiple_of, num_classes=num_classes,
+                              class_dropout_prob=args.class_dropout, head_width=args.head_width,
+                              head_depth=args.head_depth, num_sampling_steps=SAMPLING_STEPS)
+
+
+def is_continuous(preset: str) -> bool:
+    return preset.startswith("continuous")
+
+
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices (linear and embedding weights) only."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -123,24 +153,42 @@ def sequence_loss(model: LlamaGen, labels: torch.Tensor, codes: torch.Tensor) ->
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), codes.reshape(-1))
 
 
+def as_tensor(x: np.ndarray) -> torch.Tensor:
+    """Codes as int64, continuous tokens as float32."""
+    return torch.from_numpy(x.astype(np.int64 if np.issubdtype(x.dtype, np.integer) else np.float32))
+
+
+def train_loss(model: LlamaGen | ContinuousAR, labels: torch.Tensor, x: torch.Tensor, hp: dict,
+               gen: torch.Generator) -> torch.Tensor:
+    """One batch's loss; labels dropped to the null class with probability ``class_dropout``
+    (``ContinuousAR.loss`` does the dropping itself, with the same generator)."""
+    if isinstance(model, ContinuousAR):
+        return model.loss(labels, x, hp["batch_mul"], gen)
+    return sequence_loss(model, drop_labels(labels, model.null_condition, hp["class_dropout"], gen), x)
+
+
 @torch.no_grad()
-def mean_loss(model: LlamaGen, codes: np.ndarray, labels: np.ndarray, batch_size: int = 64) -> float:
-    """Token-averaged cross-entropy (nats) of ``codes`` under their true labels, in eval mode."""
+def mean_loss(model: LlamaGen | ContinuousAR, codes: np.ndarray, labels: np.ndarray, batch_size: int = 64) -> float:
+    """Token-averaged loss of ``codes`` under their true labels, in eval mode: cross-entropy (nats) for
+    LlamaGen, the diffusion loss for ContinuousAR (fixed noise seed, so evaluations compare)."""
     was = model.training
     model.eval()
+    gen = torch.Generator().manual_seed(1234)
     total, count = 0.0, 0
     for i in range(0, len(codes), batch_size):
-        c = torch.from_numpy(codes[i:i + batch_size].astype(np.int64))
+        c = as_tensor(codes[i:i + batch_size])
         y = torch.from_numpy(labels[i:i + batch_size].astype(np.int64))
-        total += float(sequence_loss(model, y, c)) * c.numel()
-        count += c.numel()
+        loss = model.loss(y, c, 4, gen) if isinstance(model, ContinuousAR) else sequence_loss(model, y, c)
+        total += float(loss) * len(c)
+        count += len(c)
     model.train(was)
     return total / max(count, 1)
 
 
-def load_model(directory: str | os.PathLike) -> LlamaGen:
+def load_model(directory: str | os.PathLike) -> LlamaGen | ContinuousAR:
     """A trained model from ``OUT/final`` (``model.safetensors`` + ``config.json``), in eval mode."""
-    return LlamaGen.from_pretrained(directory)
+    config = json.loads((Path(directory) / "config.json").read_text())
+    return (ContinuousAR if "token_dim" in config else LlamaGen).from_pretrained(directory)
 
 
 # ---------------------------------------------------------------- logs
@@ -153,7 +201,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=70.0, help="wall-clock budget, summed over resumes")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     for name, kind in (("dim", int), ("n-layer", int), ("n-head", int), ("multiple-of", int),
-                       ("batch-size", int), ("lr", float), ("warmup", int)):
+                       ("batch-size", int), ("lr", float), ("warmup", int), ("head-width", int),
+                       ("head-depth", int), ("batch-mul", int)):
         p.add_argument(f"--{name}", type=kind, default=None, help="override the preset")
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--class-dropout", type=float, default=0.1, help="probability of the null condition")
@@ -165,11 +214,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in --out")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    for key, value in PRESETS[args.preset].items():
+    for key, value in {**HEAD_DEFAULTS, **PRESETS[args.preset]}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     for name in ("minutes", "threads", "dim", "n_layer", "n_head", "multiple_of", "batch_size", "lr",
-                 "ckpt_every", "eval_every", "log_every", "grad_clip"):
+                 "ckpt_every", "eval_every", "log_every", "grad_clip", "head_width", "head_depth", "batch_mul"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
     if not 0.0 < args.class_dropout < 1.0:
@@ -213,36 +262,42 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = load_tokens(args.tokens)
-    train_codes, train_labels = data["train_codes"], data["train_labels"]
-    eval_codes, eval_labels = data["eval_codes"], data["eval_labels"]
-    vocab, L = int(data["codebook_size"]), int(train_codes.shape[1])
-    if int(train_codes.max()) >= vocab or int(train_codes.min()) < 0:
-        raise ValueError(f"{args.tokens}: codes outside [0, {vocab})")
-    ckpt_path, loss_csv, eval_csv = out / "ckpt.pt", out / "losses.csv", out / "eval.csv"
-
+    ckpt_path = out / "ckpt.pt"
     state = None
     if ckpt_path.exists() and not args.fresh:
         try:
             state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"cannot read checkpoint {ckpt_path}: {exc}") from None
+    continuous = is_continuous(state["hparams"]["preset"] if state is not None else args.preset)
+    kind = "latents" if continuous else "codes"
+    data = load_tokens(args.tokens, kind)
+    train_codes, train_labels = data[f"train_{kind}"], data["train_labels"]
+    eval_codes, eval_labels = data[f"eval_{kind}"], data["eval_labels"]
+    L = int(train_codes.shape[1])
+    vocab = int(train_codes.shape[2]) if continuous else int(data["codebook_size"])  # token_dim when continuous
+    if not continuous and (int(train_codes.max()) >= vocab or int(train_codes.min()) < 0):
+        raise ValueError(f"{args.tokens}: codes outside [0, {vocab})")
+    loss_csv, eval_csv = out / "losses.csv", out / "eval.csv"
+    model_cls, config_cls = (ContinuousAR, ContinuousARConfig) if continuous else (LlamaGen, LlamaGenConfig)
     if state is not None:
-        cfg = LlamaGenConfig(**state["config"])
+        cfg = config_cls(**state["config"])
         hp = state["hparams"]  # the run keeps the hyper-parameters it started with
         print(f"resuming from {ckpt_path} at step {state['step']} ({state['elapsed'] / 60:.1f} min done)", flush=True)
     else:
-        cfg = build_config(args, vocab, num_classes_of(data), L)
+        build = build_continuous_config if continuous else build_config
+        cfg = build(args, vocab, num_classes_of(data), L)
         hp = {k: getattr(args, k) for k in ("preset", "batch_size", "lr", "warmup", "weight_decay", "class_dropout",
-                                            "grad_clip", "seed", "minutes")}
+                                            "grad_clip", "seed", "minutes") + (("batch_mul",) if continuous else ())}
         for path in (loss_csv, eval_csv):
             path.unlink(missing_ok=True)
     hp["minutes"] = args.minutes  # the budget may be extended on resume
-    if cfg.vocab_size != vocab or cfg.block_size != L:
-        raise ValueError(f"checkpoint expects vocab {cfg.vocab_size} / length {cfg.block_size}, tokens have {vocab} / {L}")
+    shape = (cfg.token_dim, cfg.height * cfg.width) if continuous else (cfg.vocab_size, cfg.block_size)
+    if shape != (vocab, L):
+        raise ValueError(f"checkpoint expects vocab/token_dim and length {shape}, tokens have {(vocab, L)}")
 
     torch.manual_seed(hp["seed"])
-    model = LlamaGen(cfg).train()
+    model = model_cls(cfg).train()
     opt = make_optimizer(model, hp["lr"], hp["weight_decay"])
     gen = torch.Generator().manual_seed(hp["seed"] + 1)
     step, elapsed = 0, 0.0
@@ -256,8 +311,8 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
     budget = args.minutes * 60.0
     n_params = sum(p.numel() for p in model.parameters())
     B = hp["batch_size"]
-    print(f"{hp['preset']}: LlamaGen {n_params / 1e6:.2f}M params (dim {cfg.dim}, {cfg.n_layer} layers, "
-          f"{cfg.n_head} heads, ffn {cfg.ffn_hidden}), vocab {vocab}, {cfg.num_classes} classes, "
+    print(f"{hp['preset']}: {model_cls.__name__} {n_params / 1e6:.2f}M params (dim {cfg.dim}, {cfg.n_layer} layers, "
+          f"{cfg.n_head} heads), {'token dim' if continuous else 'vocab'} {vocab}, {cfg.num_classes} classes, "
           f"{len(train_codes)} train / {len(eval_codes)} eval sequences of {L}, batch {B}, lr {hp['lr']}, "
           f"budget {args.minutes} min, {args.threads} thread(s)", flush=True)
 
@@ -266,7 +321,7 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
                 "gen": gen.get_state(), "step": step, "elapsed": elapsed}
         atomic_write(ckpt_path, lambda tmp: torch.save(blob, tmp))
 
-    codes_t = torch.from_numpy(train_codes.astype(np.int64))
+    codes_t = as_tensor(train_codes)
     labels_t = torch.from_numpy(train_labels.astype(np.int64))
     t0 = time.monotonic() - elapsed
     last_ckpt = last_eval = elapsed
@@ -274,11 +329,10 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
     t_log, step_log = time.monotonic(), step
     while elapsed < budget and (args.max_steps is None or step < args.max_steps):
         idx = torch.randint(0, len(codes_t), (B,), generator=gen)
-        codes, labels = codes_t[idx], drop_labels(labels_t[idx], model.null_condition, hp["class_dropout"], gen)
         lr = lr_schedule(step, elapsed / budget, hp["lr"], hp["warmup"])
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = sequence_loss(model, labels, codes)
+        loss = train_loss(model, labels_t[idx], codes_t[idx], hp, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), hp["grad_clip"]))
@@ -312,33 +366,35 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
             print(f"stopped by signal at step {step} ({elapsed / 60:.1f} min); rerun the command to resume", flush=True)
             return None
     save_ckpt()
-    return finish(model, out, data, step, elapsed, hp, args, n_params)
+    return finish(model, out, train_codes, train_labels, eval_codes, eval_labels, step, elapsed, hp, args, n_params)
 
 
-def finish(model: LlamaGen, out: Path, data: dict[str, np.ndarray], step: int, elapsed: float, hp: dict,
+def finish(model: LlamaGen | ContinuousAR, out: Path, train_x: np.ndarray, train_labels: np.ndarray,
+           eval_x: np.ndarray, eval_labels: np.ndarray, step: int, elapsed: float, hp: dict,
            args: argparse.Namespace, n_params: int) -> dict:
     """Final held-out and training losses, ``OUT/final/`` and ``OUT/report.json``."""
     model.eval()
     rng = np.random.default_rng(0)
-    sub = rng.choice(len(data["train_codes"]), size=min(512, len(data["train_codes"])), replace=False)
-    train_loss = mean_loss(model, data["train_codes"][sub], data["train_labels"][sub])
-    eval_loss = mean_loss(model, data["eval_codes"], data["eval_labels"])
-    L = int(data["train_codes"].shape[1])
+    sub = rng.choice(len(train_x), size=min(512, len(train_x)), replace=False)
+    train_loss = mean_loss(model, train_x[sub], train_labels[sub])
+    eval_loss = mean_loss(model, eval_x, eval_labels)
+    L = int(train_x.shape[1])
     report = {
         "preset": hp["preset"], "final_train_loss": train_loss, "final_eval_loss": eval_loss,
-        "train_loss_subset": len(sub), "uniform_loss": math.log(model.config.vocab_size),
+        "train_loss_subset": len(sub),
+        **({} if isinstance(model, ContinuousAR) else {"uniform_loss": math.log(model.config.vocab_size)}),
         "steps": step, "batch_size": hp["batch_size"], "lr": hp["lr"], "warmup": hp["warmup"],
         "weight_decay": hp["weight_decay"], "class_dropout": hp["class_dropout"], "grad_clip": hp["grad_clip"],
         "tokens_seen": step * hp["batch_size"] * L,
-        "epochs": step * hp["batch_size"] / max(1, len(data["train_codes"])),
+        "epochs": step * hp["batch_size"] / max(1, len(train_x)),
         "train_minutes": round(elapsed / 60.0, 2), "budget_minutes": hp["minutes"],
         "params": n_params, "config": model.config_dict(),
-        "num_train_sequences": len(data["train_codes"]), "num_eval_sequences": len(data["eval_codes"]),
+        "num_train_sequences": len(train_x), "num_eval_sequences": len(eval_x),
         "tokens_file": str(args.tokens), "machine": machine_info(args.threads),
     }
     model.save_pretrained(out / "final")
     write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
-    print(f"final train loss {train_loss:.4f}, eval loss {eval_loss:.4f} (uniform {report['uniform_loss']:.3f}); "
+    print(f"final train loss {train_loss:.4f}, eval loss {eval_loss:.4f}; "
           f"{step} steps in {elapsed / 60:.1f} min; wrote {out / 'final'} and {out / 'report.json'}", flush=True)
     return report
 

@@ -1,0 +1,122 @@
+"""The continuous-token path end to end: latent tokens from the VQ encoder, ContinuousAR training,
+the continuous pipelines of the zoo, AR/CSpD through the CLI and the bench, and the two-sample test."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specvis import AR, CSpD, load
+from specvis.bench.two_sample import energy_test
+from specvis.cli import main as cli
+from specvis.models.continuous import ContinuousAR
+from specvis.models.vq import VQConfig, VQModel
+from specvis.train import tokenize as tk
+from specvis.train import train_ar
+from specvis.train.emoji_data import load_split
+
+from test_emoji_data import _write_synthetic
+
+
+@pytest.fixture()
+def latents(tmp_path):
+    _write_synthetic(tmp_path / "d")
+    torch.manual_seed(0)
+    vq = VQModel(VQConfig(codebook_size=32, codebook_embed_dim=4, encoder_ch_mult=[1, 2, 2],
+                          decoder_ch_mult=[1, 2, 2], z_channels=8, ch=8, num_res_blocks=1, norm_groups=4))
+    vq.save_pretrained(tmp_path / "vq")
+    out = tmp_path / "latents.npz"
+    assert tk.main(["--latents", "--vq", str(tmp_path / "vq"), "--data", str(tmp_path / "d"), "--out", str(out),
+                    "--augment", "1"]) == 0
+    return tmp_path, out
+
+
+def test_latent_tokens_are_scaled_normalised_encoder_latents(latents):
+    root, path = latents
+    vq = VQModel.from_pretrained(root / "vq")
+    tx, _, _ = load_split(root / "d", "train")
+    with np.load(path) as z:
+        assert z["train_latents"].shape == (27 * 3, 16, 4) and z["train_latents"].dtype == np.float16
+        assert z["eval_latents"].shape == (3, 16, 4) and "train_codes" not in z
+        lat = torch.from_numpy(z["train_latents"][:27].astype(np.float32))
+    assert torch.allclose(lat.norm(dim=-1), torch.full((27, 16), 2.0), atol=2e-3)  # |token| = sqrt(d)
+    x = torch.from_numpy(tx).permute(0, 3, 1, 2).float() / 127.5 - 1
+    with torch.no_grad():
+        ref = vq.decode_latents(F.normalize(vq.encode_latents(x), dim=1))
+    # decode_continuous undoes the sqrt(d) scale: the same images as decoding the normalised latents
+    assert torch.allclose(vq.decode_continuous(lat), ref, atol=2e-2)
+    with pytest.raises(ValueError, match="continuous tokens must be"):
+        vq.decode_continuous(lat[:, :15])
+
+
+def test_continuous_training_learns_and_resumes(latents):
+    root, path = latents
+    tiny = ["--dim", "32", "--n-layer", "1", "--n-head", "2", "--multiple-of", "8", "--batch-size", "8",
+            "--head-width", "32", "--head-depth", "1", "--lr", "3e-3", "--warmup", "5", "--threads", "1",
+            "--log-every", "5", "--preset", "continuous-draft"]
+    out = root / "run"
+    assert train_ar.main(["--tokens", str(path), "--out", str(out), "--max-steps", "10", *tiny]) == 0
+    first = json.loads((out / "report.json").read_text())
+    assert train_ar.main(["--tokens", str(path), "--out", str(out), "--max-steps", "60", *tiny]) == 0
+    second = json.loads((out / "report.json").read_text())
+    assert first["steps"] == 10 and second["steps"] == 60 and "uniform_loss" not in second
+    # the diffusion loss at init is ~1 (eps MSE) + the variance term; 50 more steps must lower it
+    assert second["final_eval_loss"] < first["final_eval_loss"] - 0.05
+    model = train_ar.load_model(out / "final")
+    assert isinstance(model, ContinuousAR) and model.config.token_dim == 4 and model.layout.num_tokens == 16
+    assert model.config.num_sampling_steps == train_ar.SAMPLING_STEPS
+    # a discrete preset on a latents file names what is missing
+    assert train_ar.main(["--tokens", str(path), "--out", str(root / "r2"), "--preset", "draft"]) == 2
+
+
+def test_ar_on_a_continuous_model_is_target_only_cspd():
+    pipe = load("random-tiny-continuous")
+    a = pipe([0, 1, 2], AR(), seed=3)
+    b = pipe([0, 1, 2], CSpD(prefill=1.0), seed=3)
+    assert torch.equal(a.latents, b.latents) and a.stats.extra == {}
+    assert a.stats.step_compression == 1.0 and len(a.images) == 3
+    c = pipe([0, 1, 2], CSpD(gamma=4, prefill=0.0), seed=3)
+    assert 0.0 < c.stats.extra["acceptance_rate"] < 1.0  # distinct random heads: some rejections
+    assert c.stats.step_compression > 1.0
+
+
+def test_cli_routes_cspd_to_continuous_models(tmp_path, capsys):
+    assert cli(["generate", "--model", "random-tiny-continuous", "--method", "cspd", "--ratio", "coupled",
+                "--no-align", "--gamma", "3", "--num", "2", "--out", str(tmp_path / "g")]) == 0
+    stats = json.loads((tmp_path / "g" / "stats.json").read_text())
+    assert stats["config"]["ratio"] == "coupled" and stats["config"]["align"] is False and stats["lossless"]
+    assert (tmp_path / "g" / "grid.png").exists()
+    assert cli(["bench", "--model", "random-tiny-continuous", "--methods", "ar,cspd:gamma=3,cspd:gamma=3:ratio=trajectory",
+                "--num", "4", "--batch-size", "2", "--json", str(tmp_path / "b.json"), "--md", str(tmp_path / "b.md")]) == 0
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert [r["method"] for r in report["runs"]] == ["ar", "cspd", "cspd"]
+    assert "acceptance_rate" in report["runs"][1] and "acceptance_rate" not in report["runs"][0]
+    assert "| acceptance rate |" in (tmp_path / "b.md").read_text()
+    capsys.readouterr()
+    assert cli(["bench", "--model", "random-tiny", "--methods", "ar,cspd"]) == 2
+    assert "continuous-token models" in capsys.readouterr().err
+    assert cli(["bench", "--model", "random-tiny-continuous", "--methods", "ar,sjd"]) == 2
+    err = capsys.readouterr().err
+    assert "continuous tokens" in err and "sjd" in err and len(err.strip().splitlines()) == 1
+    assert cli(["generate", "--model", "random-tiny-continuous", "--method", "cspd", "--ratio", "exact",
+                "--out", str(tmp_path / "x")]) == 2
+    assert "CSpD.ratio" in capsys.readouterr().err
+
+
+def test_energy_test_calibration_and_power():
+    """Same law (three classes with means 10 sigma apart): the p-value is not small. A 0.3-sigma mean
+    shift in 4-D with 300 samples each is detected (p < 0.01) only because permutations stay within a
+    class: pooled permutations mix the class spread into the null and lose it (p > 0.1)."""
+    g = torch.Generator().manual_seed(0)
+    strata = torch.arange(600) % 3
+    means = torch.tensor([[0.0] * 4, [5.0] * 4, [-5.0] * 4])
+    x = torch.randn(300, 4, generator=g) + means[strata[:300]]
+    y = torch.randn(300, 4, generator=g) + means[strata[300:]]
+    p_same, _ = energy_test(x, y, perms=300, strata=strata)
+    p_shift, e = energy_test(x + 0.3, y, perms=300, strata=strata)
+    p_pooled, e_pooled = energy_test(x + 0.3, y, perms=300)
+    assert p_same > 0.01 and p_shift < 0.01 and e > 0 and e_pooled == pytest.approx(e)
+    assert p_pooled > 0.1
