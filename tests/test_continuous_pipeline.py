@@ -120,3 +120,27 @@ def test_energy_test_calibration_and_power():
     p_pooled, e_pooled = energy_test(x + 0.3, y, perms=300)
     assert p_same > 0.01 and p_shift < 0.01 and e > 0 and e_pooled == pytest.approx(e)
     assert p_pooled > 0.1
+
+
+def test_bundle_add_parts_and_zoo_loading(tmp_path):
+    """``bundle --add`` puts fp16 continuous models into an existing bundle; the zoo's loader reads them
+    back as a ContinuousPipeline whose target equals the trained one up to fp16 rounding."""
+    from specvis.train.bundle import add_parts
+    from specvis.zoo import _emoji_continuous, _random_tiny_continuous
+
+    tiny = _random_tiny_continuous()
+    runs, out = tmp_path / "runs", tmp_path / "bundle"
+    tiny.target.save_pretrained(runs / "continuous_target" / "final")
+    tiny.draft.save_pretrained(runs / "continuous_draft" / "final")
+    out.mkdir()
+    (out / "bundle.json").write_text(json.dumps({"components": ["vq"], "bytes": {}, "training": {},
+                                                 "class_names": tiny.class_names}))
+    with pytest.raises(ValueError, match="optional parts"):
+        add_parts(runs, out, ["target"])
+    meta = add_parts(runs, out, ["continuous_target", "continuous_draft"], {"cfg_scale": 2.0})
+    assert meta["components"] == ["continuous_draft", "continuous_target", "vq"]
+    pipe = _emoji_continuous(out, meta, tiny.tokenizer)
+    assert pipe.default_sampling.cfg_scale == 2.0 and pipe.draft is not None
+    for a, b in zip(pipe.target.parameters(), tiny.target.parameters()):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-4)
+    assert _emoji_continuous(tmp_path, meta, tiny.tokenizer) is None  # no continuous parts: None

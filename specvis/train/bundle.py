@@ -1,10 +1,12 @@
 """Assemble the embedded emoji bundle (``specvis/assets/emoji``) from finished training runs.
 
     python -m specvis.train.bundle --runs runs --data data/emoji --out specvis/assets/emoji
+    python -m specvis.train.bundle --runs runs --add continuous_target continuous_draft
 
 Copies each component's ``final/`` model as fp16 safetensors + config (the VQ, the target and the
 draft are required; the classifier, the EAGLE drafter and the continuous models are added when their
 runs exist) and writes ``bundle.json`` with class names, default sampling and where each part came from.
+``--add`` puts optional parts into an existing bundle and updates its ``bundle.json``, leaving the rest.
 """
 
 from __future__ import annotations
@@ -69,13 +71,48 @@ def build_bundle(runs: Path, data: Path, out: Path, sampling: dict | None = None
     return meta
 
 
+def add_parts(runs: Path, out: Path, names: list[str], sampling: dict | None = None) -> dict:
+    """Copy optional parts ``names`` from ``runs/<name>/final`` into the bundle at ``out``."""
+    meta_path = out / "bundle.json"
+    if not meta_path.exists():
+        raise ValueError(f"no bundle at {out} (bundle.json missing): build it first")
+    bad = [n for n in names if n not in OPTIONAL]
+    if bad:
+        raise ValueError(f"--add takes optional parts only ({', '.join(OPTIONAL)}), got {bad[0]}")
+    missing = [n for n in names if not (runs / n / "final").is_dir()]
+    if missing:
+        raise ValueError(f"cannot add {missing[0]}: runs/{missing[0]}/final is missing (train it first)")
+    meta = json.loads(meta_path.read_text())
+    for name in names:
+        staging = out / f".{name}.staging"
+        shutil.rmtree(staging, ignore_errors=True)
+        meta["bytes"][name] = _copy_fp16(runs / name / "final", staging)
+        shutil.rmtree(out / name, ignore_errors=True)
+        staging.rename(out / name)
+        report = runs / name / "report.json"
+        meta["training"][name] = json.loads(report.read_text()) if report.exists() else {}
+    meta["components"] = sorted(set(meta["components"]) | set(names))
+    if sampling is not None:
+        meta["continuous_sampling"] = sampling
+    write_text(meta_path, json.dumps(meta, indent=1))
+    return meta
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", default="runs")
     p.add_argument("--data", default="data/emoji")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "assets" / "emoji"))
+    p.add_argument("--add", nargs="+", metavar="PART", help=f"add optional parts to an existing bundle: {', '.join(OPTIONAL)}")
+    p.add_argument("--continuous-sampling", type=json.loads, help='with --add: JSON default sampling of the continuous models, e.g. \'{"cfg_scale": 3.0}\'')
     a = p.parse_args(argv)
-    meta = build_bundle(Path(a.runs), Path(a.data), Path(a.out))
+    try:
+        if a.add:
+            meta = add_parts(Path(a.runs), Path(a.out), a.add, a.continuous_sampling)
+        else:
+            meta = build_bundle(Path(a.runs), Path(a.data), Path(a.out))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     total = sum(meta["bytes"].values())
     print(f"bundle {a.out}: {', '.join(meta['components'])}; {total / 2**20:.1f} MiB")
 
