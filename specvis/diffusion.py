@@ -5,7 +5,9 @@ in the form MAR's DiffLoss uses it, plus the pieces CSpD needs on top.
   steps and recomputes the betas from the kept alphas_cumprod (iDDPM Sec. 4).
 - ``GaussianDiffusion.p_mean_logvar``: epsilon prediction -> posterior mean (DDPM Eq. 7/11); the
   variance is either fixed (beta_tilde) or learned as an interpolation v in log space between beta_t
-  and beta_tilde_t (iDDPM Eq. 15), v in [-1, 1] mapped to [0, 1].
+  and beta_tilde_t (iDDPM Eq. 15), v clamped to [-1, 1] and mapped to [0, 1]; optionally the predicted
+  x_0 is clipped to [-clip_x0, clip_x0] (iDDPM/ADM ``clip_denoised``: at the noisiest step x0_hat is
+  eps's error times sqrt(1/abar_T) ~ 1e4, which a not fully trained net turns into huge means).
 - ``GaussianDiffusion.training_loss``: MSE on epsilon (DDPM Eq. 14) + the VLB term for the learned
   variance with a frozen mean (iDDPM L_hybrid, Sec. 3.1).
 - ``gaussian_log_density``: log N(x; mu, diag(exp(logvar))) for the transitions p(x_{t-1} | x_t)
@@ -85,8 +87,10 @@ class GaussianDiffusion(nn.Module):
     original training step the network is queried at.
     """
 
-    def __init__(self, betas: torch.Tensor, timesteps: torch.Tensor | None = None, learn_sigma: bool = True) -> None:
+    def __init__(self, betas: torch.Tensor, timesteps: torch.Tensor | None = None, learn_sigma: bool = True,
+                 clip_x0: float | None = None) -> None:
         super().__init__()
+        self.clip_x0 = clip_x0
         betas = betas.double()
         K = betas.shape[0]
         self.num_steps = K
@@ -143,11 +147,13 @@ class GaussianDiffusion(nn.Module):
         C = x_t.shape[-1]
         eps = out[..., :C]
         if self.learn_sigma:
-            frac = (out[..., C:] + 1) / 2
+            frac = (out[..., C:].clamp(-1.0, 1.0) + 1) / 2
             logvar = frac * self._at(self.log_betas, i, x_t) + (1 - frac) * self._at(self.posterior_log_variance, i, x_t)
         else:
             logvar = self._at(self.posterior_log_variance, i, x_t).expand_as(x_t)
         x0 = self._at(self.sqrt_recip_alphas_cumprod, i, x_t) * x_t - self._at(self.sqrt_recipm1_alphas_cumprod, i, x_t) * eps
+        if self.clip_x0 is not None:
+            x0 = x0.clamp(-self.clip_x0, self.clip_x0)
         mean = self._at(self.posterior_mean_coef1, i, x_t) * x0 + self._at(self.posterior_mean_coef2, i, x_t) * x_t
         return mean, logvar
 

@@ -144,3 +144,21 @@ def test_bundle_add_parts_and_zoo_loading(tmp_path):
     for a, b in zip(pipe.target.parameters(), tiny.target.parameters()):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-4)
     assert _emoji_continuous(tmp_path, meta, tiny.tokenizer) is None  # no continuous parts: None
+
+
+def test_sampler_clips_x0_and_clamps_the_variance_interpolation():
+    """At the noisiest step x0_hat = sqrt(1/abar) x_t - ... amplifies an epsilon error by ~1e4: with
+    clip_x0 the posterior mean stays within the clip's scale; v outside [-1, 1] cannot push the log
+    variance past log beta_t (it would extrapolate without the clamp)."""
+    from specvis.diffusion import GaussianDiffusion, make_betas, respace
+
+    betas, kept = respace(make_betas("cosine", 1000), 25)
+    free, clipped = GaussianDiffusion(betas, kept), GaussianDiffusion(betas, kept, clip_x0=3.0)
+    x_t = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    i = torch.full((64,), 24)
+    out = torch.cat([x_t + 0.1, torch.full_like(x_t, 5.0)], -1)  # eps off by 0.1, v = 5
+    m_free, lv_free = free.p_mean_logvar(out, x_t, i)
+    m_clip, lv_clip = clipped.p_mean_logvar(out, x_t, i)
+    assert m_free.abs().max() > 100 and m_clip.abs().max() < 3.0 + x_t.abs().max()
+    assert torch.allclose(lv_clip, free.log_betas[24].expand_as(lv_clip))  # v = 5 acts as v = 1
+    assert torch.equal(lv_free, lv_clip)

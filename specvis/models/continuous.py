@@ -75,6 +75,7 @@ class ContinuousARConfig:
     num_sampling_steps: int = 100
     noise_schedule: str = "cosine"
     learn_sigma: bool = True
+    clip_denoised: float | None = None  # sampling clips the predicted x_0 to +-this (None: MAR, no clip)
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
@@ -89,6 +90,8 @@ class ContinuousARConfig:
                              f"({self.num_train_steps}), got {self.num_sampling_steps}")
         if self.noise_schedule not in ("cosine", "linear"):
             raise ValueError(f"ContinuousARConfig.noise_schedule must be 'cosine' or 'linear', got {self.noise_schedule!r}")
+        if self.clip_denoised is not None and not self.clip_denoised > 0:
+            raise ValueError(f"ContinuousARConfig.clip_denoised must be > 0 or None, got {self.clip_denoised!r}")
         if not 0.0 <= self.class_dropout_prob < 1.0:
             raise ValueError(f"ContinuousARConfig.class_dropout_prob must be in [0, 1), got {self.class_dropout_prob}")
         self.block_config()  # dim / heads checks, with LlamaGenConfig's messages
@@ -199,14 +202,16 @@ class DiffusionHead(nn.Module):
     and a sampling schedule respaced to K steps."""
 
     def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int, num_train_steps: int,
-                 num_sampling_steps: int, noise_schedule: str = "cosine", learn_sigma: bool = True) -> None:
+                 num_sampling_steps: int, noise_schedule: str = "cosine", learn_sigma: bool = True,
+                 clip_denoised: float | None = None) -> None:
         super().__init__()
         self.token_dim = token_dim
         self.net = DiffusionMLP(token_dim, cond_dim, width, depth, learn_sigma)
         self.net.init_weights(zero_init=True)
         betas = make_betas(noise_schedule, num_train_steps)
         self.train_diffusion = GaussianDiffusion(betas, learn_sigma=learn_sigma)
-        self.sampler = GaussianDiffusion(*respace(betas, num_sampling_steps), learn_sigma=learn_sigma)
+        self.sampler = GaussianDiffusion(*respace(betas, num_sampling_steps), learn_sigma=learn_sigma,
+                                         clip_x0=clip_denoised)
 
     @property
     def num_steps(self) -> int:
@@ -294,7 +299,7 @@ class ContinuousAR(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(bcfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = DiffusionHead(cfg.token_dim, cfg.dim, cfg.head_width, cfg.head_depth, cfg.num_train_steps,
-                                  cfg.num_sampling_steps, cfg.noise_schedule, cfg.learn_sigma)
+                                  cfg.num_sampling_steps, cfg.noise_schedule, cfg.learn_sigma, cfg.clip_denoised)
         side = cfg.side
         table = rope_2d_table(side, bcfg.head_dim, cfg.rope_base, self.prefix_len)
         g = torch.arange(cfg.height * cfg.width)

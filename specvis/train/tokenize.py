@@ -77,6 +77,19 @@ def encode_latent_tokens(model: VQModel, images: np.ndarray, batch_size: int = 6
     return np.concatenate(out) if out else np.zeros((0, side * side, d), np.float16)
 
 
+@torch.no_grad()
+def reconstruction_psnr(model: VQModel, images: np.ndarray) -> dict[str, float]:
+    """Mean PSNR (dB, images in [-1, 1]) of the VQ reconstructions through the codes and through the
+    continuous latent tokens: how well the decoder renders what each AR family models."""
+    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
+
+    def psnr(y: torch.Tensor) -> float:
+        return float((10 * torch.log10(4.0 / ((y - x) ** 2).mean(dim=(1, 2, 3)))).mean())
+
+    tokens = torch.from_numpy(encode_latent_tokens(model, images).astype(np.float32))
+    return {"codes": psnr(model.decode(model.encode(x))), "latents": psnr(model.decode_continuous(tokens))}
+
+
 def tokenize_split(model: VQModel, images: np.ndarray, labels: np.ndarray, codepoints: np.ndarray,
                    copies: int, seed: int, flip: bool = True, batch_size: int = 64,
                    encode=encode_images) -> dict[str, np.ndarray]:
@@ -112,7 +125,7 @@ def build_tokens(model: VQModel, data_dir: str | Path, copies: int, seed: int = 
     encode, kind = (encode_latent_tokens, "latents") if latents else (encode_images, "codes")
     train = tokenize_split(model, tx, tl, tc, copies, seed, flip, batch_size, encode)
     meta = {"vq_codebook_size": model.config.codebook_size, "augment": copies, "seed": seed, "flip": flip,
-            "data": str(data_dir), "kind": kind}
+            "data": str(data_dir), "kind": kind, "eval_psnr": reconstruction_psnr(model, ex)}
     return {
         f"train_{kind}": train["codes"], "train_labels": train["labels"], "train_source": train["source"],
         "train_variant": train["variant"],
@@ -159,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kind = "latents" if args.latents else "codes"
     print(f"wrote {args.out}: train {arrays[f'train_{kind}'].shape}, eval {arrays[f'eval_{kind}'].shape}, "
-          f"grid {tuple(int(v) for v in arrays['grid'])}, codebook {int(arrays['codebook_size'])}")
+          f"grid {tuple(int(v) for v in arrays['grid'])}, codebook {int(arrays['codebook_size'])}; held-out PSNR "
+          + ", ".join(f"{k} {v:.2f} dB" for k, v in json.loads(str(arrays["meta"]))["eval_psnr"].items()))
     return 0
 
 

@@ -120,7 +120,8 @@ def build_continuous_config(args: argparse.Namespace, token_dim: int, num_classe
     return ContinuousARConfig(token_dim=token_dim, height=side, width=side, dim=args.dim, n_layer=args.n_layer,
                               n_head=args.n_head, multiple_of=args.multiple_of, num_classes=num_classes,
                               class_dropout_prob=args.class_dropout, head_width=args.head_width,
-                              head_depth=args.head_depth, num_sampling_steps=SAMPLING_STEPS)
+                              head_depth=args.head_depth, num_sampling_steps=SAMPLING_STEPS,
+                              clip_denoised=token_dim ** 0.5)  # latent tokens have norm sqrt(C): |channel| <= sqrt(C)
 
 
 def is_continuous(preset: str) -> bool:
