@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import platform
 import sys
@@ -11,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from specvis.io import atomic_write
+from specvis.io import atomic_write, write_text
 
 
 def append_row(path: Path, fields: list[str], row: dict) -> None:
@@ -46,6 +47,13 @@ def machine_info(threads: int) -> dict[str, Any]:
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
             "python": platform.python_version()}
+
+
+def save_final(model: torch.nn.Module, out: Path, report: dict, summary: str) -> None:
+    """``OUT/final/`` (``save_pretrained``), ``OUT/report.json``, and one summary line on stdout."""
+    model.save_pretrained(out / "final")
+    write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
+    print(f"{summary}; wrote {out / 'final'} and {out / 'report.json'}", flush=True)
 
 
 def run_main(train: Callable[[Any], object], args: Any) -> int:

@@ -34,11 +34,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specvis.io import write_text
 from specvis.models.continuous import ContinuousAR, ContinuousARConfig
 from specvis.models.llamagen import LlamaGen, LlamaGenConfig
 from specvis.train import atomic_write
-from specvis.train.common import append_row, drop_rows_after, machine_info, run_main
+from specvis.train.common import append_row, drop_rows_after, machine_info, run_main, save_final
 
 # Model shapes and optimisation defaults; throughput on one CPU thread is in docs/training.md.
 PRESETS: dict[str, dict] = {
@@ -393,10 +392,8 @@ def finish(model: LlamaGen | ContinuousAR, out: Path, train_x: np.ndarray, train
         "num_train_sequences": len(train_x), "num_eval_sequences": len(eval_x),
         "tokens_file": str(args.tokens), "machine": machine_info(args.threads),
     }
-    model.save_pretrained(out / "final")
-    write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
-    print(f"final train loss {train_loss:.4f}, eval loss {eval_loss:.4f}; "
-          f"{step} steps in {elapsed / 60:.1f} min; wrote {out / 'final'} and {out / 'report.json'}", flush=True)
+    save_final(model, out, report, f"final train loss {train_loss:.4f}, eval loss {eval_loss:.4f}; "
+                                   f"{step} steps in {elapsed / 60:.1f} min")
     return report
 
 

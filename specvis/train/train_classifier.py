@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import sys
 import time
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 
 from specvis.bench.quality import ClassifierConfig, EmojiClassifier, classifier_outputs, frechet_distance, to_input
 from specvis.io import atomic_write, write_text
+from specvis.train.common import save_final
 from specvis.train.emoji_data import CLASSES, augment, flip_safe, load_split
 
 EVAL_FIELDS = ["step", "epoch", "elapsed_s", "lr", "train_loss", "eval_accuracy"]
@@ -145,7 +145,6 @@ def finish(model: EmojiClassifier, args: argparse.Namespace, tr_x: np.ndarray, t
     ev_f, _ = classifier_outputs(model, ev_x)
     tr_f, _ = classifier_outputs(model, tr_x)
     model.set_reference(torch.from_numpy(ev_f), torch.from_numpy(ev_y))
-    model.save_pretrained(out / "final")
     names = [c.name for c in CLASSES] if model.config.num_classes == len(CLASSES) else [str(k) for k in range(model.config.num_classes)]
     report = {
         "heldout_accuracy": acc, "train_accuracy": train_acc,
@@ -160,8 +159,7 @@ def finish(model: EmojiClassifier, args: argparse.Namespace, tr_x: np.ndarray, t
         rec_f, rec_logits = classifier_outputs(model, rec)
         report["vq_reconstruction"] = {"vq": str(args.vq), "heldout_accuracy": float((rec_logits.argmax(1) == ev_y).mean()),
                                        "fid_proxy_vs_heldout": frechet_distance(rec_f, ev_f)}
-    write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
-    print(f"held-out accuracy {acc:.3f} (train {train_acc:.3f}); wrote {out / 'final'} and {out / 'report.json'}", flush=True)
+    save_final(model, out, report, f"held-out accuracy {acc:.3f} (train {train_acc:.3f})")
     return report
 
 

@@ -21,7 +21,6 @@ goes to ``OUT/ckpt.pt``; rerunning the same command resumes. Logs: ``OUT/losses.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -32,10 +31,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specvis.io import atomic_write, write_text
+from specvis.io import atomic_write
 from specvis.models.drafter import DrafterConfig, EagleDrafter
 from specvis.models.llamagen import LlamaGen
-from specvis.train.common import append_row, drop_rows_after, machine_info, run_main
+from specvis.train.common import append_row, drop_rows_after, machine_info, run_main, save_final
 
 LOSS_FIELDS = ["step", "elapsed_s", "lr", "loss", "v_loss", "p_loss", "grad_norm"]
 EVAL_FIELDS = ["step", "elapsed_s", "v_loss", "p_loss", "top1", "top3"]
@@ -267,10 +266,8 @@ def train(args: argparse.Namespace) -> dict:
               "budget_minutes": hp["minutes"], "hparams": hp, "trainable_params": n_params,
               "config": drafter.config.to_json(), "target": str(args.target), "tokens_file": str(args.tokens),
               "machine": machine_info(args.threads)}
-    drafter.save_pretrained(out / "final")
-    write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
-    print(f"final eval v_loss {final['v_loss']:.4f} p_loss {final['p_loss']:.4f} top1 {final['top1']:.3f} "
-          f"top3 {final['top3']:.3f}; {step} steps in {elapsed / 60:.1f} min; wrote {out / 'final'}", flush=True)
+    save_final(drafter, out, report, f"final eval v_loss {final['v_loss']:.4f} p_loss {final['p_loss']:.4f} "
+                                     f"top1 {final['top1']:.3f} top3 {final['top3']:.3f}; {step} steps in {elapsed / 60:.1f} min")
     return report
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import sys
 import time
@@ -26,7 +25,7 @@ import torch.nn.functional as F
 
 from specvis.models.vq import VQConfig, VQModel
 from specvis.train import atomic_write
-from specvis.train.common import append_row, run_main
+from specvis.train.common import append_row, run_main, save_final
 from specvis.train.emoji_data import augment, flip_safe, load_split
 
 LOSS_FIELDS = ["step", "elapsed_s", "lr", "loss", "l1", "mse", "codebook", "commit", "usage", "perplexity"]
@@ -268,16 +267,13 @@ def finish(model: VQModel, out: Path, train_x: np.ndarray, eval_x: np.ndarray, s
         "params": sum(p.numel() for p in model.parameters()),
         "config": asdict(model.config), "tokens_per_image": int(train_codes.shape[1]),
     }
-    model.save_pretrained(out / "final")
     from PIL import Image
 
     n = min(16, len(eval_x))
     grid = np.concatenate([np.concatenate(list(eval_x[:n]), 1), np.concatenate(list(eval_rec[:n]), 1)], 0)
     atomic_write(out / "recon_eval.png", lambda tmp: Image.fromarray(grid).save(tmp, format="PNG"))
-    text = json.dumps(report, indent=2) + "\n"
-    atomic_write(out / "report.json", lambda tmp: Path(tmp).write_text(text))
-    print(f"eval PSNR {report['eval_psnr_db']:.2f} dB, train usage {stats['usage']:.3f}, "
-          f"perplexity {stats['perplexity']:.0f}; wrote {out / 'final'} and {out / 'report.json'}", flush=True)
+    save_final(model, out, report, f"eval PSNR {report['eval_psnr_db']:.2f} dB, train usage {stats['usage']:.3f}, "
+                                   f"perplexity {stats['perplexity']:.0f}")
     return report
 
 
