@@ -162,3 +162,29 @@ def test_sampler_clips_x0_and_clamps_the_variance_interpolation():
     assert m_free.abs().max() > 100 and m_clip.abs().max() < 3.0 + x_t.abs().max()
     assert torch.allclose(lv_clip, free.log_betas[24].expand_as(lv_clip))  # v = 5 acts as v = 1
     assert torch.equal(lv_free, lv_clip)
+
+
+def test_cspd_probe_reports_each_ratio(tmp_path, capsys):
+    """The probe on the tiny pair (draft = target perturbed by 1e-4): the trajectory ratio accepts
+    nearly every token, while the paper/coupled ratios, which compare the last step at two aligned runs
+    that drifted apart, accept less; a copy of the target as its own draft accepts everything."""
+    from specvis.bench.cspd_probe import main as probe_main, probe
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "lat.npz"
+    np.savez(path, eval_latents=rng.standard_normal((16, 16, 3)).astype(np.float16),
+             eval_labels=rng.integers(0, 4, 16))
+    assert probe_main(["--model", "random-tiny-continuous", "--latents", str(path), "--positions", "1,8",
+                       "--rows", "16", "--out", str(tmp_path / "p.json")]) == 0
+    rep = json.loads((tmp_path / "p.json").read_text())["positions"]
+    for pos in ("1", "8"):
+        r = rep[pos]
+        assert len(r["trajectory_step_log_ratio_mean"]) == 8  # one entry per sampling step
+        assert r["trajectory_acceptance"] > 0.8 and r["trajectory_acceptance"] >= r["coupled_acceptance"]
+    pipe = load("random-tiny-continuous")
+    with np.load(path) as z:
+        x, y = torch.from_numpy(z["eval_latents"].astype(np.float32)), torch.from_numpy(z["eval_labels"])
+    same = probe(pipe.target, pipe.target, x, y, [5], 1.0, 1.0)["5"]
+    assert same["trajectory_acceptance"] == 1.0 and same["paper_acceptance"] == 1.0 and same["aligned_gap_x0"] == 0.0
+    assert probe_main(["--model", "random-tiny-continuous", "--latents", str(path), "--positions", "16"]) == 2
+    assert "--positions" in capsys.readouterr().err
