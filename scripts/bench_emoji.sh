@@ -29,18 +29,24 @@ case "${1:-main}" in
     for n in 12 24 40 60; do sizes+=",eagle:depth=5:top_k=8:total_tokens=$n,adt:init=horizontal:total_tokens=$n"; done
     specvis bench --model emoji --methods "ar$sizes" --num 8 --batch-size 1 \
       --json $out/emoji-cpu-tree-sizes.json --md $out/emoji-cpu-tree-sizes.md ;;
-  cspd)   # CSpD Tables 1 and 4 on the continuous emoji models: gamma x prefill at batch 1, 8 and 64, plus
-          # the exact ratios beside the paper's, and the two-sample distance of each ratio's output law
-    specs="ar"
-    for g in 4 8 16 32; do for p in 0 0.05 0.15; do specs+=",cspd:gamma=$g:prefill=$p"; done; done
-    specs+=",cspd:gamma=4:ratio=coupled,cspd:gamma=4:ratio=trajectory,cspd:gamma=8:ratio=coupled,cspd:gamma=8:ratio=trajectory"
-    for bn in "1 8" "8 16" "64 64"; do
-      set -- $bn
-      specvis bench --model emoji --methods "$specs" --num $2 --batch-size $1 \
-        --json $out/emoji-cspd-b$1.json --md $out/emoji-cspd-b$1.md
-    done
-    python -m specvis.bench.two_sample --model emoji-continuous --num 256 --batch-size 64 \
-      --out $out/emoji-cspd-two-sample.json ;;
+  cspd)   # CSpD on the continuous emoji models, the paper's Table 1 (gamma 4/8/16/32, prefill 0.05) and
+          # Table 4 (prefill 0/0.05/0.15 at gamma 8) at batch 1, 8 and 64, the exact ratios beside the
+          # paper's; then the two-sample distance of each ratio's output law and the ratio probe.
+          # Run as "cspd 1", "cspd 8", "cspd 64", "cspd laws" (one core each).
+    specs="ar,cspd:gamma=4,cspd:gamma=8,cspd:gamma=16,cspd:gamma=32,cspd:gamma=8:prefill=0,cspd:gamma=8:prefill=0.15"
+    specs+=",cspd:gamma=4:ratio=trajectory,cspd:gamma=8:ratio=trajectory,cspd:gamma=4:ratio=coupled"
+    case "${2:-1}" in
+      1)  num=4 ;;
+      8)  num=16 ;;
+      64) num=64 ;;
+      laws)
+        python -m specvis.bench.cspd_probe --model emoji-continuous --out $out/emoji-cspd-probe.json
+        python -m specvis.bench.two_sample --model emoji-continuous --num 128 --batch-size 64 \
+          --out $out/emoji-cspd-two-sample.json
+        exit 0 ;;
+    esac
+    specvis bench --model emoji --methods "$specs" --num $num --batch-size $2 --warmup row \
+      --json $out/emoji-cspd-b$2.json --md $out/emoji-cspd-b$2.md ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
       --num 16 --batch-size 8 --temperature 0 --json $out/emoji-cpu-greedy.json --md $out/emoji-cpu-greedy.md ;;

@@ -94,6 +94,8 @@ def build_parser() -> Parser:
     b.add_argument("--batch-size", type=int, default=1)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--warmup", default="batch", help="untimed warm-up before each method: batch (the first batch) "
+                                                     "or row (its first sample: same code paths, less time)")
     b.add_argument("--json", help="write the report JSON here (after every run); rerunning resumes from it")
     b.add_argument("--md", help="write a markdown table here")
     b.add_argument("--plots", help="write speedup, step-compression and acceptance-heatmap PNGs to this directory")
@@ -212,7 +214,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept,
                            progress=sys.stderr.isatty(), on_run=show, json_path=a.json, shards=a.shards,
-                           shard_index=a.shard_index, metrics=metrics, data_dir=a.data)  # writes --json
+                           shard_index=a.shard_index, metrics=metrics, data_dir=a.data, warmup=a.warmup)  # writes --json
     if a.md:
         Path(a.md).parent.mkdir(parents=True, exist_ok=True)
         write_text(a.md, markdown_table(report))

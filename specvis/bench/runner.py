@@ -64,11 +64,16 @@ def _accept_maps(per_batch: list[tuple[int, Any]], work: Work) -> tuple[dict[str
             {str(c): counts[c] for c in order})
 
 
+WARMUPS = ("batch", "row")
+
+
 def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress: bool = False,
-            bar: tqdm | None = None) -> dict[str, Any]:
-    """Run ``method`` over ``work`` ``repeats`` times after one warm-up batch; token/forward counts
-    come from the first repeat (they are identical across repeats), wall-clock is the median."""
-    pipe(work[0][0], method, sampling, seed=work[0][1], decode=False)  # warm-up, not timed
+            bar: tqdm | None = None, warmup: str = "batch") -> dict[str, Any]:
+    """Run ``method`` over ``work`` ``repeats`` times after one untimed warm-up (the first batch, or
+    with ``warmup="row"`` its first sample only: every code path, a fraction of the cost); token and
+    forward counts come from the first repeat (identical across repeats), wall-clock is the median."""
+    classes = work[0][0] if warmup == "batch" else work[0][0][:1]
+    pipe(classes, method, sampling, seed=work[0][1], decode=False)  # warm-up, not timed
     walls, first = [], None
     for _ in range(repeats):
         wall, per_batch = 0.0, []
@@ -142,7 +147,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
               repeats: int = 1, acceptance: str = "exact", progress: bool = True,
               on_run: Callable[[dict], None] | None = None, *, json_path: str | Path | None = None,
               shards: int = 1, shard_index: int = 0, metrics: list[str] | None = None,
-              data_dir: str | Path | None = None, quality_groups: int = 4) -> dict[str, Any]:
+              data_dir: str | Path | None = None, quality_groups: int = 4, warmup: str = "batch") -> dict[str, Any]:
     """Benchmark ``specs`` (method specs such as ``"sjd:window=16"``) on ``pipe``; ``ar`` always runs first.
 
     ``step_compression`` and ``mean_accepted_length`` are per-image averages (tokens of an image over
@@ -152,6 +157,8 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     """
     if num < 1 or batch_size < 1 or repeats < 1:
         raise ValueError("--num, --batch-size and --repeats must be >= 1")
+    if warmup not in WARMUPS:
+        raise ValueError(f"--warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
     sampling = sampling or pipe.default_sampling
     parsed = [parse_method_spec(s) for s in specs]
     if not parsed or parsed[0][0] != "ar":
@@ -165,7 +172,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "batch_size": batch_size, "num_images": num, "seed": seed,
         "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "cfg_scale": sampling.cfg_scale},
-        "repeats": repeats, "shards": shards, "shard_index": shard_index,
+        "repeats": repeats, "warmup": warmup, "shards": shards, "shard_index": shard_index,
         "n_images": sum(len(c) for c, _ in work), "quality_groups": quality_groups, "runs": [],
     }
     json_path = Path(json_path) if json_path is not None else None
@@ -188,7 +195,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
             tqdm.write(f"reusing {run['method']} {json.dumps(run['config'])} from {json_path}", file=sys.stderr)
         else:
             bar.set_description(method.name)
-            run = measure(pipe, method, work, sampling, repeats, progress, bar=bar)
+            run = measure(pipe, method, work, sampling, repeats, progress, bar=bar, warmup=warmup)
             outputs = run.pop("_outputs")
             if quality is None:  # built on first need: resumed runs never load the classifier
                 quality = build_metrics(metrics, QualitySource(pipe, Path(data_dir) if data_dir else None))
