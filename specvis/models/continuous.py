@@ -44,44 +44,32 @@ from torch import nn
 from ..diffusion import GaussianDiffusion, make_betas, respace, transition_log_density
 from .base import KVCache, Layout
 from .checkpoint import load_strict, read_pretrained, save_pretrained
-from .llamagen import LabelEmbedder, LlamaGenConfig, RMSNorm, TransformerBlock, rope_2d_table
+from .llamagen import LabelEmbedder, LlamaGenConfig, RMSNorm, TransformerBlock, TransformerConfig, rope_2d_table
 
 
 @dataclass
-class ContinuousARConfig:
-    """Transformer fields follow ``LlamaGenConfig``; ``token_dim`` is C, the grid is ``height x width``;
-    ``head_*`` shape the diffusion MLP; ``num_train_steps`` -> ``num_sampling_steps`` is the respacing."""
+class ContinuousARConfig(TransformerConfig):
+    """The LlamaGen transformer fields (``TransformerConfig``) plus: ``token_dim`` is C, the grid is
+    ``height x width``; ``head_*`` shape the diffusion MLP; ``num_train_steps`` -> ``num_sampling_steps``
+    is the respacing; ``clip_denoised`` clips the sampler's predicted x_0 to +-this (None: no clip, MAR)."""
 
-    token_dim: int = 16
-    height: int = 16
-    width: int = 16
     dim: int = 512
     n_layer: int = 8
     n_head: int = 8
-    n_kv_head: int | None = None
-    multiple_of: int = 256
-    ffn_dim_multiplier: float | None = None
-    rope_base: float = 10000.0
-    norm_eps: float = 1e-5
-    initializer_range: float = 0.02
-    num_classes: int = 1000
-    class_dropout_prob: float = 0.1
-    token_dropout_p: float = 0.0
-    resid_dropout_p: float = 0.0
-    ffn_dropout_p: float = 0.0
+    token_dim: int = 16
+    height: int = 16
+    width: int = 16
     head_width: int = 256
     head_depth: int = 3
     num_train_steps: int = 1000
     num_sampling_steps: int = 100
     noise_schedule: str = "cosine"
     learn_sigma: bool = True
-    clip_denoised: float | None = None  # sampling clips the predicted x_0 to +-this (None: MAR, no clip)
+    clip_denoised: float | None = None
 
     def __post_init__(self) -> None:
-        if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
-        for name in ("token_dim", "height", "width", "dim", "n_layer", "n_head", "n_kv_head", "num_classes",
-                     "head_width", "head_depth", "num_train_steps", "num_sampling_steps"):
+        super().__post_init__()
+        for name in ("token_dim", "height", "width", "head_width", "head_depth", "num_train_steps", "num_sampling_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"ContinuousARConfig.{name} must be an integer >= 1, got {value!r}")
@@ -92,9 +80,6 @@ class ContinuousARConfig:
             raise ValueError(f"ContinuousARConfig.noise_schedule must be 'cosine' or 'linear', got {self.noise_schedule!r}")
         if self.clip_denoised is not None and not self.clip_denoised > 0:
             raise ValueError(f"ContinuousARConfig.clip_denoised must be > 0 or None, got {self.clip_denoised!r}")
-        if not 0.0 <= self.class_dropout_prob < 1.0:
-            raise ValueError(f"ContinuousARConfig.class_dropout_prob must be in [0, 1), got {self.class_dropout_prob}")
-        self.block_config()  # dim / heads checks, with LlamaGenConfig's messages
 
     @property
     def side(self) -> int:
@@ -102,12 +87,8 @@ class ContinuousARConfig:
 
     def block_config(self) -> LlamaGenConfig:
         """The LlamaGen config that shapes the shared transformer blocks."""
-        return LlamaGenConfig(vocab_size=1, dim=self.dim, n_layer=self.n_layer, n_head=self.n_head,
-                              n_kv_head=self.n_kv_head, multiple_of=self.multiple_of,
-                              ffn_dim_multiplier=self.ffn_dim_multiplier, rope_base=self.rope_base,
-                              norm_eps=self.norm_eps, num_classes=self.num_classes,
-                              class_dropout_prob=self.class_dropout_prob, block_size=self.side ** 2,
-                              resid_dropout_p=self.resid_dropout_p, ffn_dropout_p=self.ffn_dropout_p)
+        shared = {f.name: getattr(self, f.name) for f in fields(TransformerConfig)}
+        return LlamaGenConfig(vocab_size=1, block_size=self.side ** 2, **shared)
 
 
 # ---------------------------------------------------------------- diffusion head

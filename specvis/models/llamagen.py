@@ -22,10 +22,10 @@ from .checkpoint import load_strict, read_pretrained, read_state_dict, save_pret
 
 
 @dataclass
-class LlamaGenConfig:
-    """Field names follow the official ``ModelArgs`` (gpt.py); only the ones that shape weights matter."""
+class TransformerConfig:
+    """The class-conditional LlamaGen block stack, shared by ``LlamaGenConfig`` and the continuous-token
+    ``ContinuousARConfig``. Field names follow the official ``ModelArgs`` (gpt.py)."""
 
-    vocab_size: int = 16384
     dim: int = 768
     n_layer: int = 12
     n_head: int = 12
@@ -37,27 +37,24 @@ class LlamaGenConfig:
     initializer_range: float = 0.02
     num_classes: int = 1000
     class_dropout_prob: float = 0.1
-    cls_token_num: int = 1
-    block_size: int = 256
     token_dropout_p: float = 0.0
     resid_dropout_p: float = 0.0
     ffn_dropout_p: float = 0.0
 
     def __post_init__(self) -> None:
+        name = type(self).__name__
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
-        for name in ("vocab_size", "dim", "n_layer", "n_head", "n_kv_head", "num_classes", "block_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"LlamaGenConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for field_name in ("dim", "n_layer", "n_head", "n_kv_head", "num_classes"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}.{field_name} must be an integer >= 1, got {value!r}")
         if self.dim % self.n_head or (self.dim // self.n_head) % 4:
-            raise ValueError(f"LlamaGenConfig.dim / n_head must be a multiple of 4, got {self.dim}/{self.n_head}")
+            raise ValueError(f"{name}.dim / n_head must be a multiple of 4, got {self.dim}/{self.n_head}")
         if self.n_head % self.n_kv_head:
-            raise ValueError(f"LlamaGenConfig.n_head must be a multiple of n_kv_head, got {self.n_head}/{self.n_kv_head}")
-        side = math.isqrt(self.block_size)
-        if side * side != self.block_size:
-            raise ValueError(f"LlamaGenConfig.block_size must be a square grid size, got {self.block_size}")
-        if self.cls_token_num != 1:
-            raise ValueError(f"LlamaGenConfig.cls_token_num must be 1 for class conditioning, got {self.cls_token_num}")
+            raise ValueError(f"{name}.n_head must be a multiple of n_kv_head, got {self.n_head}/{self.n_kv_head}")
+        if not 0.0 <= self.class_dropout_prob < 1.0:
+            raise ValueError(f"{name}.class_dropout_prob must be in [0, 1), got {self.class_dropout_prob}")
 
     @property
     def head_dim(self) -> int:
@@ -69,6 +66,26 @@ class LlamaGenConfig:
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
         return -(-hidden // self.multiple_of) * self.multiple_of
+
+
+@dataclass
+class LlamaGenConfig(TransformerConfig):
+    """LlamaGen c2i: the transformer plus the image vocabulary and the (square) token grid."""
+
+    vocab_size: int = 16384
+    cls_token_num: int = 1
+    block_size: int = 256
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("vocab_size", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LlamaGenConfig.{name} must be >= 1, got {getattr(self, name)}")
+        side = math.isqrt(self.block_size)
+        if side * side != self.block_size:
+            raise ValueError(f"LlamaGenConfig.block_size must be a square grid size, got {self.block_size}")
+        if self.cls_token_num != 1:
+            raise ValueError(f"LlamaGenConfig.cls_token_num must be 1 for class conditioning, got {self.cls_token_num}")
 
 
 def rope_2d_table(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
