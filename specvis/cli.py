@@ -118,7 +118,7 @@ def cmd_models(a: argparse.Namespace) -> int:
     from .zoo import BUNDLES, installed
 
     for name, (desc, _) in BUNDLES.items():
-        print(f"{name:12s} {'installed' if installed(name) else 'not installed':14s} {desc}")
+        print(f"{name:22s} {'installed' if installed(name) else 'not installed':14s} {desc}")
     print(f"methods: {', '.join(available(METHODS))}")
     return 0
 
