@@ -29,19 +29,19 @@ case "${1:-main}" in
     for n in 12 24 40 60; do sizes+=",eagle:depth=5:top_k=8:total_tokens=$n,adt:init=horizontal:total_tokens=$n"; done
     specvis bench --model emoji --methods "ar$sizes" --num 8 --batch-size 1 \
       --json $out/emoji-cpu-tree-sizes.json --md $out/emoji-cpu-tree-sizes.md ;;
-  cspd)   # CSpD on the continuous emoji models, the paper's Table 1 (gamma 4/8/16/32, prefill 0.05) and
-          # Table 4 (prefill 0/0.05/0.15 at gamma 8) at batch 1, 8 and 64, the exact ratios beside the
-          # paper's; then the two-sample distance of each ratio's output law and the ratio probe.
-          # Run as "cspd 1", "cspd 8", "cspd 64", "cspd laws" (one core each).
-    specs="ar,cspd:gamma=4,cspd:gamma=8,cspd:gamma=16,cspd:gamma=32,cspd:gamma=8:prefill=0,cspd:gamma=8:prefill=0.15"
-    specs+=",cspd:gamma=4:ratio=trajectory,cspd:gamma=8:ratio=trajectory,cspd:gamma=4:ratio=coupled"
+  cspd)   # CSpD on the continuous emoji models: the paper's Table 1 (gamma 4/8/16/32, prefill 0.05) at
+          # batch 1, 8 and 64; Table 4 (prefill 0/0.15 at gamma 8) and the exact ratios at batch 1 and 8;
+          # then the ratio probe and the two-sample distance of each ratio's output law.
+          # Run as "cspd 1", "cspd 8", "cspd 64", "cspd laws" (one core each; sizes fit a CPU session).
+    specs="ar,cspd:gamma=4,cspd:gamma=8,cspd:gamma=16,cspd:gamma=32"
+    more=",cspd:gamma=8:prefill=0,cspd:gamma=8:prefill=0.15,cspd:gamma=4:ratio=trajectory,cspd:gamma=8:ratio=trajectory,cspd:gamma=4:ratio=coupled"
     case "${2:-1}" in
-      1)  num=4 ;;
-      8)  num=16 ;;
+      1)  num=2; specs+=$more ;;
+      8)  num=8; specs+=$more ;;
       64) num=64 ;;
       laws)
         python -m specvis.bench.cspd_probe --model emoji-continuous --out $out/emoji-cspd-probe.json
-        python -m specvis.bench.two_sample --model emoji-continuous --num 128 --batch-size 64 \
+        python -m specvis.bench.two_sample --model emoji-continuous --num 96 --batch-size 48 --gamma 4 \
           --out $out/emoji-cspd-two-sample.json
         exit 0 ;;
     esac

@@ -188,3 +188,19 @@ def test_cspd_probe_reports_each_ratio(tmp_path, capsys):
     assert same["trajectory_acceptance"] == 1.0 and same["paper_acceptance"] == 1.0 and same["aligned_gap_x0"] == 0.0
     assert probe_main(["--model", "random-tiny-continuous", "--latents", str(path), "--positions", "16"]) == 2
     assert "--positions" in capsys.readouterr().err
+
+
+def test_two_sample_report_on_the_tiny_pair(tmp_path):
+    """The command end to end on random-tiny-continuous: every set is reported against the first AR
+    set, with the AR control, the draft-only control and one row per ratio."""
+    from specvis.bench.two_sample import main as two_sample
+
+    out = tmp_path / "t.json"
+    assert two_sample(["--model", "random-tiny-continuous", "--num", "24", "--batch-size", "12", "--gamma", "2",
+                       "--perms", "50", "--out", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert [r["set"] for r in rep["sets"]] == ["ar", "ar (control)", "draft only (control)", "cspd paper",
+                                              "cspd coupled", "cspd trajectory"]
+    for row in rep["sets"][1:]:
+        assert 0 < row["image"]["p"] <= 1 and 0 < row["first_drafted_token"]["p"] <= 1
+    assert "acceptance_rate" in rep["sets"][-1] and rep["first_drafted_position"] == 1

@@ -4,12 +4,14 @@
 permutation p-value; with ``strata`` (the class of each sample, both sets generated for the same class
 list) labels are permuted only within a class, so class mixing adds no variance.
 
-``python -m specvis.bench.two_sample`` draws ``--num`` images with each CSpD ratio and two independent
-target-only sets (AR), all for the same balanced class list and disjoint seeds, and compares each set
-with the first AR set on two views: the first token CSpD drafts (position = the pre-filled count, where
-a biased ratio shows with nothing else mixed in) and the whole latent grid. The second AR set is the
-control: its p-values are uniform when the test is calibrated. With the bundle's classifier it adds
-the benchmark's quality proxy (``fid_proxy``) per set.
+``python -m specvis.bench.two_sample`` draws ``--num`` images with each CSpD ratio, two independent
+target-only sets (AR) and one draft-only set, all for the same balanced class list and disjoint seeds,
+and compares each set with the first AR set on two views: the first token CSpD drafts (position = the
+pre-filled count, where a biased ratio shows with nothing else mixed in) and the whole latent grid.
+Controls: the second AR set (same law: its p-values are uniform when the test is calibrated) and the
+draft-only set (a different law: the test must reject it, or it is too weak at this sample size to
+say anything about the ratios). With the bundle's classifier it adds the benchmark's quality proxy
+(``fid_proxy``) per set.
 
     python -m specvis.bench.two_sample --model emoji-continuous --num 256 --out docs/benchmarks/cspd-two-sample.json
 """
@@ -17,6 +19,7 @@ the benchmark's quality proxy (``fid_proxy``) per set.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -73,13 +76,15 @@ def run(pipe, num: int, batch_size: int, gamma: int, prefill: float, perms: int,
         ratios: tuple[str, ...] = ("paper", "coupled", "trajectory"), data_dir: str | None = None) -> dict:
     classes = [i % pipe.num_classes for i in range(num)]
     strata = torch.tensor(classes + classes)
-    methods = [("ar", AR()), ("ar (control)", AR())] + [(f"cspd {r}", CSpD(gamma, prefill, ratio=r)) for r in ratios]
+    draft_only = dataclasses.replace(pipe, target=pipe.draft, draft=None)
+    methods = [("ar", AR(), pipe), ("ar (control)", AR(), pipe), ("draft only (control)", AR(), draft_only)] \
+        + [(f"cspd {r}", CSpD(gamma, prefill, ratio=r), pipe) for r in ratios]
     first_drafted = CSpD(gamma, prefill).prefill_tokens(pipe.target.layout.num_tokens)
     metric = _proxy(pipe, data_dir)
     sets, rows = {}, []
-    for i, (label, method) in enumerate(methods):
+    for i, (label, method, runner) in enumerate(methods):
         t = time.monotonic()
-        lat, extras, wall = draw(pipe, method, classes, batch_size, seed + 10_000 * i)
+        lat, extras, wall = draw(runner, method, classes, batch_size, seed + 10_000 * i)
         sets[label] = lat
         row = {"set": label, "seed": seed + 10_000 * i, "wall_s": round(wall, 2), **{k: round(v, 4) for k, v in extras.items()
                                                                                      if k in ("acceptance_rate", "resample_tries", "resample_fallbacks")}}
