@@ -30,22 +30,24 @@ case "${1:-main}" in
     specvis bench --model emoji --methods "ar$sizes" --num 8 --batch-size 1 \
       --json $out/emoji-cpu-tree-sizes.json --md $out/emoji-cpu-tree-sizes.md ;;
   cspd)   # CSpD on the continuous emoji models: the paper's Table 1 (gamma 4/8/16/32, prefill 0.05) at
-          # batch 1, 8 and 64; Table 4 (prefill 0/0.15 at gamma 8) and the exact ratios at batch 1 and 8;
+          # batch 1, 8 and 64; Table 4 (prefill 0/0.15 at gamma 8) and the exact ratios at batch 8;
           # then the ratio probe and the two-sample distance of each ratio's output law.
-          # Run as "cspd 1", "cspd 8", "cspd 64", "cspd laws" (one core each; sizes fit a CPU session).
+          # Run as "cspd 1", "cspd 8", "cspd 64", "cspd laws" (one core each). Sized for a CPU session:
+          # a continuous token costs 25 head calls, so batch 1 and 8 run one batch without a warm-up
+          # (at these sizes a warm-up sample costs as much as the measured batch).
     specs="ar,cspd:gamma=4,cspd:gamma=8,cspd:gamma=16,cspd:gamma=32"
     more=",cspd:gamma=8:prefill=0,cspd:gamma=8:prefill=0.15,cspd:gamma=4:ratio=trajectory,cspd:gamma=8:ratio=trajectory,cspd:gamma=4:ratio=coupled"
     case "${2:-1}" in
-      1)  num=2; specs+=$more ;;
-      8)  num=8; specs+=$more ;;
-      64) num=64 ;;
+      1)  num=1; warm=none ;;
+      8)  num=8; warm=none; specs+=$more ;;
+      64) num=64; warm=row ;;
       laws)
         python -m specvis.bench.cspd_probe --model emoji-continuous --out $out/emoji-cspd-probe.json
         python -m specvis.bench.two_sample --model emoji-continuous --num 96 --batch-size 48 --gamma 4 \
           --out $out/emoji-cspd-two-sample.json
         exit 0 ;;
     esac
-    specvis bench --model emoji --methods "$specs" --num $num --batch-size $2 --warmup row \
+    specvis bench --model emoji --methods "$specs" --num $num --batch-size $2 --warmup $warm \
       --json $out/emoji-cspd-b$2.json --md $out/emoji-cspd-b$2.md ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \

@@ -94,8 +94,8 @@ def build_parser() -> Parser:
     b.add_argument("--batch-size", type=int, default=1)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--repeats", type=int, default=1)
-    b.add_argument("--warmup", default="batch", help="untimed warm-up before each method: batch (the first batch) "
-                                                     "or row (its first sample: same code paths, less time)")
+    b.add_argument("--warmup", default="batch", help="untimed warm-up before each method: batch (the first batch), row "
+                                                     "(its first sample: same code paths, less time) or none")
     b.add_argument("--json", help="write the report JSON here (after every run); rerunning resumes from it")
     b.add_argument("--md", help="write a markdown table here")
     b.add_argument("--plots", help="write speedup, step-compression and acceptance-heatmap PNGs to this directory")

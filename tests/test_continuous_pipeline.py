@@ -204,3 +204,20 @@ def test_two_sample_report_on_the_tiny_pair(tmp_path):
     for row in rep["sets"][1:]:
         assert 0 < row["image"]["p"] <= 1 and 0 < row["first_drafted_token"]["p"] <= 1
     assert "acceptance_rate" in rep["sets"][-1] and rep["first_drafted_position"] == 1
+
+
+@pytest.mark.skipif(not __import__("specvis.zoo", fromlist=["installed"]).installed("emoji-continuous"),
+                    reason="emoji bundle without continuous models")
+def test_emoji_bundle_exposes_its_continuous_models():
+    """The shipped continuous target/draft load with the bundle, match the latent format of the VQ
+    (8 channels on its 16x16 grid, clipped at sqrt(8)) and render 64x64 images."""
+    pipe = load("emoji")
+    cont = pipe.continuous
+    assert cont is not None and cont.name == "emoji-continuous" and cont.draft is not None
+    cfg = cont.target.config
+    assert (cfg.token_dim, cfg.height, cfg.width) == (pipe.tokenizer.config.codebook_embed_dim, 16, 16)
+    assert cfg.clip_denoised == pytest.approx(8 ** 0.5) and cont.draft.config.token_dim == cfg.token_dim
+    assert cont.num_classes == pipe.num_classes and cont.default_sampling.cfg_scale == 3.0
+    out = cont([4], AR(), seed=0)
+    assert out.latents.shape == (1, 256, 8) and out.images[0].size == (64, 64)
+    assert out.latents.abs().max() <= 8 ** 0.5 + 0.1  # x0 clip plus the last step's small noise

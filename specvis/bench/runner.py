@@ -64,16 +64,19 @@ def _accept_maps(per_batch: list[tuple[int, Any]], work: Work) -> tuple[dict[str
             {str(c): counts[c] for c in order})
 
 
-WARMUPS = ("batch", "row")
+WARMUPS = ("batch", "row", "none")
 
 
 def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress: bool = False,
             bar: tqdm | None = None, warmup: str = "batch") -> dict[str, Any]:
-    """Run ``method`` over ``work`` ``repeats`` times after one untimed warm-up (the first batch, or
-    with ``warmup="row"`` its first sample only: every code path, a fraction of the cost); token and
-    forward counts come from the first repeat (identical across repeats), wall-clock is the median."""
-    classes = work[0][0] if warmup == "batch" else work[0][0][:1]
-    pipe(classes, method, sampling, seed=work[0][1], decode=False)  # warm-up, not timed
+    """Run ``method`` over ``work`` ``repeats`` times after one untimed warm-up (the first batch; with
+    ``warmup="row"`` its first sample only: every code path, a fraction of the cost; ``"none"``: the
+    first timed batch pays any one-time cost, for runs where a warm-up would cost as much as the
+    measurement); token and forward counts come from the first repeat (identical across repeats),
+    wall-clock is the median."""
+    if warmup != "none":
+        classes = work[0][0] if warmup == "batch" else work[0][0][:1]
+        pipe(classes, method, sampling, seed=work[0][1], decode=False)  # warm-up, not timed
     walls, first = [], None
     for _ in range(repeats):
         wall, per_batch = 0.0, []
