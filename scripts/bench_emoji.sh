@@ -43,7 +43,7 @@ case "${1:-main}" in
       64) num=64; warm=row ;;
       laws)
         python -m specvis.bench.cspd_probe --model emoji-continuous --out $out/emoji-cspd-probe.json
-        python -m specvis.bench.two_sample --model emoji-continuous --num 96 --batch-size 48 --gamma 4 \
+        python -m specvis.bench.two_sample --model emoji-continuous --num 64 --batch-size 64 --gamma 4 \
           --out $out/emoji-cspd-two-sample.json
         exit 0 ;;
     esac
