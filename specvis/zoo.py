@@ -61,7 +61,8 @@ def _emoji_continuous(root: Path, meta: dict, vq) -> ContinuousPipeline | None:
     )
 
 
-def _emoji() -> Pipeline:
+def _emoji_parts():
+    """(root, bundle.json, VQ) of the installed emoji bundle: what both of its pipelines start from."""
     root = ASSETS / "emoji"
     meta_path = root / "bundle.json"
     if not meta_path.exists():
@@ -69,9 +70,12 @@ def _emoji() -> Pipeline:
                          "use --model random-tiny")
     from .models.vq import VQModel
 
-    meta = json.loads(meta_path.read_text())
+    return root, json.loads(meta_path.read_text()), VQModel.from_pretrained(root / "vq")
+
+
+def _emoji() -> Pipeline:
+    root, meta, vq = _emoji_parts()
     target = LlamaGen.from_pretrained(root / "target")
-    vq = VQModel.from_pretrained(root / "vq")
     pipe = Pipeline(
         "emoji",
         target,
@@ -87,10 +91,11 @@ def _emoji() -> Pipeline:
 
 
 def _emoji_continuous_only() -> ContinuousPipeline:
-    pipe = _emoji().continuous
+    """The continuous models alone: the discrete target, draft and drafter are not loaded."""
+    pipe = _emoji_continuous(*_emoji_parts())
     if pipe is None:
         raise ValueError("the emoji bundle ships no continuous-token models (specvis/assets/emoji/continuous_target missing)")
-    return pipe
+    return pipe.to("cpu")
 
 
 BUNDLES = {
