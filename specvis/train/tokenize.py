@@ -45,43 +45,45 @@ def load_vq(path: str | Path) -> VQModel:
     raise ValueError(f"vq path {p} does not exist")
 
 
+def to_input(images: np.ndarray) -> torch.Tensor:
+    """uint8 images (N, H, W, 3) -> float (N, 3, H, W) in [-1, 1], the VQ's input."""
+    return torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
+
+
 @torch.no_grad()
+def _encode_batches(model: VQModel, images: np.ndarray, batch_size: int, encode, empty_shape: tuple, dtype) -> np.ndarray:
+    """``encode(x)`` over ``images`` in batches of ``batch_size``, concatenated (eval mode)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    model.eval()
+    out = [encode(to_input(images[i:i + batch_size])).numpy() for i in range(0, len(images), batch_size)]
+    return np.concatenate(out).astype(dtype) if out else np.zeros((0, *empty_shape), dtype)
+
+
 def encode_images(model: VQModel, images: np.ndarray, batch_size: int = 64) -> np.ndarray:
     """uint8 images (N, H, W, 3) -> int16 codes (N, h*w)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if model.config.codebook_size > np.iinfo(np.int16).max + 1:
         raise ValueError(f"codebook_size {model.config.codebook_size} does not fit int16 codes")
-    model.eval()
-    out = []
-    for i in range(0, len(images), batch_size):
-        x = torch.from_numpy(np.ascontiguousarray(images[i:i + batch_size])).permute(0, 3, 1, 2).float() / 127.5 - 1
-        out.append(model.encode(x).to(torch.int16).numpy())
     side = images.shape[1] // model.downsample
-    return np.concatenate(out) if out else np.zeros((0, side * side), np.int16)
+    return _encode_batches(model, images, batch_size, model.encode, (side * side,), np.int16)
 
 
-@torch.no_grad()
 def encode_latent_tokens(model: VQModel, images: np.ndarray, batch_size: int = 64) -> np.ndarray:
     """uint8 images (N, H, W, 3) -> float16 continuous tokens (N, h*w, d): normalised latents * sqrt(d)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    model.eval()
     d = model.config.codebook_embed_dim
-    out = []
-    for i in range(0, len(images), batch_size):
-        x = torch.from_numpy(np.ascontiguousarray(images[i:i + batch_size])).permute(0, 3, 1, 2).float() / 127.5 - 1
-        z = F.normalize(model.encode_latents(x), dim=1) * d ** 0.5
-        out.append(z.flatten(2).transpose(1, 2).half().numpy())
     side = images.shape[1] // model.downsample
-    return np.concatenate(out) if out else np.zeros((0, side * side, d), np.float16)
+
+    def encode(x: torch.Tensor) -> torch.Tensor:
+        return (F.normalize(model.encode_latents(x), dim=1) * d ** 0.5).flatten(2).transpose(1, 2)
+
+    return _encode_batches(model, images, batch_size, encode, (side * side, d), np.float16)
 
 
 @torch.no_grad()
 def reconstruction_psnr(model: VQModel, images: np.ndarray) -> dict[str, float]:
     """Mean PSNR (dB, images in [-1, 1]) of the VQ reconstructions through the codes and through the
     continuous latent tokens: how well the decoder renders what each AR family models."""
-    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
+    x = to_input(images)
 
     def psnr(y: torch.Tensor) -> float:
         return float((10 * torch.log10(4.0 / ((y - x) ** 2).mean(dim=(1, 2, 3)))).mean())
