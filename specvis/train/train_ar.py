@@ -44,11 +44,12 @@ PRESETS: dict[str, dict] = {
     "target": {"dim": 256, "n_layer": 5, "n_head": 4, "multiple_of": 32, "batch_size": 16, "lr": 8e-4, "warmup": 100},
     "draft": {"dim": 96, "n_layer": 2, "n_head": 2, "multiple_of": 32, "batch_size": 32, "lr": 1e-3, "warmup": 200},
     "continuous-target": {"dim": 256, "n_layer": 5, "n_head": 4, "multiple_of": 32, "batch_size": 16, "lr": 8e-4,
-                          "warmup": 100, "head_width": 256, "head_depth": 3, "batch_mul": 4},
+                          "warmup": 100},  # head: HEAD_DEFAULTS
     "continuous-draft": {"dim": 96, "n_layer": 2, "n_head": 2, "multiple_of": 32, "batch_size": 32, "lr": 1e-3,
                          "warmup": 200, "head_width": 128, "head_depth": 2, "batch_mul": 4},
 }
-HEAD_DEFAULTS = {"head_width": 256, "head_depth": 3, "batch_mul": 4}
+HEAD_DEFAULTS = {"head_width": 256, "head_depth": 3, "batch_mul": 4}  # continuous presets; unused by LlamaGen
+EVAL_BATCH_MUL = 4  # diffusion copies per token in held-out losses (fixed seed)
 SAMPLING_STEPS = 25  # respaced reverse steps of the continuous models' heads (1000 training steps)
 LOSS_FIELDS = ["step", "elapsed_s", "lr", "loss", "grad_norm", "tokens_per_s"]
 EVAL_FIELDS = ["step", "elapsed_s", "train_loss", "eval_loss"]
@@ -158,13 +159,21 @@ def as_tensor(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(x.astype(np.int64 if np.issubdtype(x.dtype, np.integer) else np.float32))
 
 
+def batch_loss(model: LlamaGen | ContinuousAR, labels: torch.Tensor, x: torch.Tensor, batch_mul: int,
+               gen: torch.Generator) -> torch.Tensor:
+    """Cross-entropy (LlamaGen) or diffusion loss with ``batch_mul`` copies per token (ContinuousAR,
+    which in training mode also drops labels to the null class itself, with ``gen``)."""
+    if isinstance(model, ContinuousAR):
+        return model.loss(labels, x, batch_mul, gen)
+    return sequence_loss(model, labels, x)
+
+
 def train_loss(model: LlamaGen | ContinuousAR, labels: torch.Tensor, x: torch.Tensor, hp: dict,
                gen: torch.Generator) -> torch.Tensor:
-    """One batch's loss; labels dropped to the null class with probability ``class_dropout``
-    (``ContinuousAR.loss`` does the dropping itself, with the same generator)."""
-    if isinstance(model, ContinuousAR):
-        return model.loss(labels, x, hp["batch_mul"], gen)
-    return sequence_loss(model, drop_labels(labels, model.null_condition, hp["class_dropout"], gen), x)
+    """One training batch's loss, labels dropped to the null class with probability ``class_dropout``."""
+    if not isinstance(model, ContinuousAR):
+        labels = drop_labels(labels, model.null_condition, hp["class_dropout"], gen)
+    return batch_loss(model, labels, x, hp.get("batch_mul", 1), gen)
 
 
 @torch.no_grad()
@@ -178,8 +187,7 @@ def mean_loss(model: LlamaGen | ContinuousAR, codes: np.ndarray, labels: np.ndar
     for i in range(0, len(codes), batch_size):
         c = as_tensor(codes[i:i + batch_size])
         y = torch.from_numpy(labels[i:i + batch_size].astype(np.int64))
-        loss = model.loss(y, c, 4, gen) if isinstance(model, ContinuousAR) else sequence_loss(model, y, c)
-        total += float(loss) * len(c)
+        total += float(batch_loss(model, y, c, EVAL_BATCH_MUL, gen)) * len(c)
         count += len(c)
     model.train(was)
     return total / max(count, 1)
