@@ -13,21 +13,17 @@ from specvis import AR, CSpD, load
 from specvis.bench.two_sample import energy_test
 from specvis.cli import main as cli
 from specvis.models.continuous import ContinuousAR
-from specvis.models.vq import VQConfig, VQModel
+from specvis.models.vq import VQModel
 from specvis.train import tokenize as tk
 from specvis.train import train_ar
 from specvis.train.emoji_data import load_split
 
-from test_emoji_data import _write_synthetic
+from test_emoji_data import _synthetic_with_vq
 
 
 @pytest.fixture()
 def latents(tmp_path):
-    _write_synthetic(tmp_path / "d")
-    torch.manual_seed(0)
-    vq = VQModel(VQConfig(codebook_size=32, codebook_embed_dim=4, encoder_ch_mult=[1, 2, 2],
-                          decoder_ch_mult=[1, 2, 2], z_channels=8, ch=8, num_res_blocks=1, norm_groups=4))
-    vq.save_pretrained(tmp_path / "vq")
+    _synthetic_with_vq(tmp_path)
     out = tmp_path / "latents.npz"
     assert tk.main(["--latents", "--vq", str(tmp_path / "vq"), "--data", str(tmp_path / "d"), "--out", str(out),
                     "--augment", "1"]) == 0

@@ -112,12 +112,17 @@ def test_missing_font_message(tmp_path, capsys):
     assert ed.FONT_PACKAGE in str(err.value) and "\n" not in str(err.value)
 
 
-def test_tokenize_synthetic(tmp_path):
-    _write_synthetic(tmp_path / "d")
+def _synthetic_with_vq(root) -> None:
+    """A synthetic dataset in ``root/d`` and a seeded tiny random VQ saved in ``root/vq``."""
+    _write_synthetic(root / "d")
     torch.manual_seed(0)
     vq = VQModel(VQConfig(codebook_size=32, codebook_embed_dim=4, encoder_ch_mult=[1, 2, 2],
                           decoder_ch_mult=[1, 2, 2], z_channels=8, ch=8, num_res_blocks=1, norm_groups=4))
-    vq.save_pretrained(tmp_path / "vq")
+    vq.save_pretrained(root / "vq")
+
+
+def test_tokenize_synthetic(tmp_path):
+    _synthetic_with_vq(tmp_path)
     out = tmp_path / "tokens.npz"
     rc = tk.main(["--vq", str(tmp_path / "vq"), "--data", str(tmp_path / "d"), "--out", str(out), "--augment", "2"])
     assert rc == 0
