@@ -6,11 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from . import __version__
 from .io import atomic_write, write_text
-from .registry import ACCEPTANCE, METHODS, available, build_method, describe, parse_method_spec
+from .registry import ACCEPTANCE, METHODS, available, build_method, describe, method_from_spec, parse_method_spec
 from .sampling import Sampling
 
 
@@ -31,34 +30,50 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cfg-scale", type=float)
 
 
+# flag dest -> the API field it sets, where the flag name differs (--top-k is the sampling top-k)
+RENAMED = {"tree_top_k": "top_k", "lantern_k": "k", "lantern_delta": "delta", "lantern_metric": "metric",
+           "lantern_budget": "budget"}
+
+
 def _add_method_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("method options (each applies to the methods that have it)")
-    g.add_argument("--accept", default="exact", help=f"acceptance rule: {', '.join(ACCEPTANCE)}")
-    g.add_argument("--gamma", type=int, help="speculative/cspd: draft tokens per round")
-    g.add_argument("--window", type=int, help="jacobi/sjd: Jacobi window")
-    g.add_argument("--init", help="sjd: random, horizontal-repeat, vertical-repeat, horizontal-sample, "
-                                  "vertical-sample; adt: horizontal, vertical, random")
-    g.add_argument("--no-refine", dest="refine", action="store_const", const=False, help="sjd: App. F ablation")
-    g.add_argument("--depth", type=int, help="eagle: tree depth")
-    g.add_argument("--tree-top-k", type=int, help="eagle: frontier width per depth")
-    g.add_argument("--total-tokens", type=int, help="eagle/adt: tree size")
-    g.add_argument("--beta", type=float, help="adt: acceptance-rate threshold")
-    g.add_argument("--prefill", type=float, help="cspd: fraction of tokens pre-filled by the target")
-    g.add_argument("--ratio", help="cspd: paper (Eq. 5), coupled or trajectory (both exact)")
-    g.add_argument("--no-align", dest="align", action="store_const", const=False,
-                   help="cspd: the target runs its own noise (no trajectory alignment)")
-    g.add_argument("--lantern-k", type=int, help="lantern: neighbours per code")
-    g.add_argument("--lantern-delta", type=float, help="lantern: total-variation budget")
-    g.add_argument("--lantern-metric", help="lantern: l2 or cosine")
-    g.add_argument("--lantern-budget", help="lantern: paper (Alg. 1, delta bounds each candidate's distorted target) "
-                                            "or output (delta bounds the committed token's law)")
+    """The method flags: each sets the method (or rule) field of its name, RENAMED aside; a flag set
+    for a method that does not have it is an error (``_method``)."""
+    g = p.add_argument_group("method options (each applies to the methods that have it; same names as the API "
+                             "fields and the bench spec keys, except where a flag names its field)")
+    p.set_defaults(method_flags=[
+        g.add_argument("--accept", help=f"acceptance rule: {', '.join(ACCEPTANCE)} (default exact)"),
+        g.add_argument("--gamma", type=int, help="speculative/cspd: draft tokens per round"),
+        g.add_argument("--window", type=int, help="jacobi/sjd: Jacobi window"),
+        g.add_argument("--init", help="sjd: random, horizontal-repeat, vertical-repeat, horizontal-sample, "
+                                      "vertical-sample; adt: horizontal, vertical, random"),
+        g.add_argument("--no-refine", dest="refine", action="store_const", const=False,
+                       help="sjd: refine=False (App. F ablation)"),
+        g.add_argument("--depth", type=int, help="eagle: tree depth"),
+        g.add_argument("--tree-top-k", type=int, help="eagle: frontier width per depth (field top_k, "
+                                                      "bench key top_k; --top-k is the sampling top-k)"),
+        g.add_argument("--total-tokens", type=int, help="eagle/adt: tree size"),
+        g.add_argument("--beta", type=float, help="adt: acceptance-rate threshold"),
+        g.add_argument("--prefill", type=float, help="cspd: fraction of tokens pre-filled by the target"),
+        g.add_argument("--ratio", help="cspd: paper (Eq. 5), coupled or trajectory (both exact)"),
+        g.add_argument("--no-align", dest="align", action="store_const", const=False,
+                       help="cspd: align=False, the target runs its own noise (no trajectory alignment)"),
+        g.add_argument("--lantern-k", type=int, help="lantern: neighbours per code (field k)"),
+        g.add_argument("--lantern-delta", type=float, help="lantern: total-variation budget (field delta)"),
+        g.add_argument("--lantern-metric", help="lantern: l2 or cosine (field metric)"),
+        g.add_argument("--lantern-budget", help="lantern (field budget): paper (Alg. 1, delta bounds each candidate's "
+                                                "distorted target) or output (delta bounds the committed token's law)"),
+    ])
 
 
-def _method_options(a: argparse.Namespace) -> dict[str, Any]:
-    return {"gamma": a.gamma, "window": a.window, "init": a.init, "refine": a.refine, "depth": a.depth,
-            "top_k": a.tree_top_k, "total_tokens": a.total_tokens, "beta": a.beta, "prefill": a.prefill,
-            "ratio": a.ratio, "align": a.align,
-            "k": a.lantern_k, "delta": a.lantern_delta, "metric": a.lantern_metric, "budget": a.lantern_budget}
+def _method(a: argparse.Namespace):
+    """The method of ``--method`` with the method flags the user set (None = not set)."""
+    flags = {RENAMED.get(f.dest, f.dest): f for f in a.method_flags}
+    options = {name: getattr(a, f.dest) for name, f in flags.items()}
+
+    def flag(name: str) -> str | None:  # how errors write an option: as its flag
+        return flags[name].option_strings[0] if name in flags else None
+
+    return build_method(a.method, options, strict=True, spell=flag)
 
 
 def _sampling(a: argparse.Namespace, default: Sampling) -> Sampling:
@@ -107,7 +122,8 @@ def build_parser() -> Parser:
     b.add_argument("--merge", nargs="+", metavar="JSON", help="merge shard reports into --json instead of running")
     b.add_argument("--device", default="cpu")
     _add_sampling(b)
-    b.add_argument("--accept", default="exact", help="default acceptance rule for methods that take one")
+    b.add_argument("--accept", default="exact", help="acceptance rule of the methods that take one and whose spec "
+                                                      "names none (accept=...)")
 
     sub.add_parser("models", help="list model bundles")
     sub.add_parser("train-drafter", help="train an EAGLE draft head on a target (see --help)", add_help=False)
@@ -156,8 +172,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from .viz import contact_sheet, heatmaps
     from .zoo import load
 
+    method = _method(a)  # bad flags fail before the model loads
     pipe = pipeline_for(load(a.model, a.device), [a.method])
-    method = build_method(a.method, _method_options(a), a.accept)
     sampling = _sampling(a, pipe.default_sampling)
     if a.num is not None and a.num < 1:
         raise ValueError(f"--num must be >= 1, got {a.num}")
@@ -201,6 +217,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         from .zoo import load
 
         specs = [s for s in a.methods.split(",") if s.strip()]
+        for spec in specs:  # a bad spec fails before the model loads
+            method_from_spec(spec, a.accept)
         pipe = pipeline_for(load(a.model, a.device), [parse_method_spec(s)[0] for s in specs])
         class_names = pipe.class_names
         sampling = _sampling(a, pipe.default_sampling)

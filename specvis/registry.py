@@ -1,10 +1,16 @@
-"""Names of methods and acceptance rules for the CLI and the benchmark: adding a method is one line."""
+"""Names of methods and acceptance rules for the CLI and the benchmark: adding a method is one line.
+
+A method's options are its dataclass's fields (``acceptance`` excepted), the option ``accept`` names
+its acceptance rule, and the rule's options are the rule's dataclass fields: the same names in the
+Python API, in bench method specs (``speculative:gamma=4:accept=lantern:k=50``) and in the JSON
+``config``. ``build_method(..., strict=True)`` rejects anything else with one line naming the key.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 METHODS = {  # CLI name -> "module:Class"
     "ar": "specvis.methods.ar:AR",
@@ -20,6 +26,8 @@ ACCEPTANCE = {
     "exact": "specvis.accept:Exact",
     "lantern": "specvis.lantern:Lantern",
 }
+
+ACCEPT = "accept"  # the option naming a method's acceptance rule (the method's field ``acceptance``)
 
 
 def _resolve(table: dict[str, str], name: str, what: str):
@@ -47,33 +55,80 @@ def _fields(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def build_acceptance(name: str, options: dict[str, Any]):
-    cls = _resolve(ACCEPTANCE, name, "acceptance rule")
-    return cls(**{k: v for k, v in options.items() if k in _fields(cls) and v is not None})
+def option_names(cls) -> list[str]:
+    """The options of a method or rule class: its init fields, the method's ``acceptance`` excepted."""
+    return [f.name for f in dataclasses.fields(cls) if f.init and f.name != "acceptance"]
 
 
-def build_method(name: str, options: dict[str, Any], acceptance: str = "exact"):
-    """The method ``name`` with every option that names one of its fields (None = default)."""
+def _rules() -> dict[str, type]:
+    return {r: _resolve(ACCEPTANCE, r, "") for r in available(ACCEPTANCE)}
+
+
+def _listing(cls, spell: Callable[[str], str | None]) -> str:
+    """``gamma, accept, and the acceptance rule's (exact: none; lantern: k, delta, metric, budget)``."""
+    def names(keys):
+        return ", ".join(s for s in map(spell, keys) if s) or "none"
+
+    if "acceptance" not in _fields(cls):
+        return names(option_names(cls))
+    rules = "; ".join(f"{r}: {names(option_names(rule))}" for r, rule in _rules().items())
+    return f"{names([*option_names(cls), ACCEPT])}, and the acceptance rule's ({rules})"
+
+
+def build_method(name: str, options: dict[str, Any], acceptance: str | None = None, *, strict: bool = False,
+                 spell: Callable[[str], str | None] = str):
+    """The method ``name`` configured by ``options``: its field names, ``accept`` (the rule's name)
+    and the rule's field names; a None value means the default. ``acceptance``: the rule of a method
+    that takes one when ``options`` names none (default exact); methods without a rule ignore it.
+
+    ``strict``: a key that is not an option of the method or of its rule is a ValueError naming it
+    (as ``spell`` writes it: the CLI passes its flag names); otherwise such keys are dropped, for
+    callers that hand one options dict to several methods. Naming a rule for a method without one
+    is an error either way."""
     cls = _resolve(METHODS, name, "method")
-    names = _fields(cls)
-    kw = {k: v for k, v in options.items() if k in names and v is not None}
-    if "acceptance" in names:
-        kw["acceptance"] = build_acceptance(acceptance, options)
-    elif acceptance != "exact":
-        raise ValueError(f"method {name!r} takes no acceptance rule (got --accept {acceptance})")
-    return cls(**kw)
+    kw = {k: v for k, v in options.items() if v is not None}
+    takes_rule = "acceptance" in _fields(cls)
+    if ACCEPT in kw and not takes_rule:
+        raise ValueError(f"method {name} has no option {spell(ACCEPT)!r} (it takes no acceptance rule); "
+                         f"options: {_listing(cls, spell)}")
+    rule_name = kw.pop(ACCEPT, None) or acceptance or "exact"
+    rule = _resolve(ACCEPTANCE, rule_name, "acceptance rule") if takes_rule else None
+    own, theirs = set(option_names(cls)), set(option_names(rule)) if rule else set()
+    for key in [k for k in kw if k not in own | theirs]:
+        if not strict:
+            del kw[key]
+            continue
+        owners = [r for r, other in _rules().items() if key in option_names(other)] if rule else []
+        if owners:
+            raise ValueError(f"method {name} has no option {spell(key)!r} with acceptance rule {rule_name}; "
+                             f"it is an option of rule {' and '.join(owners)} (set {spell(ACCEPT)}={owners[0]})")
+        raise ValueError(f"method {name} has no option {spell(key)!r}; options: {_listing(cls, spell)}")
+    method_kw = {k: v for k, v in kw.items() if k in own}
+    if rule is not None:
+        method_kw["acceptance"] = rule(**{k: v for k, v in kw.items() if k in theirs})
+    return cls(**method_kw)
 
 
 def parse_method_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"sjd:window=8:init=horizontal-sample"`` -> ("sjd", {"window": 8, "init": "horizontal-sample"})."""
+    """``"sjd:window=8:init=horizontal-sample"`` -> ("sjd", {"window": 8, "init": "horizontal-sample"}).
+    Only the syntax is checked here; ``build_method(name, options, strict=True)`` checks the keys."""
     name, *pairs = spec.strip().split(":")
     options: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
             raise ValueError(f"method option {pair!r} in {spec!r} must look like key=value")
         key, value = pair.split("=", 1)
-        options[key.replace("-", "_")] = _literal(value)
+        key = key.strip().replace("-", "_")
+        if key in options:
+            raise ValueError(f"method option {key!r} is given twice in {spec!r}")
+        options[key] = _literal(value)
     return name, options
+
+
+def method_from_spec(spec: str, acceptance: str | None = None):
+    """The method of a bench spec; every key must be one of its options (``build_method`` strict)."""
+    name, opts = parse_method_spec(spec)
+    return build_method(name, opts, acceptance, strict=True)
 
 
 def _literal(text: str) -> Any:

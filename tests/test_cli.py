@@ -60,3 +60,26 @@ def test_bench_json_has_api_fields(tmp_path):
     assert rep["runs"][0]["speedup"] == 1.0 and rep["runs"][1]["config"] == {"gamma": 2}
     assert rep["runs"][0]["tokens"] == 4 * 64
     assert "| speculative | gamma=2 |" in md.read_text()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bench", "--methods", "speculative:gamma=4:bogus=1"],
+     "method speculative has no option 'bogus'; options: gamma, accept, and the acceptance rule's "
+     "(exact: none; lantern: k, delta, metric, budget"),  # + any later Lantern fields
+    (["bench", "--methods", "ar,speculative:gama=4"], "method speculative has no option 'gama'; options: gamma, accept"),
+    (["bench", "--methods", "speculative:gamma=4:delta=0.2"],
+     "method speculative has no option 'delta' with acceptance rule exact; it is an option of rule lantern "
+     "(set accept=lantern)"),
+    (["bench", "--methods", "ar:accept=lantern"], "method ar has no option 'accept' (it takes no acceptance rule)"),
+    (["generate", "--method", "ar", "--gamma", "4"], "method ar has no option '--gamma'; options: none"),
+    (["generate", "--method", "speculative", "--lantern-delta", "0.2"],
+     "method speculative has no option '--lantern-delta' with acceptance rule exact; it is an option of rule "
+     "lantern (set --accept=lantern)"),
+])
+def test_method_option_not_of_the_method_exits_2_with_one_line(args, message, tmp_path, capsys):
+    """Unknown, misspelt or foreign keys (another rule's, another method's flag) are errors, not ignored."""
+    out = ["--out", str(tmp_path)] if args[0] == "generate" else ["--num", "1", "--json", str(tmp_path / "b.json")]
+    assert main([*args, "--model", "random-tiny", *out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"specvis: error: {message}") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []  # nothing ran

@@ -1,0 +1,145 @@
+"""Method options: one dataclass per method, its fields are the options, in the Python API, the bench
+method specs, the JSON config and (renamed where a flag says so) the generate flags; anything else is
+an error naming the key. Every spec the repository commits to must build."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import specvis as sv
+from specvis.bench import sweeps
+from specvis.cli import RENAMED, _method, build_parser
+from specvis.registry import (ACCEPT, ACCEPTANCE, METHODS, _resolve, build_method, describe, option_names,
+                              parse_method_spec)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench_emoji.sh"
+
+
+def strict(spec: str, acceptance: str | None = None):
+    name, opts = parse_method_spec(spec)
+    return build_method(name, opts, acceptance, strict=True)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("speculative:gamma=4:bogus=1", "method speculative has no option 'bogus'; options: gamma, accept, and the "
+                                    "acceptance rule's (exact: none; lantern: k, delta, metric, budget"),  # + later fields
+    ("speculative:gama=4", "method speculative has no option 'gama'"),
+    ("sjd:window=8:initt=random", "method sjd has no option 'initt'; options: window, init, refine, accept"),
+    ("eagle:depth=5:topk=8", "method eagle has no option 'topk'; options: depth, top_k, total_tokens, accept"),
+    ("jacobi:window=8:init=random", "method jacobi has no option 'init'; options: window"),
+    ("cspd:gamma=4:window=2", "method cspd has no option 'window'; options: gamma, prefill, align, ratio"),
+    ("ar:gamma=4", "method ar has no option 'gamma'; options: none"),
+    ("speculative:delta=0.2", "method speculative has no option 'delta' with acceptance rule exact; "
+                              "it is an option of rule lantern (set accept=lantern)"),
+    ("sjd:window=8:accept=exact:k=50", "method sjd has no option 'k' with acceptance rule exact"),
+    ("ar:accept=lantern", "method ar has no option 'accept' (it takes no acceptance rule); options: none"),
+    ("cspd:accept=exact", "method cspd has no option 'accept'"),
+    ("speculative:accept=lanterm", "unknown acceptance rule 'lanterm'; choose from exact, lantern"),
+    ("speculative:gamma=2:gamma=4", "method option 'gamma' is given twice"),
+])
+def test_bad_spec_names_the_key(spec, message):
+    with pytest.raises(ValueError) as e:
+        strict(spec)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_options_reach_the_method_under_their_field_names():
+    assert strict("eagle:depth=3:top_k=4:total_tokens=9:accept=lantern:k=7:delta=0.1:metric=cosine") == sv.EagleTree(
+        depth=3, top_k=4, total_tokens=9, acceptance=sv.Lantern(k=7, delta=0.1, metric="cosine"))
+    assert strict("sjd:window=8:refine=false:gamma=none") == sv.SJD(window=8, refine=False)  # none = default
+    # the bench --accept default applies to the methods that take a rule and whose spec names none
+    assert strict("ar", "lantern") == sv.AR()
+    assert strict("speculative:k=5", "lantern").acceptance == sv.Lantern(k=5)
+    assert strict("speculative:accept=exact", "lantern").acceptance == sv.Exact()
+    with pytest.raises(ValueError, match="'k' with acceptance rule exact"):
+        strict("speculative:accept=exact:k=5", "lantern")
+
+
+# ---------------------------------------------------------------- generate flags
+
+
+def generate_method(*flags):
+    return _method(build_parser().parse_args(["generate", *flags]))
+
+
+def test_generate_flags_set_the_api_fields():
+    a = build_parser().parse_args(["generate"])
+    fields = {ACCEPT}.union(*(option_names(_resolve(t, n, "")) for t in (METHODS, ACCEPTANCE) for n in t))
+    names = [RENAMED.get(f.dest, f.dest) for f in a.method_flags]
+    assert set(names) <= fields and len(set(names)) == len(names)
+    assert generate_method("--method", "eagle", "--depth", "3", "--tree-top-k", "4", "--total-tokens", "9",
+                           "--accept", "lantern", "--lantern-k", "7", "--lantern-delta", "0.1", "--lantern-metric",
+                           "cosine", "--lantern-budget", "output") == sv.EagleTree(
+        depth=3, top_k=4, total_tokens=9, acceptance=sv.Lantern(k=7, delta=0.1, metric="cosine", budget="output"))
+    assert generate_method("--method", "sjd", "--no-refine", "--top-k", "5") == sv.SJD(refine=False)  # --top-k: sampling
+    assert generate_method("--method", "speculative") == sv.Speculative()
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--method", "ar", "--gamma", "4"], "method ar has no option '--gamma'; options: none"),
+    (["--method", "ar", "--accept", "exact"], "method ar has no option '--accept' (it takes no acceptance rule)"),
+    (["--method", "jacobi", "--no-refine"], "method jacobi has no option '--no-refine'; options: --window"),
+    (["--method", "sjd", "--tree-top-k", "3"], "method sjd has no option '--tree-top-k'; options: --window, --init, "
+                                               "--no-refine, --accept, and the acceptance rule's (exact: none; "
+                                               "lantern: --lantern-k, --lantern-delta, --lantern-metric, "
+                                               "--lantern-budget"),
+    (["--method", "speculative", "--lantern-k", "50"], "method speculative has no option '--lantern-k' with acceptance "
+                                                       "rule exact; it is an option of rule lantern (set --accept=lantern)"),
+])
+def test_generate_flag_of_another_method_is_an_error(flags, message):
+    with pytest.raises(ValueError) as e:
+        generate_method(*flags)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- committed specs
+
+
+def script_specs(tmp_path: Path) -> list[str]:
+    """Every --methods spec of scripts/bench_emoji.sh, as bash expands it: each case of the script
+    runs with ``specvis`` and ``python`` replaced by stubs that log their arguments."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    for exe in ("specvis", "python"):
+        (bin_dir / exe).write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> "{log}"\n')
+        (bin_dir / exe).chmod(0o755)
+    text = SCRIPT.read_text()
+    cases = [c for group in re.findall(r"^  ([\w|-]+)\)", text, re.M) for c in group.split("|")]
+    subcases = [c for group in re.findall(r"^      ([\w|-]+)\)", text, re.M) for c in group.split("|")]
+    assert "main" in cases and subcases
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    for case in cases:
+        for sub in subcases:  # cspd's second argument; the other cases ignore it
+            subprocess.run(["bash", str(SCRIPT), case, sub], env=env, cwd=tmp_path, check=True, capture_output=True)
+    args = log.read_text().splitlines()
+    return sorted({s for i, a in enumerate(args) if a == "--methods" for s in args[i + 1].split(",")})
+
+
+def sweep_specs(tmp_path: Path, monkeypatch) -> list[str]:
+    specs = []
+    monkeypatch.setattr(sweeps, "run_bench", lambda pipe, s, *a, **k: specs.extend(s) or {"runs": []})
+    sweeps.sjd_ablations(type("P", (), {"default_sampling": sv.Sampling()})(), tmp_path, 1, 1)
+    sweeps.lantern_grid(None, tmp_path, 1, 1)
+    return sorted(set(specs))
+
+
+def test_every_committed_spec_builds_with_its_options_in_the_json_config(tmp_path, monkeypatch):
+    from_script, from_sweeps = script_specs(tmp_path), sweep_specs(tmp_path, monkeypatch)
+    assert "eagle:depth=5:top_k=8:total_tokens=24:accept=lantern:k=50:delta=0.2" in from_script
+    assert "cspd:gamma=8:ratio=trajectory" in from_script and "speculative:gamma=4:accept=lantern:k=50:delta=0.2" in from_sweeps
+    for spec in from_script + from_sweeps:
+        name, opts = parse_method_spec(spec)
+        method = build_method(name, dict(opts), strict=True)
+        got, config, rule = describe(method)
+        assert got == name
+        for key, value in opts.items():  # the JSON config keys are the spec keys: the dataclass fields
+            if key == ACCEPT:
+                assert rule == value
+            elif key in config:
+                assert config[key] == value, spec
+            else:
+                assert config["acceptance_config"][key] == value, spec
