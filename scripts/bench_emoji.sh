@@ -54,4 +54,6 @@ case "${1:-main}" in
       --num 16 --batch-size 8 --temperature 0 --json $out/emoji-cpu-greedy.json --md $out/emoji-cpu-greedy.md ;;
   sjd-ablations|lantern-grid)
     python -m specvis.bench.sweeps "$1" --model emoji --out $out --num 16 --batch-size 8 ;;
+  lantern-greedy) # the lantern-grid sweep at temperature 0: the paper's greedy rule on the soft law
+    python -m specvis.bench.sweeps lantern-greedy --model emoji --out $out --num 16 --batch-size 8 ;;
 esac

@@ -2,7 +2,8 @@
 
 A rule maps (p, q, x) -> (alpha, residual): p the target law, q the law each draft token x was drawn
 from (..., V), alpha the acceptance probability of x and residual the unnormalised law to resample
-from on rejection. ``verify_chain`` walks a drafted chain with any rule, per row, with no Python
+from on rejection. Under greedy sampling p is a point mass; rules may then take ``soft=`` the
+temperature-1 law of the same positions (``GuidedModel.soft``; LANTERN relaxes on it, Exact ignores it). ``verify_chain`` walks a drafted chain with any rule, per row, with no Python
 loop over positions: every drafting method (draft model, SJD, trees) plugs rules in the same way.
 """
 
@@ -23,15 +24,18 @@ class Exact:
     lossless = True
     name = "exact"
 
-    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+                 soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         px = p.gather(-1, x[..., None]).squeeze(-1)
         qx = q.gather(-1, x[..., None]).squeeze(-1)
         alpha = torch.where(qx > 0, px / qx.clamp_min(1e-30), torch.ones_like(px)).clamp(max=1.0)
         return alpha, (p - q).clamp_min(0.0)
 
-    def sibling(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sibling(self, p: torch.Tensor, x: torch.Tensor,
+                soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Deterministic candidate x against the normalised law p (EAGLE multi-candidate rule, i.e.
-        q = point mass at x): accept with p(x); on rejection the residual is p with x zeroed."""
+        q = point mass at x): accept with p(x); on rejection the residual is p with x zeroed.
+        ``soft`` is ignored."""
         alpha = p.gather(-1, x[..., None]).squeeze(-1)
         return alpha, p.scatter(-1, x[..., None], 0.0)
 
@@ -46,15 +50,19 @@ def normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
 
 
 def verify_chain(rule, p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
-                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                 generator: torch.Generator | None, soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify ``draft`` (B, g) drawn from ``q`` (B, g, V) against target laws ``p`` (B, g+1, V).
 
     Accepts left to right while u_j < alpha_j; returns the accepted count a (B,) and the next token
     (B,): drawn from the normalised residual at position a, or from p[:, g] (the bonus token) when
-    every draft token was accepted.
+    every draft token was accepted. ``soft`` (B, g+1, V): the temperature-1 laws of the same positions
+    under greedy sampling (or None); the rule gets ``soft[:, :g]``.
     """
     g = draft.shape[1]
-    alpha, residual = rule(p[:, :g], q, draft)
+    if soft is None:
+        alpha, residual = rule(p[:, :g], q, draft)
+    else:
+        alpha, residual = rule(p[:, :g], q, draft, soft=soft[:, :g])
     u = torch.rand(alpha.shape, device=alpha.device, generator=generator)
     accepted = (u < alpha).long().cumprod(dim=-1).sum(dim=-1)
     laws = torch.cat([normalise(residual, p[:, :g]), p[:, g:]], dim=1)

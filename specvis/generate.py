@@ -48,10 +48,13 @@ def generate(model, conditions: torch.Tensor, method=None, sampling: Sampling | 
     if draft is not None and draft.layout.vocab_size != model.layout.vocab_size:
         raise ValueError(f"draft vocabulary {draft.layout.vocab_size} != target vocabulary {model.layout.vocab_size}")
     pad = method.pad
-    target = GuidedModel(model, conditions, sampling, pad)
+    rule = bind_rule(getattr(method, "acceptance", None), codebook)
+    # greedy rules that relax on the temperature-1 law (LANTERN) get it as ctx.target.soft
+    keep_soft = sampling.greedy and bool(getattr(rule, "needs_soft", False))
+    target = GuidedModel(model, conditions, sampling, pad, keep_soft=keep_soft)
     draft_view = GuidedModel(draft, conditions, sampling, pad) if draft is not None else None
     ctx = DecodeContext(target, make_generator(seed, device), pad, draft_view, drafter, codebook)
-    ctx.rule = bind_rule(getattr(method, "acceptance", None), codebook)
+    ctx.rule = rule
     wall = timed(lambda: method.decode(ctx), device)
     draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
     return Generation(ctx.tokens[:, : ctx.L].clone(), ctx.stats(wall, draft_forwards), latents=getattr(ctx, "latents", None))

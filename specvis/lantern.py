@@ -28,9 +28,29 @@ are exact. With a point-mass draft (q(x) = 1) both budgets pick the same A and T
 (for "paper", O = p_{k,delta}(.|x)).
 
 Both: delta = 0 is token for token ``Exact()`` (only zero-mass neighbours join A, alpha and residual
-are bitwise Exact's). Greedy (p, q point masses): for delta < 1 the argmax a of p never joins
-another token's neighbourhood (moving it costs mass 1), so x is accepted iff x == a ==
-argmax p_{k,delta}(.|x): greedy AR token for token; no special case is needed.
+are bitwise Exact's).
+
+Greedy (paper Sec. 3.3, last paragraph: "for greedy decoding, LANTERN can be simply reduced to accept
+x~ if x~ = argmax_x q_{k,delta}(x | s, D = x~)", q the paper's target law). At temperature 0 specvis's
+p is the point mass at the greedy token a, and merging neighbours into a point mass never relaxes
+anything (for delta < 1, a never joins another token's A). The rule therefore takes ``soft=`` s, the
+temperature-1 law of the same positions (``Sampling.soft_probs``: CFG, top-k, top-p, softmax; its
+argmax is a), which ``specvis.generate`` keeps when the sampling is greedy (``needs_soft``):
+
+- A = A_{k,delta}(x) on s: the longest prefix of B_k(x) with m_s(A) = sum_{y in A, y != x} s(y) <= delta;
+  s_{k,delta}(.|x) = s(A) on x, 0 on A \\ {x}, s elsewhere; TV(s_{k,delta}(.|x), s) = m_s(A) <= delta;
+- alpha = 1 if x == a or s_{k,delta}(x|x) > max_{y != x} s_{k,delta}(y|x), else 0; residual = p
+  (the point mass at a; ``sibling``: p with x zeroed, like Exact).
+
+The strict ">" settles ties towards a, so delta = 0 (s_{k,0}(x|x) = s(x) <= s(a)) is greedy AR token
+for token. On rejection a is not in A (else x would win), so argmax s_{k,delta}(.|x) = a (up to
+ties): committing a is the paper's rule. Budgets: under greedy every candidate is decided as a deterministic point mass,
+whatever q it was drafted from (SJD's random init has q uniform), so "output" takes q(x) = 1, where its
+condition min(1, s(x) + m) - s(x) <= delta reduces to m <= delta: both budgets give the same A.
+Guaranteed per committed token y: y is the argmax of a law within delta in TV of s (s itself when
+y = a, s_{k,delta}(.|y) otherwise), hence s(y) >= s(a) - delta. Not guaranteed: equality with greedy
+AR (any accepted y != a changes the prefix, and the following positions condition on it), nor any TV
+bound on the committed token's law (a point mass; TV(point mass at y, s) = 1 - s(y)).
 
 Draft trees (``sibling``): deterministic candidates x1, x2, ... tried in turn, each as a point-mass
 draft; per tried candidate the distortion is <= delta, so the committed token is within
@@ -146,7 +166,8 @@ def neighbour_table(codebook: torch.Tensor, k: int, metric: str = "l2", cache: b
 class Lantern:
     """LANTERN relaxed acceptance: neighbourhood A_{k,delta}(x) over the tokenizer codebook
     (``metric`` l2 or cosine); ``budget`` "paper" (TV of the distorted target <= delta) or "output"
-    (TV of the committed token's law <= delta). See the module docstring for the equations and bound.
+    (TV of the committed token's law <= delta); under greedy sampling the paper's greedy rule on the
+    temperature-1 law. See the module docstring for the equations and bounds.
     Needs ``bind(codebook)`` before use (``specvis.generate`` does it with ``codebook=``)."""
 
     k: int = 1000
@@ -170,7 +191,8 @@ class Lantern:
         """The rule on this codebook (k clipped to V); the neighbour table is built once and cached."""
         return BoundLantern(self, neighbour_table(codebook, self.k, self.metric), codebook.device)
 
-    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+                 soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError("Lantern needs the tokenizer codebook: use Lantern(...).bind(codebook), "
                          "or pass codebook= to specvis.generate")
 
@@ -184,6 +206,7 @@ class BoundLantern:
 
     lossless = False
     name = "lantern"
+    needs_soft = True  # under greedy sampling: relax on the temperature-1 law (module docstring)
 
     def __init__(self, spec: Lantern, table: torch.Tensor, device: torch.device | str = "cpu") -> None:
         self.spec = spec
@@ -216,9 +239,13 @@ class BoundLantern:
         p_a = px + moved.gather(-1, count - 1)
         return ids, in_a, p_a.squeeze(-1)
 
-    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+                 soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """alpha = min(1, p(A)/q(x)) (1 where q(x) = 0); residual max(0, p_{k,delta}(.|x) - q) ("paper")
-        or max(0, p - q) ("output")."""
+        or max(0, p - q) ("output"). With ``soft`` (greedy: p a point mass, soft its temperature-1 law):
+        alpha = ``greedy_accept(p, x, soft)``, residual p."""
+        if soft is not None:
+            return self.greedy_accept(p, x, soft), p
         qx = q.gather(-1, x[..., None]).squeeze(-1)
         ids, in_a, p_a = self.neighbourhood(p, x, qx)
         alpha = torch.where(qx > 0, p_a / qx.clamp_min(1e-30), torch.ones_like(p_a)).clamp(max=1.0)
@@ -232,11 +259,26 @@ class BoundLantern:
         qx = None if q is None else q.gather(-1, x[..., None]).squeeze(-1)
         return _merge(p, x, *self.neighbourhood(p, x, qx))
 
-    def sibling(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def greedy_accept(self, p: torch.Tensor, x: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+        """The paper's greedy rule (module docstring): 1.0 where x == argmax p or
+        s_{k,delta}(x|x) > max_{y != x} s_{k,delta}(y|x) on the soft law s (A for a point-mass
+        candidate: m_s(A) <= delta, both budgets), else 0.0; in p's dtype, shape x.shape."""
+        d = self.distorted(soft, x)
+        dx = d.gather(-1, x[..., None]).squeeze(-1)
+        best_other = d.scatter(-1, x[..., None], -1.0).amax(-1)
+        return ((x == p.argmax(-1)) | (dx > best_other)).to(p.dtype)
+
+    def sibling(self, p: torch.Tensor, x: torch.Tensor,
+                soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Deterministic multi-candidate step (draft trees): accept candidate x (...) with p(A_x)
         (q(x) = 1, so both budgets give the same A); on rejection the next candidate sees
         normalise(residual): residual = p with A_x zeroed ("paper") or with x zeroed ("output"),
-        returned unnormalised like ``Exact.sibling`` (the tree walk normalises)."""
+        returned unnormalised like ``Exact.sibling`` (the tree walk normalises). With ``soft``
+        (greedy: p the point mass at a, soft the node's temperature-1 law, the same for every
+        candidate): alpha = ``greedy_accept(p, x, soft)``, residual p with x zeroed (still the
+        point mass at a after a rejection)."""
+        if soft is not None:
+            return self.greedy_accept(p, x, soft), p.scatter(-1, x[..., None], 0.0)
         ids, in_a, p_a = self.neighbourhood(p, x)
         if self.budget == "output":
             rest = p.scatter(-1, x[..., None], 0.0)

@@ -9,7 +9,7 @@ reproducible from a seeded ``torch.Generator``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -61,6 +61,11 @@ class Sampling:
         if self.top_p is not None and self.top_p < 1.0:
             logits = _top_p_filter(logits, self.top_p)
         return torch.softmax(logits, dim=-1)
+
+    def soft_probs(self, cond: torch.Tensor, uncond: torch.Tensor | None = None) -> torch.Tensor:
+        """The same pipeline at temperature 1 (CFG, top-k, top-p, softmax): the soft law whose argmax
+        greedy decoding takes. Greedy LANTERN builds its neighbourhoods on it."""
+        return replace(self, temperature=1.0).probs(cond, uncond)
 
 
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:

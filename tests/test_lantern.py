@@ -1,6 +1,7 @@
 """LANTERN relaxed acceptance (specvis.lantern): neighbour tables, the rule against a loop reference,
-delta = 0 == Exact token for token, greedy, siblings, and the total-variation bound measured on
-tiny enumerable models.
+delta = 0 == Exact token for token, greedy (the paper's rule on the temperature-1 law: relaxes for
+delta > 0, greedy AR at delta = 0), siblings, and the total-variation bound measured on tiny
+enumerable models.
 
 How the bound is measured. For every position i and every (condition, prefix x_<i) seen at least
 N_MIN times, the empirical law of token i given the prefix is compared with the exact target
@@ -313,20 +314,123 @@ def test_sjd_binds_the_rule_to_the_codebook(target, codebook):
     assert torch.equal(out.tokens, sv.generate(target, cond, _sjd(Exact()), PLAIN, seed=3).tokens)
 
 
-def test_greedy_methods_equal_greedy_ar(target, draft, codebook):
+def test_greedy_delta_zero_equals_greedy_ar(target, draft, codebook):
+    """Greedy LANTERN (soft law) at delta = 0 is greedy AR token for token, whatever the seed."""
     cond = torch.arange(60) % 3
     ar = sv.generate(target, cond, sv.AR(), GREEDY, seed=0).tokens
     for budget in ("paper", "output"):
-        lan = Lantern(k=V, delta=0.9, budget=budget)
+        lan = Lantern(k=V, delta=0.0, budget=budget)
         for seed in (1, 2):
             sp = sv.generate(target, cond, sv.Speculative(2, acceptance=lan), GREEDY, seed=seed, draft=draft,
                              codebook=codebook)
             assert torch.equal(sp.tokens, ar)
             assert torch.equal(sv.generate(target, cond, _sjd(lan), GREEDY, seed=seed, codebook=codebook).tokens, ar)
     law = exact_law(target, [0, 1, 2], GREEDY)  # and the measured TV is 0 at every prefix
-    counts = sample_counts(target, [0, 1, 2], sv.Speculative(2, acceptance=Lantern(k=V, delta=0.9)), GREEDY,
+    counts = sample_counts(target, [0, 1, 2], sv.Speculative(2, acceptance=Lantern(k=V, delta=0.0)), GREEDY,
                            n=2 * N_MIN * 3, batch=2 * N_MIN * 3, draft=draft, codebook=codebook)
     assert max(r[4] for r in conditional_tvs(counts, law, 4)) == 0.0
+
+
+# ---------------------------------------------------------------- greedy LANTERN (paper Sec. 3.3, soft law)
+
+def test_greedy_rule_on_the_soft_law():
+    """accept x iff x == a or s_{k,delta}(x|x) > max_{y != x} s_{k,delta}(y|x); residual: the point mass at a."""
+    cb = torch.tensor([[0.0], [1.0], [2.0], [3.0], [4.0]])  # on a line: equidistant neighbours by lower id
+    soft = torch.tensor([0.3, 0.25, 0.2, 0.15, 0.1]).expand(5, 5)
+    p = torch.nn.functional.one_hot(torch.zeros(5, dtype=torch.long), 5).float()  # greedy token a = 0
+    x = torch.arange(5)
+    q = torch.eye(5)
+    # delta = 0.22. x = 1: B = 1, 0, 2, ..; s(0) = 0.3 > delta, A = {1}: 0.25 < 0.3, rejected.
+    # x = 2: B = 2, 1, 3; s(1) = 0.25 > delta, A = {2}: rejected. x = 3: B = 3, 2, 4; A = {3, 2}
+    # (0.2 moved, 4 would make 0.3): 0.35 > 0.3, accepted. x = 4: B = 4, 3, 2; A = {4, 3}: 0.25, rejected.
+    for budget in ("paper", "output"):  # under greedy both budgets build A with m_s(A) <= delta
+        rule = Lantern(k=5, delta=0.22, budget=budget).bind(cb)
+        alpha, res = rule(p, q, x, soft=soft)
+        assert alpha.tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
+        assert torch.equal(res, p)
+        assert torch.equal(rule(p, torch.full((5, 5), 0.2), x, soft=soft)[0], alpha)  # q plays no part
+        s_alpha, s_res = rule.sibling(p, x, soft=soft)
+        assert torch.equal(s_alpha, alpha) and torch.equal(s_res, p.scatter(-1, x[:, None], 0.0))
+        d = rule.distorted(soft, x)
+        assert torch.equal(d.argmax(-1) == x, alpha.bool())  # accepted <=> x = argmax s_{k,delta}(.|x)
+        assert (0.5 * (d - soft).abs().sum(-1) <= 0.22 + 1e-6).all()
+    # a tie s_{k,delta}(x|x) = s(a) goes to the greedy token: x = 3, A = {3, 2}, 0.25 + 0.125 = 0.375 = s(0)
+    tie = torch.tensor([[0.375, 0.125, 0.125, 0.25, 0.125]])
+    assert Lantern(k=5, delta=0.15).bind(cb)(p[:1], q[3:4], x[3:4], soft=tie)[0].item() == 0.0
+    assert Lantern(k=5, delta=0.3).bind(cb)(p[:1], q[3:4], x[3:4], soft=tie)[0].item() == 1.0  # A = {3, 2, 4}
+    zero = Lantern(k=5, delta=0.0).bind(cb)  # delta = 0: only the greedy token
+    assert zero(p, q, x, soft=soft)[0].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert all(torch.equal(a, b) for a, b in zip(Exact()(p, q, x, soft=soft), Exact()(p, q, x)))  # ignored
+    assert all(torch.equal(a, b) for a, b in zip(Exact().sibling(p, x, soft=soft), Exact().sibling(p, x)))
+
+
+def test_soft_law_is_kept_only_when_greedy_and_asked(target):
+    from specvis.methods.base import GuidedModel
+    cond = torch.arange(4) % 3
+    for sampling, keep, kept in [(GREEDY, True, True), (GREEDY, False, False), (PLAIN, True, False)]:
+        view = GuidedModel(target, cond, sampling, 2, keep_soft=keep)
+        p0 = view.prefill()
+        assert (view.soft is not None) == kept
+        if kept:
+            with torch.no_grad():
+                logits = target.logits(cond, torch.zeros(4, 0, dtype=torch.long))[:, 0]
+                uncond = target.logits(torch.full_like(cond, target.null_condition), torch.zeros(4, 0, dtype=torch.long))[:, 0]
+            ref = torch.softmax(uncond + 2.0 * (logits - uncond), -1)
+            assert torch.allclose(view.soft, ref, atol=1e-5) and torch.equal(view.soft.argmax(-1), p0.argmax(-1))
+    s = sv.Sampling(temperature=0.0, top_k=2, top_p=0.9, cfg_scale=3.0)
+    c, u = torch.randn(2, 6, 7).unbind(0)
+    assert torch.equal(s.soft_probs(c, u), sv.Sampling(1.0, 2, 0.9, 3.0).probs(c, u))
+
+
+def _greedy_soft_laws(model, cond, tokens):
+    """Temperature-1 laws (N, L, V) of the greedy sampling at each position of ``tokens``, teacher-forced,
+    by our own pipeline: softmax(u + s (c - u)) (GREEDY has no top-k / top-p)."""
+    with torch.no_grad():
+        c = model.logits(cond, tokens[:, :-1]).double()
+        u = model.logits(torch.full_like(cond, model.null_condition), tokens[:, :-1]).double()
+    return torch.softmax(u + GREEDY.cfg_scale * (c - u), -1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_lantern_relaxes(target, draft, codebook, kind):
+    """Greedy + delta > 0: longer accepted runs than Exact, an output that is not greedy AR, and every
+    committed token y != a is the argmax of its distorted soft law s_{k,delta}(.|y), within delta of s."""
+    delta = 0.6
+    cond = torch.arange(60) % 3
+    kw = {"draft": draft} if kind == "speculative" else {}
+    make = (lambda r: sv.Speculative(2, acceptance=r)) if kind == "speculative" else _sjd
+    ar = sv.generate(target, cond, sv.AR(), GREEDY, seed=0).tokens
+    exact = sv.generate(target, cond, make(Exact()), GREEDY, seed=1, **kw)
+    out = sv.generate(target, cond, make(Lantern(k=V, delta=delta)), GREEDY, seed=1, codebook=codebook, **kw)
+    assert torch.equal(exact.tokens, ar)
+    assert out.stats.mean_accepted_length > exact.stats.mean_accepted_length
+    assert out.stats.target_forwards < exact.stats.target_forwards
+    assert (out.tokens != ar).any()
+    # deterministic: same seed, same tokens; the draft model's drafts are argmaxes, so any seed
+    assert torch.equal(sv.generate(target, cond, make(Lantern(k=V, delta=delta)), GREEDY, seed=1, codebook=codebook,
+                                   **kw).tokens, out.tokens)
+    if kind == "speculative":
+        assert torch.equal(sv.generate(target, cond, make(Lantern(k=V, delta=delta)), GREEDY, seed=5,
+                                       codebook=codebook, **kw).tokens, out.tokens)
+    # every relaxed token, checked by the definitions on the teacher-forced soft law
+    soft = _greedy_soft_laws(target, cond, out.tokens)
+    nb = ref_neighbours(codebook, "l2")
+    relaxed = 0
+    for r, i in zip(*torch.nonzero(out.tokens != soft.argmax(-1), as_tuple=True)):
+        s, y = soft[r, i], out.tokens[r, i].item()
+        a_set, moved = [y], 0.0
+        for z in nb[y].tolist()[1:]:
+            if moved + s[z].item() > delta:
+                break
+            a_set.append(z)
+            moved += s[z].item()
+        dist = s.clone()
+        dist[a_set] = 0.0
+        dist[y] = s[a_set].sum()
+        assert dist.argmax().item() == y and tv(dist, s) <= delta + 1e-9
+        assert s[y] >= s.max() - delta
+        relaxed += 1
+    assert relaxed >= 5
 
 
 # ---------------------------------------------------------------- the TV bound, measured

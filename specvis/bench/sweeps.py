@@ -2,10 +2,12 @@
 
     python -m specvis.bench.sweeps sjd-ablations --model emoji --out docs/benchmarks
     python -m specvis.bench.sweeps lantern-grid --model emoji --out docs/benchmarks
+    python -m specvis.bench.sweeps lantern-greedy --model emoji --out docs/benchmarks
 
 ``sjd-ablations``: SJD step compression vs window 1/4/8/16/32 (SJD Fig. 8), vs sampling top-k
 1/10/100/all (Fig. 6) and refinement on/off (App. F). ``lantern-grid``: Speculative+LANTERN and
 SJD+LANTERN over k x delta: accepted length and speedup against the quality proxy (LANTERN Fig. 5).
+``lantern-greedy``: the same grid at temperature 0 (the paper's greedy rule, LANTERN Table 3 / Fig. 5 tau = 0).
 """
 
 from __future__ import annotations
@@ -67,14 +69,17 @@ def plot_sjd_ablations(res: dict, path: Path) -> None:
 
 
 def lantern_grid(pipe, out: Path, num: int, batch_size: int, ks=(10, 50, 200), deltas=(0.05, 0.1, 0.2, 0.4),
-                 methods=("speculative:gamma=4", "sjd:window=8:init=horizontal-sample")) -> dict:
-    """One report: AR, each method exact, and each method with LANTERN at every (k, delta)."""
+                 methods=("speculative:gamma=4", "sjd:window=8:init=horizontal-sample"), greedy: bool = False) -> dict:
+    """One report: AR, each method exact, and each method with LANTERN at every (k, delta); under the
+    bundle's sampling, or at temperature 0 when ``greedy`` (``lantern-greedy.json``)."""
     specs = list(methods)
     specs += [f"{m}:accept=lantern:k={k}:delta={d}" for m in methods for k in ks for d in deltas]
-    return run_bench(pipe, specs, num, batch_size, json_path=out / "lantern-grid.json", progress=False)
+    sampling = replace(pipe.default_sampling, temperature=0.0) if greedy else pipe.default_sampling
+    name = "lantern-greedy" if greedy else "lantern-grid"
+    return run_bench(pipe, specs, num, batch_size, sampling=sampling, json_path=out / f"{name}.json", progress=False)
 
 
-def plot_lantern_grid(report: dict, path: Path) -> None:
+def plot_lantern_grid(report: dict, path: Path, title: str = "LANTERN trade-off (cf. LANTERN Fig. 5)") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,7 +100,7 @@ def plot_lantern_grid(report: dict, path: Path) -> None:
         ax.axhline(ar["quality"].get("fid_proxy", float("nan")), color="0.4", lw=0.8, ls="--", label="AR")
         ax.set(xlabel=xl, ylabel="fid_proxy (lower is better)")
         ax.legend(fontsize=7)
-    fig.suptitle("LANTERN trade-off (cf. LANTERN Fig. 5)", fontsize=9)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
     plt.close(fig)
@@ -103,7 +108,7 @@ def plot_lantern_grid(report: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("sweep", choices=["sjd-ablations", "lantern-grid"])
+    p.add_argument("sweep", choices=["sjd-ablations", "lantern-grid", "lantern-greedy"])
     p.add_argument("--model", default="emoji")
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--num", type=int, default=16)
@@ -118,8 +123,13 @@ def main(argv: list[str] | None = None) -> None:
         rows += [(f"top-k {n}", _sjd_runs(rep)[0]) for n, rep in res["top_k"].items()]
         rows += [(f"refine {r['config']['refine']}", r) for r in _sjd_runs(res["refine"])]
     else:
-        rep = lantern_grid(pipe, out, a.num, a.batch_size)
-        plot_lantern_grid(rep, out / "plots" / "lantern_tradeoff.png")
+        greedy = a.sweep == "lantern-greedy"
+        rep = lantern_grid(pipe, out, a.num, a.batch_size, greedy=greedy)
+        if greedy:
+            plot_lantern_grid(rep, out / "plots" / "lantern_tradeoff_greedy.png",
+                              "LANTERN trade-off, greedy (cf. LANTERN Fig. 5, tau = 0)")
+        else:
+            plot_lantern_grid(rep, out / "plots" / "lantern_tradeoff.png")
         rows = [(json.dumps(r["config"].get("acceptance_config", "exact")), r) for r in rep["runs"]]
     lines = [f"| {a.sweep} | method | step compression | mean accepted length | speedup | fid_proxy |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]

@@ -39,10 +39,17 @@ class Stats:
 
 class GuidedModel:
     """A ``CachedTokenModel`` bound to B samples and a ``Sampling``: runs both CFG halves as one
-    batch of 2B rows and returns the sampling law of API.md for the B samples."""
+    batch of 2B rows and returns the sampling law of API.md for the B samples.
 
-    def __init__(self, model: CachedTokenModel, conditions: torch.Tensor, sampling: Sampling, extra: int) -> None:
+    ``keep_soft``: under greedy sampling every ``prefill``/``forward`` also stores in ``soft`` the
+    temperature-1 law of the same positions (``Sampling.soft_probs``), for rules that relax greedy
+    decoding on it (LANTERN). Otherwise ``soft`` stays None and nothing extra is computed."""
+
+    def __init__(self, model: CachedTokenModel, conditions: torch.Tensor, sampling: Sampling, extra: int,
+                 keep_soft: bool = False) -> None:
         self.model, self.sampling = model, sampling
+        self.keep_soft = keep_soft
+        self.soft: torch.Tensor | None = None  # temperature-1 law of the last call (greedy + keep_soft only)
         self.batch = conditions.shape[0]
         self.cfg = sampling.uses_cfg
         null = torch.full_like(conditions, model.null_condition)
@@ -55,10 +62,10 @@ class GuidedModel:
         return torch.cat([t, t]) if self.cfg else t
 
     def _law(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.cfg:
-            cond, uncond = logits.chunk(2)
-            return self.sampling.probs(cond, uncond)
-        return self.sampling.probs(logits)
+        cond, uncond = logits.chunk(2) if self.cfg else (logits, None)
+        if self.keep_soft and self.sampling.greedy:
+            self.soft = self.sampling.soft_probs(cond, uncond)
+        return self.sampling.probs(cond, uncond)
 
     def prefill(self) -> torch.Tensor:
         """Law (B, V) of image token 0."""

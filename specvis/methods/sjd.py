@@ -136,7 +136,7 @@ class SJD:
             n = ctx.n.clone()
             feed = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), draft], 1)
             p = target.forward(feed, ctx.positions(n - 1, W + 1))  # p[:, j]: law of position n + j
-            accepted, nxt = verify_chain(rule, p, q, draft, gen)
+            accepted, nxt = verify_chain(rule, p, q, draft, gen, soft=ctx.target.soft)
             block = torch.cat([draft, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
             ctx.commit(block, accepted + 1)
             target.set_committed(ctx.n - 1)

@@ -65,7 +65,7 @@ class Speculative:
             q_all, drafts = torch.stack(q_steps, 1), torch.stack(d_steps, 1)
             p_all = target.forward(torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), drafts], 1),
                                    ctx.positions(n - 1, g + 1))
-            accepted, nxt = verify_chain(rule, p_all, q_all, drafts, gen)
+            accepted, nxt = verify_chain(rule, p_all, q_all, drafts, gen, soft=ctx.target.soft)
             block = torch.cat([drafts, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
             ctx.commit(block, accepted + 1)
             target.set_committed(ctx.n - 1)
