@@ -13,7 +13,7 @@ from exactness import check_method, tiny_llamagen
 
 import specvis as sv
 from specvis.accept import Exact
-from specvis.methods.tree import ADTTree, EagleTree, _Adaptive
+from specvis.methods.tree import ADTTree, EagleTree, Tree, _Adaptive, verify_tree
 from specvis.models.base import Layout
 from specvis.models.drafter import EagleDrafter
 
@@ -25,10 +25,11 @@ CASES = {
     "eagle_d2_k2_t4_cfg": (EagleTree(depth=2, top_k=2, total_tokens=4), CFG),
     "eagle_d4_k3_t8_topk": (EagleTree(depth=4, top_k=3, total_tokens=8),
                             sv.Sampling(temperature=1.3, top_k=2, cfg_scale=1.5)),
-    "adt_horizontal_cfg": (ADTTree(depth_range=(1, 4), topk_range=(1, 3), topk_step=1, total_tokens=8), CFG),
-    "adt_random_topp": (ADTTree(init="random", depth_range=(1, 3), topk_range=(2, 3), topk_step=1, total_tokens=6),
+    # open bounds (paper): depths 1..3 / top-k 1..2, depths 1..2 / top-k 2..3, depths 1..2 / top-k 1..2
+    "adt_horizontal_cfg": (ADTTree(depth_range=(0, 4), topk_range=(0, 3), topk_step=1, total_tokens=8), CFG),
+    "adt_random_topp": (ADTTree(init="random", depth_range=(0, 3), topk_range=(1, 4), topk_step=1, total_tokens=6),
                         sv.Sampling(top_p=0.8, cfg_scale=3.0)),
-    "adt_vertical_plain": (ADTTree(init="vertical", beta=0.5, depth_range=(1, 3), topk_range=(1, 3), topk_step=1,
+    "adt_vertical_plain": (ADTTree(init="vertical", beta=0.5, depth_range=(0, 3), topk_range=(0, 3), topk_step=1,
                                    total_tokens=5), sv.Sampling(temperature=1.0)),
 }
 
@@ -52,8 +53,8 @@ def test_tree_is_exact(target, drafter, case):
 class StickyResidual(Exact):
     """Rejected candidates stay in the residual: the law leans towards drafted tokens."""
 
-    def sibling(self, p, x):
-        alpha, _ = super().sibling(p, x)
+    def sibling(self, p, x, **kw):
+        alpha, _ = super().sibling(p, x, **kw)
         return alpha, p
 
 
@@ -76,10 +77,10 @@ def test_greedy_tree_equals_greedy_ar(target, drafter, method):
 
 
 def test_rows_accept_their_own_lengths(target, drafter):
-    """Wide trees over a 4-code vocabulary accept several tokens per target forward, and rows
-    commit different lengths in the same forward (no lock-step)."""
+    """Trees over a 4-code vocabulary accept several tokens per target forward, and rows commit
+    different lengths in the same forward (no lock-step)."""
     cond = torch.arange(32) % 3
-    out = sv.generate(target, cond, EagleTree(depth=3, top_k=3, total_tokens=12), sv.Sampling(temperature=0.0, cfg_scale=2.0),
+    out = sv.generate(target, cond, EagleTree(depth=3, top_k=2, total_tokens=6), sv.Sampling(temperature=0.0, cfg_scale=2.0),
                       drafter=drafter)
     assert out.stats.step_compression > 1.0 and out.stats.draft_forwards > 0
     first = out.stats.accept_map[:, 0, 1]  # tokens committed by the first tree round (grid 0 is the prefill)
@@ -96,24 +97,130 @@ def schedule(method: ADTTree, B: int = 4):
 def test_adt_bisection_and_adjacent_init():
     m = ADTTree(init="horizontal", beta=1.0, depth_step=1, topk_step=3, depth_range=(1, 10), topk_range=(3, 14))
     s, ctx = schedule(m)
-    d, k = s.first(ctx)
+    d, k = s.first(ctx)  # midpoint of the open ranges: depths 2..9, top-k 4..13
     assert d.tolist() == [5] * 4 and k.tolist() == [8] * 4
-    d, k = torch.tensor([3, 3, 2, 10]), torch.tensor([6, 6, 6, 4])
-    accepted = torch.tensor([3, 1, 0, 10])  # alpha 1 (deeper, narrower), 1/3, 0 (shallower, wider), 1 (clamped)
-    ctx.n = torch.tensor([4, 2, 1, 11])
-    d2, k2 = s.next(ctx, d, k, accepted, torch.zeros(4, dtype=torch.long), ctx.n)
-    assert d2.tolist() == [4, 2, 1, 10]
-    assert k2.tolist() == [3, 9, 6, 3]  # row 2: depth would drop to 1, so top_k stays (paper: only when d > 1)
-    assert s.dtab[0, :4].tolist() == [3] * 4 and s.dtab[0, 4].item() == 0  # positions committed by that tree
+    d, k = torch.tensor([3, 3, 2, 9]), torch.tensor([6, 6, 6, 5])
+    accepted = torch.tensor([3, 1, 0, 9])  # tau = accepted + 1: alpha 4/3, 2/3, 1/2, 10/9
+    ctx.n = torch.tensor([5, 3, 2, 11])
+    d2, k2 = s.next(ctx, d, k, accepted, torch.ones(4, dtype=torch.long), accepted + 1)
+    assert d2.tolist() == [4, 2, 2, 9]  # rows 2, 3 clamped into the open range (1, 10)
+    assert k2.tolist() == [4, 9, 6, 4]  # row 2: depth would drop to 1, so top_k stays (paper: only when d > 1)
+    assert s.dtab[0, 1:5].tolist() == [3] * 4 and s.dtab[0, 5].item() == 0  # positions committed by that tree
 
     v = ADTTree(init="vertical", depth_range=(1, 10), topk_range=(3, 14))
-    s, ctx = schedule(v, B=2)
-    # row 0 committed grid 0..4 with (7, 5); row 1 committed grid 0..1 with (2, 10)
-    ctx.n = torch.tensor([5, 2])
-    d3, k3 = s.next(ctx, torch.tensor([7, 2]), torch.tensor([5, 10]), torch.tensor([0, 0]),
-                    torch.zeros(2, dtype=torch.long), torch.tensor([5, 2]))
-    # row 0 drafts grid 5 whose upper neighbour (grid 1) came from (7, 5); row 1 has no upper neighbour
-    assert d3.tolist() == [6, 1] and k3.tolist() == [8, 10]
+    s, ctx = schedule(v, B=3)
+    # row 0 committed grid 1..5 with (7, 5); row 1 committed grid 1 with (2, 10); row 2 committed 1..3 with (6, 7)
+    ctx.n = torch.tensor([6, 2, 4])
+    d3, k3 = s.next(ctx, torch.tensor([7, 2, 6]), torch.tensor([5, 10, 7]), torch.tensor([4, 0, 2]),
+                    torch.ones(3, dtype=torch.long), torch.tensor([5, 1, 3]))
+    # row 0 drafts grid 6 whose upper neighbour (grid 2) came from (7, 5): alpha 5/7 < 1, shallower, wider;
+    # row 1 has no upper neighbour (falls back to its own previous tree); row 2's upper neighbour is grid 0,
+    # committed by the prefill (no tree), so it also falls back: alpha 3/6 < 1
+    assert d3.tolist() == [6, 2, 5] and k3.tolist() == [8, 10, 10]
+
+
+def test_adt_alpha_counts_the_bonus_token():
+    """Paper 002, Sec. III-B: alpha = tau / d-hat with tau the acceptance length including the bonus
+    token. With beta = 1, a depth-d tree that accepted d - 1 drafts (tau = d) is positive: it grows
+    and narrows (accepted / d would shrink it)."""
+    m = ADTTree(beta=1.0, depth_step=1, topk_step=3, depth_range=(0, 10), topk_range=(3, 14))
+    s, ctx = schedule(m, B=3)
+    d, k = torch.tensor([4, 4, 2]), torch.tensor([8, 8, 8])
+    accepted = torch.tensor([3, 2, 1])  # tau 4 (alpha 1), tau 3 (alpha 3/4), tau 2 (alpha 1)
+    ctx.n = 1 + accepted + 1
+    d2, k2 = s.next(ctx, d, k, accepted, torch.ones(3, dtype=torch.long), accepted + 1)
+    assert d2.tolist() == [5, 3, 3] and k2.tolist() == [5, 11, 5]
+    # beta scales the threshold: tau >= beta * d
+    s, ctx = schedule(ADTTree(beta=0.5), B=2)
+    ctx.n = torch.tensor([2, 2])
+    d3, _ = s.next(ctx, torch.tensor([4, 5]), torch.tensor([8, 8]), torch.tensor([1, 1]),
+                   torch.ones(2, dtype=torch.long), torch.tensor([2, 2]))
+    assert d3.tolist() == [5, 4]  # tau 2 >= 0.5 * 4, tau 2 < 0.5 * 5
+
+
+def test_adt_bounds_are_open_intervals():
+    """Paper 002, Sec. IV-B: d_min < d < d_max and k_min < k < k_max, so neither bound is reached."""
+    m = ADTTree(depth_step=1, topk_step=3, depth_range=(1, 4), topk_range=(3, 8))
+    s, ctx = schedule(m, B=4)
+    assert (s.max_depth, s.max_top_k) == (3, 7)
+    ctx.n = torch.tensor([5, 5, 5, 5])
+    d, k = torch.tensor([3, 2, 3, 2]), torch.tensor([4, 7, 5, 6])
+    accepted = torch.tensor([3, 0, 2, 0])  # positive (deeper than 3, narrower than 4), negative (shallower than 2)
+    d2, k2 = s.next(ctx, d, k, accepted, torch.ones(4, dtype=torch.long), accepted + 1)
+    assert d2.tolist() == [3, 2, 3, 2] and k2.tolist() == [4, 7, 4, 6]
+    r = ADTTree(init="random", depth_range=(1, 4), topk_range=(3, 6))
+    s, ctx = schedule(r, B=2000)
+    d, k = s.first(ctx)
+    assert set(d.tolist()) == {2, 3} and set(k.tolist()) == {4, 5}
+    assert ADTTree().depth_range == (0, 10) and ADTTree().topk_range == (3, 14)  # paper's Anole setting
+    s, ctx = schedule(ADTTree(), B=1)
+    assert (s.max_depth, s.max_top_k) == (9, 13) and [t.item() for t in s.first(ctx)] == [5, 8]
+
+
+@pytest.mark.parametrize("method, bound", [(EagleTree(depth=5, top_k=2, total_tokens=4), 3),
+                                           (EagleTree(depth=4, top_k=2, total_tokens=3), 2),
+                                           (ADTTree(depth_range=(0, 10), topk_range=(1, 4), total_tokens=4), 3)],
+                         ids=["eagle_d5_t4", "eagle_d4_t3", "adt_t4"])
+def test_mean_tree_depth_is_the_drafted_depth(target, drafter, method, bound):
+    """mean_tree_depth (d-bar) is the depth reached after the rerank to total_tokens, not the
+    configured depth: total_tokens - 1 nodes cannot reach a deeper level than total_tokens - 1."""
+    out = sv.generate(target, torch.arange(12) % 3, method, sv.Sampling(temperature=1.0, cfg_scale=2.0),
+                      seed=3, drafter=drafter)
+    stats = out.stats.to_dict()
+    assert 1.0 <= stats["mean_tree_depth"] <= bound
+    assert stats["mean_tree_depth"] <= stats["mean_scheduled_depth"]
+
+
+@pytest.mark.parametrize("method", [EagleTree(depth=3, top_k=3, total_tokens=6), ADTTree(total_tokens=8)],
+                         ids=lambda m: m.name)
+def test_mean_tree_depth_averages_the_selected_max_depth(target, drafter, method, monkeypatch):
+    """Per round, build_tree's depth is the max depth of the nodes kept (recomputed here from the
+    tree's children and positions); mean_tree_depth is its mean over active rows and rounds."""
+    import specvis.methods.tree as tree_mod
+
+    build, total = tree_mod.build_tree, [0, 0]
+
+    def spy(ctx, *a, **kw):
+        tree = build(ctx, *a, **kw)
+        kids = tree.children.flatten(1)  # every kept node is its parent's child
+        depth = torch.stack([(tree.positions[b, kids[b][kids[b] >= 0]] - tree.positions[b, 0]).max()
+                             for b in range(kids.shape[0])])
+        assert torch.equal(depth, tree.depth)
+        active = ctx.n < ctx.L
+        total[0] += int((depth * active).sum())
+        total[1] += int(active.sum())
+        return tree
+
+    monkeypatch.setattr(tree_mod, "build_tree", spy)
+    out = sv.generate(target, torch.arange(12) % 3, method, sv.Sampling(temperature=1.0, cfg_scale=2.0),
+                      seed=3, drafter=drafter)
+    assert total[1] > 0
+    assert out.stats.to_dict()["mean_tree_depth"] == pytest.approx(total[0] / total[1])
+
+
+def test_verify_tree_alone_and_soft_reaches_every_sibling_try():
+    """verify_tree on a hand-made tree: root -> (rank 0: token 2 at node 1, rank 1: token 1 at node 2),
+    node 1 -> token 3 at node 3. Point-mass laws: the root wants 1, node 2 wants 0. Rank 0 is rejected,
+    rank 1 accepted, node 2 is a leaf: accepted 1, block (1, 0). The same ``soft`` tensor goes to
+    every sibling try; with soft=None the rule is called without it."""
+    tree = Tree(tokens=torch.tensor([[0, 2, 1, 3]]), positions=torch.tensor([[4, 5, 5, 6]]), mask=None,
+                children=torch.tensor([[[1, 2], [3, -1], [-1, -1], [-1, -1]]]), depth=torch.tensor([2]),
+                levels=2, forwards=0)
+    p = torch.nn.functional.one_hot(torch.tensor([[1, 3, 0, 0]]), 4).float()
+    soft = torch.full((1, 4, 4), 0.25)
+    seen = []
+
+    class Recording(Exact):
+        def sibling(self, p, x, **kw):
+            seen.append(kw.get("soft", "absent"))
+            return super().sibling(p, x)
+
+    v = verify_tree(Recording(), tree, p, torch.Generator().manual_seed(0), soft=soft)
+    assert v.accepted.tolist() == [1] and v.path.tolist() == [[2, 0]] and v.block[0, :2].tolist() == [1, 0]
+    assert len(seen) == 2 and all(t is soft for t in seen) and torch.equal(soft, torch.full((1, 4, 4), 0.25))
+    seen.clear()
+    verify_tree(Recording(), tree, p, torch.Generator().manual_seed(0))
+    assert seen == ["absent", "absent"]
 
 
 def test_config_errors_name_the_field(target):
@@ -121,7 +228,8 @@ def test_config_errors_name_the_field(target):
         with pytest.raises(ValueError, match=field):
             EagleTree(**bad)
     for bad, field in [({"init": "diagonal"}, "init"), ({"beta": 0}, "beta"), ({"depth_range": (3, 2)}, "depth_range"),
-                       ({"topk_range": (0, 4)}, "topk_range"), ({"depth_step": -1}, "depth_step")]:
+                       ({"topk_range": (2, 3)}, "topk_range"),
+                       ({"depth_range": (-1, 4)}, "depth_range"), ({"depth_step": -1}, "depth_step")]:
         with pytest.raises(ValueError, match=field):
             ADTTree(**bad)
     assert ADTTree(depth_range=[2, 5]).depth_range == (2, 5)

@@ -1,24 +1,32 @@
 """EAGLE-2 dynamic draft trees (Li et al. 2024) and ADT-Tree adjacency-adaptive trees, batched.
 
-One round per target forward, every row with its own tree and its own accepted length:
+One round per target forward, every row with its own tree and its own accepted length, in three
+steps (each a plain function over batched tensors):
 
-1. Drafter catch-up: the tokens committed by the last round are fed to the EAGLE head with the
+1. ``build_tree``: the tokens committed by the last round are fed to the EAGLE head with the
    target's true features (its cache then holds every committed token); the last one is the root.
-2. Tree: depth by depth, the top-k children of each expanded node (by draft probability of the
-   guided drafter logits) join a candidate pool scored by cumulative log-probability; the top-k
-   candidates of each depth are expanded by one drafter forward over that depth (tree mask). The pool
-   is reranked and the best ``total_tokens - 1`` nodes form the tree. A stable sort on the pool laid
-   out depth by depth keeps every parent ahead of its children, so the tree is ancestor-closed.
-3. One target forward over root + tree with the tree mask and per-node grid positions.
-4. Verification with the rule's ``sibling(p, x)``: at a node, children are tried in draft-rank order,
-   each accepted with the rule's alpha against the current residual (Exact: p(x); on rejection zero
-   it and renormalise); an accepted child continues the walk, else the next token is drawn from the
-   residual (from p at a leaf). Candidates depend only on the committed prefix, so with ``Exact`` the
-   output law is exactly the target's. Every node's sibling walk runs in parallel (a loop over rank);
-   the path is then followed with one gather per depth.
-5. ``ctx.commit``; the target keeps root + accepted path with one ``keep_block``.
+   Then depth by depth, the top-k children of each expanded node (by draft probability of the guided
+   drafter logits) join a candidate pool scored by cumulative log-probability; the top-k candidates
+   of each depth are expanded by one drafter forward over that depth (tree mask). The pool is
+   reranked and the best ``total_tokens - 1`` nodes form the tree. A stable sort on the pool laid out
+   depth by depth keeps every parent ahead of its children, so the tree is ancestor-closed.
+2. One target forward over root + tree with the tree mask and per-node grid positions, then
+   ``verify_tree`` with the rule's ``sibling(p, x, soft=...)``: at a node, children are tried in
+   draft-rank order, each accepted with the rule's alpha against the current residual (Exact: p(x);
+   on rejection zero it and renormalise); an accepted child continues the walk, else the next token
+   is drawn from the residual (from p at a leaf). Candidates depend only on the committed prefix, so with ``Exact``
+   the output law is exactly the target's. Every node's sibling walk runs in parallel (a loop over
+   rank); the path is then followed with one gather per depth.
+3. ``compact``: ``ctx.commit``; the target keeps root + accepted path with one ``keep_block``; the
+   features of those tokens feed the drafter's catch-up next round.
 
-Tree building loops over depth only; there is no Python loop over nodes, rows or vocabulary.
+Tree building loops over depth only; there is no Python loop over nodes, rows or vocabulary, and a
+round makes at most one host sync (the ADT schedule's tree size, or ``ctx.done`` for fixed trees).
+
+``ctx.extra``: ``draft_forwards``; ``mean_tree_depth`` (d-bar of the ADT-Tree paper, Sec. V-A: the
+depth of the trees actually drafted, i.e. the deepest node that survives the rerank to
+``total_tokens``, averaged over active rows and rounds); ``mean_scheduled_depth`` (the depth the tree
+was built to before the rerank: ``depth`` for EAGLE-2, the schedule's d-hat for ADT-Tree).
 """
 
 from __future__ import annotations
@@ -73,16 +81,33 @@ class EagleTree(_TreeMethod):
 
 @dataclass(frozen=True)
 class ADTTree(_TreeMethod):
-    """ADT-Tree: each tree's (depth, top_k) starts from the left (``horizontal``) or upper
-    (``vertical``) neighbour's tree or uniformly at random (``random``), then moves by one bisection
-    step: acceptance rate (accepted / depth of the previous tree) >= ``beta``: deeper by ``depth_step``
-    and narrower by ``topk_step``, else shallower and wider; clamped to the ranges."""
+    """ADT-Tree (Lei et al., paper 002, Sec. IV): each tree's depth d-hat and width (top-k) k-hat.
+
+    Initialisation (Sec. IV-A): from the tree that committed the left neighbour (``horizontal``: the
+    previous tree of the row), the upper neighbour (``vertical``; the previous tree where there is no
+    upper neighbour or it came from the prefill), or uniformly at random (``random``).
+    Adaptation (eq. 2): the acceptance rate of the previous tree is alpha = tau / d with tau its
+    acceptance length *including* the bonus token (accepted + 1; Sec. III-B, and tau = accept_length
+    + 1 in the authors' code) and d its scheduled depth. alpha >= ``beta``: d + ``depth_step`` and
+    k - ``topk_step`` (deeper, narrower), else d - ``depth_step`` and k + ``topk_step``; k changes only
+    when the new depth d-tilde +- l_d > 1 (Sec. IV-B, last paragraph).
+
+    Bounds (Sec. IV-B): ``depth_range=(d_min, d_max)`` and ``topk_range=(k_min, k_max)`` are *open*
+    intervals, d_min < d < d_max and k_min < k < k_max; the defaults are the paper's Anole setting
+    (Sec. V-A: (0, 10) and (3, 14), beta 1, l_d 1, l_k 3), i.e. depths 1..9 and top-k 4..13. Values
+    are clamped into the interval; ``random`` draws uniformly from its integers.
+
+    First tree (no neighbour yet; the authors' public code does not contain the schedule): the
+    midpoint of the admissible integers, ((d_min + d_max) // 2, (k_min + k_max) // 2) -- equidistant
+    from both bounds, so bisection reaches either end in the fewest rounds; for the defaults this is
+    depth 5, the EAGLE-2 depth the paper compares against (Fig. 3, Table I), and top-k 8. With
+    ``random`` the first tree is drawn like every other one."""
 
     init: str = "horizontal"
     beta: float = 1.0
     depth_step: int = 1
     topk_step: int = 3
-    depth_range: tuple[int, int] = (1, 10)
+    depth_range: tuple[int, int] = (0, 10)
     topk_range: tuple[int, int] = (3, 14)
     total_tokens: int = 60
     acceptance: object = field(default_factory=Exact)
@@ -100,8 +125,9 @@ class ADTTree(_TreeMethod):
             value = getattr(self, name)
             ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
                 isinstance(v, int) and not isinstance(v, bool) for v in value)
-            if not ok or not 1 <= value[0] <= value[1]:
-                raise ValueError(f"ADTTree.{name} must be two integers 1 <= low <= high, got {value!r}")
+            if not ok or not 0 <= value[0] <= value[1] - 2:
+                raise ValueError(f"ADTTree.{name} must be an open interval (low, high) of integers with "
+                                 f"0 <= low and at least one integer inside (low + 2 <= high), got {value!r}")
             object.__setattr__(self, name, tuple(value))
 
     def decode(self, ctx: DecodeContext) -> None:
@@ -125,25 +151,27 @@ class _Fixed:
 
 
 class _Adaptive:
-    """ADT-Tree schedule: per-position record of the tree that committed each token, adjacent
-    initialisation and bisection adaptation, all per row on the device."""
+    """ADT-Tree schedule (see ``ADTTree``): per-position record of the tree that committed each token,
+    adjacent initialisation and bisection adaptation (eq. 2), all per row on the device."""
 
     def __init__(self, m: ADTTree, ctx: DecodeContext) -> None:
         self.m = m
-        self.max_depth, self.max_top_k = m.depth_range[1], m.topk_range[1]
+        (dl, dh), (kl, kh) = m.depth_range, m.topk_range
+        self.dlim, self.klim = (dl + 1, dh - 1), (kl + 1, kh - 1)  # open bounds as closed integer ranges
+        self.max_depth, self.max_top_k = self.dlim[1], self.klim[1]
         self.static = False
         shape = ctx.tokens.shape
-        self.dtab = torch.zeros(shape, dtype=torch.long, device=ctx.device)
+        self.dtab = torch.zeros(shape, dtype=torch.long, device=ctx.device)  # 0: no tree (prefill)
         self.ktab = torch.zeros(shape, dtype=torch.long, device=ctx.device)
 
     def first(self, ctx: DecodeContext) -> tuple[torch.Tensor, torch.Tensor]:
-        (dl, dh), (kl, kh) = self.m.depth_range, self.m.topk_range
         if self.m.init == "random":
             return self._random(ctx)
+        (dl, dh), (kl, kh) = self.dlim, self.klim
         return torch.full_like(ctx.n, (dl + dh) // 2), torch.full_like(ctx.n, (kl + kh) // 2)
 
     def _random(self, ctx: DecodeContext) -> tuple[torch.Tensor, torch.Tensor]:
-        (dl, dh), (kl, kh) = self.m.depth_range, self.m.topk_range
+        (dl, dh), (kl, kh) = self.dlim, self.klim
         B = ctx.n.shape[0]
         d = torch.randint(dl, dh + 1, (B,), generator=ctx.generator, device=ctx.device)
         k = torch.randint(kl, kh + 1, (B,), generator=ctx.generator, device=ctx.device)
@@ -151,9 +179,11 @@ class _Adaptive:
 
     def next(self, ctx: DecodeContext, d: torch.Tensor, k: torch.Tensor, accepted: torch.Tensor,
              n_old: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d, k) of the next tree from the previous tree's scheduled (d, k), its accepted draft
+        tokens (bonus excluded) and the ``count`` tokens it committed from grid index ``n_old``."""
         m = self.m
         width = self.dtab.shape[1]
-        j = torch.arange(int(m.depth_range[1]) + 1, device=ctx.device)
+        j = torch.arange(self.max_depth + 1, device=ctx.device)
         idx = (n_old[:, None] + j).clamp_max(width - 1)
         write = j[None, :] < count[:, None]
         self.dtab.scatter_(1, idx, torch.where(write, d[:, None], self.dtab.gather(1, idx)))
@@ -162,19 +192,20 @@ class _Adaptive:
         if m.init == "horizontal":
             d0, k0 = d, k
         elif m.init == "vertical":
-            up = n - ctx.layout.width
-            have = up >= 0
-            d0 = torch.where(have, self.dtab.gather(1, up.clamp_min(0)[:, None]).squeeze(1), d)
-            k0 = torch.where(have, self.ktab.gather(1, up.clamp_min(0)[:, None]).squeeze(1), k)
+            up = (n - ctx.layout.width).clamp_min(0)[:, None]
+            d_up, k_up = self.dtab.gather(1, up).squeeze(1), self.ktab.gather(1, up).squeeze(1)
+            have = (n >= ctx.layout.width) & (d_up > 0)
+            d0, k0 = torch.where(have, d_up, d), torch.where(have, k_up, k)
         else:
             d0, k0 = self._random(ctx)
-        good = accepted.float() >= m.beta * d.float()  # alpha = accepted / depth >= beta
+        tau = accepted + 1  # acceptance length including the bonus token
+        good = tau.float() >= m.beta * d.float()  # alpha = tau / d >= beta
         d_raw = torch.where(good, d0 + m.depth_step, d0 - m.depth_step)
         k_new = torch.where(d_raw > 1, torch.where(good, k0 - m.topk_step, k0 + m.topk_step), k0)
-        return d_raw.clamp(*m.depth_range), k_new.clamp(*m.topk_range)
+        return d_raw.clamp(*self.dlim), k_new.clamp(*self.klim)
 
 
-# ---------------------------------------------------------------- the shared loop
+# ---------------------------------------------------------------- the three steps of a round
 def _log_draft(logits: torch.Tensor, ctx: DecodeContext) -> torch.Tensor:
     """Draft ranking scores: log-softmax of the guided drafter logits at the sampling temperature
     (temperature 1 when greedy, so alternatives to the argmax keep their order)."""
@@ -193,6 +224,169 @@ def _stable_top(key: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
     return order.gather(1, first)[:, :n]
 
 
+def _rows(ctx: DecodeContext, t: torch.Tensor) -> torch.Tensor:
+    """Per-row tensor for both CFG halves of the drafter / target rows."""
+    return torch.cat([t, t]) if ctx.target.cfg else t
+
+
+@dataclass
+class Tree:
+    """One round's draft tree; position 0 is the root (the last committed token), 1.. the nodes."""
+
+    tokens: torch.Tensor  # (B, T)
+    positions: torch.Tensor  # (B, T) grid positions (root: n - 1, node at depth j: n - 1 + j)
+    mask: torch.Tensor  # (B, T, T) bool, node attends to itself and its ancestors
+    children: torch.Tensor  # (B, T, K) tree positions of each node's children by draft rank, -1 none
+    depth: torch.Tensor  # (B,) deepest selected node (the drafted tree's depth)
+    levels: int  # D, the deepest level any row may reach (path length bound)
+    forwards: int  # drafter forwards spent
+
+
+@dataclass
+class Verdict:
+    """Outcome of ``verify_tree``: per row the accepted path and the block to commit."""
+
+    accepted: torch.Tensor  # (B,) accepted draft tokens (bonus excluded)
+    path: torch.Tensor  # (B, D) tree positions of the accepted nodes (0 beyond)
+    block: torch.Tensor  # (B, D + 1) accepted tokens then the residual / bonus token
+
+
+def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d_row: torch.Tensor,
+               k_row: torch.Tensor, D: int, K: int, total_tokens: int) -> Tree:
+    """Drafter catch-up on the ``count`` tokens committed last round (target features ``pending``),
+    then the EAGLE-2 tree of per-row depth ``d_row`` <= D and width ``k_row`` <= K, reranked to
+    ``total_tokens - 1`` nodes (EAGLE-2, Sec. 4: expand by top-k, rerank by cumulative draft log-prob)."""
+    drafter, dev = ctx.drafter, ctx.device
+    B, V = ctx.n.shape[0], ctx.layout.vocab_size
+    n = ctx.n
+    Dm = pending.shape[-1]
+
+    # drafter catch-up on the last committed tokens; the root's feature predicts depth 1
+    m = pending.shape[1]
+    pos = (n - count)[:, None] + torch.arange(m, device=dev)
+    toks = ctx.tokens.gather(1, pos.clamp_max(ctx.tokens.shape[1] - 1))
+    logits, feats = drafter.forward_tokens(_rows(ctx, toks), pending, _rows(ctx, pos))
+    drafter.commit(_rows(ctx, count))
+    forwards = 1
+    last = _rows(ctx, (count - 1).clamp_min(0))[:, None, None]
+    root_feat = feats.gather(1, last.expand(-1, 1, Dm))  # (R, 1, Dm)
+    root_lp = _log_draft(logits.gather(1, last.expand(-1, 1, V)), ctx)[:, 0]  # (B, V)
+
+    # candidates pool, depth by depth
+    rank = torch.arange(K, device=dev)
+    score, tok = root_lp.topk(K, dim=-1)
+    valid = rank[None] < k_row[:, None]
+    pool_tok, pool_score, pool_valid = [tok], [score], [valid]
+    pool_par = [torch.full_like(tok, -1)]
+    pool_depth = [torch.ones_like(tok)]
+    pool_rank = [rank[None].expand(B, -1)]
+    exp_pool, exp_tok, exp_score, exp_valid = rank[None].expand(B, -1), tok, score, valid
+    exp_feat = root_feat.expand(-1, K, -1)
+    anc = torch.eye(K, dtype=torch.bool, device=dev)[None].expand(B, -1, -1)
+    eye = anc
+    offset = K
+    for d in range(2, D + 1):
+        lg, f = drafter.forward_tokens(_rows(ctx, exp_tok), exp_feat, _rows(ctx, (n + d - 2)[:, None].expand(-1, K)),
+                                       _rows(ctx, anc), start=(d - 2) * K)
+        forwards += 1
+        cs, ct = _log_draft(lg, ctx).topk(K, dim=-1)  # (B, K, K)
+        c_score = (exp_score[:, :, None] + cs).flatten(1)
+        c_valid = (exp_valid[:, :, None] & (rank[None, None] < k_row[:, None, None])
+                   & (d <= d_row)[:, None, None]).flatten(1)
+        c_tok = ct.flatten(1)
+        pool_tok.append(c_tok)
+        pool_score.append(c_score)
+        pool_valid.append(c_valid)
+        pool_par.append(exp_pool[:, :, None].expand(-1, -1, K).flatten(1))
+        pool_depth.append(torch.full_like(c_tok, d))
+        pool_rank.append(rank[None, None].expand(B, K, -1).flatten(1))
+        if d < D:
+            sel = _stable_top(c_score, c_valid, K)  # (B, K) of K*K
+            parent = sel // K
+            exp_pool, exp_tok, exp_score = offset + sel, c_tok.gather(1, sel), c_score.gather(1, sel)
+            exp_valid = c_valid.gather(1, sel) & (rank[None] < k_row[:, None])
+            exp_feat = f.gather(1, _rows(ctx, parent)[:, :, None].expand(-1, -1, Dm))
+            anc = torch.cat([anc.gather(1, parent[:, :, None].expand(-1, -1, anc.shape[2])), eye], dim=2)
+        offset += K * K
+
+    # rerank: the best total_tokens - 1 nodes, parents first
+    p_tok, p_score, p_valid = torch.cat(pool_tok, 1), torch.cat(pool_score, 1), torch.cat(pool_valid, 1)
+    p_par, p_depth, p_rank = torch.cat(pool_par, 1), torch.cat(pool_depth, 1), torch.cat(pool_rank, 1)
+    N = min(total_tokens - 1, p_tok.shape[1])
+    sel = _stable_top(p_score, p_valid, N)  # (B, N) pool indices, parents first
+    s_tok, s_par, s_valid = p_tok.gather(1, sel), p_par.gather(1, sel), p_valid.gather(1, sel)
+    s_depth, s_rank = p_depth.gather(1, sel), p_rank.gather(1, sel)
+    inv = torch.full_like(p_tok, -1).scatter(1, sel, torch.arange(1, N + 1, device=dev)[None].expand(B, -1))
+    s_ppos = torch.where(s_par < 0, torch.zeros_like(s_par), inv.gather(1, s_par.clamp_min(0)))
+    s_valid = s_valid & (s_ppos >= 0)
+    s_ppos = torch.where(s_valid, s_ppos, torch.zeros_like(s_ppos))
+    T = N + 1
+    parent_all = torch.cat([torch.zeros_like(n)[:, None], s_ppos], 1)  # (B, T); root is its own parent
+    eyeT = torch.eye(T, dtype=torch.bool, device=dev)[None].expand(B, -1, -1)
+    mask = eyeT
+    for _ in range(D):
+        mask = eyeT | mask.gather(1, parent_all[:, :, None].expand(-1, -1, T))
+    children = torch.full((B, T * K + 1), -1, dtype=torch.long, device=dev)
+    slot = torch.where(s_valid, s_ppos * K + s_rank, torch.full_like(s_rank, T * K))
+    children.scatter_(1, slot, torch.arange(1, T, device=dev)[None].expand(B, -1))
+    children = children[:, :-1].view(B, T, K)
+
+    # padding nodes (fewer valid nodes than N) hang off the root: position n, like their mask says
+    s_depth = torch.where(s_valid, s_depth, torch.ones_like(s_depth))
+    tokens = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), s_tok], 1)
+    positions = (n - 1)[:, None] + torch.cat([torch.zeros_like(n)[:, None], s_depth], 1)
+    depth = torch.where(s_valid, s_depth, torch.zeros_like(s_depth)).amax(1)
+    return Tree(tokens, positions, mask, children, depth, D, forwards)
+
+
+def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | None,
+                soft: torch.Tensor | None = None) -> Verdict:
+    """Multi-candidate verification (EAGLE-2 / SpecInfer): the sibling walk of every node in
+    parallel against the target laws ``p`` (B, T, V) of the tree nodes, then the accepted path.
+    ``soft`` (B, T, V), the temperature-1 target laws of the same nodes for rules that need them
+    (greedy LANTERN), goes unchanged to every sibling try. Draws: one uniform (B, T) per rank, then
+    one sample of the residuals."""
+    B, T, K = tree.children.shape
+    children = tree.children
+    kw = {} if soft is None else {"soft": soft}
+    c_tok = tree.tokens.gather(1, children.clamp_min(0).flatten(1)).view(B, T, K)
+    c_ok = children >= 0
+    outcome = torch.full((B, T), -1, dtype=torch.long, device=p.device)
+    for r in range(K):
+        alpha, residual = rule.sibling(p, c_tok[..., r], **kw)
+        live = c_ok[..., r] & (outcome < 0)
+        acc = live & (uniform((B, T), p, generator) < alpha)
+        outcome = torch.where(acc, r, outcome)
+        p = torch.where((live & ~acc)[..., None], normalise(residual, p), p)
+    final = sample(p, generator)  # (B, T): residual draw at every node (p itself at a leaf)
+    acc_child = torch.where(outcome >= 0, children.gather(2, outcome.clamp_min(0)[..., None]).squeeze(-1),
+                            torch.full_like(outcome, -1))
+    cur = torch.zeros(B, dtype=torch.long, device=p.device)
+    alive = torch.ones(B, dtype=torch.bool, device=p.device)
+    accepted = torch.zeros_like(cur)
+    path = []
+    for _ in range(tree.levels):
+        nxt = acc_child.gather(1, cur[:, None]).squeeze(1)
+        ok = alive & (nxt >= 0)
+        path.append(torch.where(ok, nxt, torch.zeros_like(nxt)))
+        cur, alive, accepted = torch.where(ok, nxt, cur), ok, accepted + ok.long()
+    path = torch.stack(path, 1)
+    z = final.gather(1, cur[:, None])
+    block = torch.cat([tree.tokens.gather(1, path), z], 1).scatter(1, accepted[:, None], z)
+    return Verdict(accepted, path, block)
+
+
+def compact(ctx: DecodeContext, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Commit root-path tokens + the residual token, keep root + path in the target cache; returns
+    the committed counts and the target features (R, D + 1, Dm) the drafter lacks next round."""
+    count = ctx.commit(verdict.block, verdict.accepted + 1)
+    keep = torch.cat([torch.zeros_like(verdict.accepted)[:, None], verdict.path], 1)
+    ctx.target.keep_block(keep, count)
+    hidden = ctx.target.hidden
+    pending = hidden.gather(1, _rows(ctx, keep)[:, :, None].expand(-1, -1, hidden.shape[-1]))
+    return count, pending
+
+
 def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape) -> None:
     drafter, target, rule, gen = ctx.drafter, ctx.target, ctx.rule, ctx.generator
     if drafter is None:
@@ -200,17 +394,12 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape) -> No
     if not hasattr(rule, "sibling"):
         raise ValueError(f"acceptance rule {getattr(rule, 'name', rule)!r} has no sibling rule for draft trees")
     drafter.attach(target.model)
-    dev, B, V, L = ctx.device, target.batch, ctx.layout.vocab_size, ctx.L
-    cfg = target.cfg
-
-    def rows(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t, t]) if cfg else t
-
-    R = 2 * B if cfg else B
+    dev, V, L = ctx.device, ctx.layout.vocab_size, ctx.L
     Dmax, Kmax = shape.max_depth, min(shape.max_top_k, V)
-    drafter.setup_cache(R, extra=Dmax + 2 + Dmax * Kmax)
+    drafter.setup_cache(2 * target.batch if target.cfg else target.batch, extra=Dmax + 2 + Dmax * Kmax)
     n_draft = 0
     depth_sum = torch.zeros((), dtype=torch.long, device=dev)
+    sched_sum = torch.zeros((), dtype=torch.long, device=dev)
     depth_cnt = torch.zeros((), dtype=torch.long, device=dev)
 
     x0 = sample(target.prefill(), gen)
@@ -218,7 +407,7 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape) -> No
     pending = target.hidden[:, None]  # (R, m, Dm): target features of the tokens the drafter lacks
     d_row, k_row = shape.first(ctx)
     while True:
-        if shape.static:
+        if shape.static:  # the one host sync of the round
             if ctx.done():
                 break
             D, K = Dmax, Kmax
@@ -227,118 +416,21 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape) -> No
             if done:
                 break
             K = min(K, V)
-        n = ctx.n.clone()
-        active = n < L
-        depth_sum += (d_row * active).sum()
-        depth_cnt += active.sum()
-        Dm = pending.shape[-1]
-
-        # 1. drafter catch-up on the last committed tokens; the root's feature predicts depth 1
-        m = pending.shape[1]
-        pos = (n - count)[:, None] + torch.arange(m, device=dev)
-        toks = ctx.tokens.gather(1, pos.clamp_max(ctx.tokens.shape[1] - 1))
-        logits, feats = drafter.forward_tokens(rows(toks), pending, rows(pos))
-        drafter.commit(rows(count))
-        n_draft += 1
-        last = rows((count - 1).clamp_min(0))[:, None, None]
-        root_feat = feats.gather(1, last.expand(-1, 1, Dm))  # (R, 1, Dm)
-        root_lp = _log_draft(logits.gather(1, last.expand(-1, 1, V)), ctx)[:, 0]  # (B, V)
-
-        # 2. the tree: candidates pool, depth by depth
-        rank = torch.arange(K, device=dev)
-        score, tok = root_lp.topk(K, dim=-1)
-        valid = rank[None] < k_row[:, None]
-        pool_tok, pool_score, pool_valid = [tok], [score], [valid]
-        pool_par = [torch.full_like(tok, -1)]
-        pool_depth = [torch.ones_like(tok)]
-        pool_rank = [rank[None].expand(B, -1)]
-        exp_pool, exp_tok, exp_score, exp_valid = rank[None].expand(B, -1), tok, score, valid
-        exp_feat = root_feat.expand(-1, K, -1)
-        anc = torch.eye(K, dtype=torch.bool, device=dev)[None].expand(B, -1, -1)
-        eye = anc
-        offset = K
-        for d in range(2, D + 1):
-            lg, f = drafter.forward_tokens(rows(exp_tok), exp_feat, rows((n + d - 2)[:, None].expand(-1, K)),
-                                           rows(anc), start=(d - 2) * K)
-            n_draft += 1
-            cs, ct = _log_draft(lg, ctx).topk(K, dim=-1)  # (B, K, K)
-            c_score = (exp_score[:, :, None] + cs).flatten(1)
-            c_valid = (exp_valid[:, :, None] & (rank[None, None] < k_row[:, None, None])
-                       & (d <= d_row)[:, None, None]).flatten(1)
-            c_tok = ct.flatten(1)
-            pool_tok.append(c_tok)
-            pool_score.append(c_score)
-            pool_valid.append(c_valid)
-            pool_par.append(exp_pool[:, :, None].expand(-1, -1, K).flatten(1))
-            pool_depth.append(torch.full_like(c_tok, d))
-            pool_rank.append(rank[None, None].expand(B, K, -1).flatten(1))
-            if d < D:
-                sel = _stable_top(c_score, c_valid, K)  # (B, K) of K*K
-                parent = sel // K
-                exp_pool, exp_tok, exp_score = offset + sel, c_tok.gather(1, sel), c_score.gather(1, sel)
-                exp_valid = c_valid.gather(1, sel) & (rank[None] < k_row[:, None])
-                exp_feat = f.gather(1, rows(parent)[:, :, None].expand(-1, -1, Dm))
-                anc = torch.cat([anc.gather(1, parent[:, :, None].expand(-1, -1, anc.shape[2])), eye], dim=2)
-            offset += K * K
-        p_tok, p_score, p_valid = torch.cat(pool_tok, 1), torch.cat(pool_score, 1), torch.cat(pool_valid, 1)
-        p_par, p_depth, p_rank = torch.cat(pool_par, 1), torch.cat(pool_depth, 1), torch.cat(pool_rank, 1)
-        N = min(total_tokens - 1, p_tok.shape[1])
-        sel = _stable_top(p_score, p_valid, N)  # (B, N) pool indices, parents first
-        s_tok, s_par, s_valid = p_tok.gather(1, sel), p_par.gather(1, sel), p_valid.gather(1, sel)
-        s_depth, s_rank = p_depth.gather(1, sel), p_rank.gather(1, sel)
-        inv = torch.full_like(p_tok, -1).scatter(1, sel, torch.arange(1, N + 1, device=dev)[None].expand(B, -1))
-        s_ppos = torch.where(s_par < 0, torch.zeros_like(s_par), inv.gather(1, s_par.clamp_min(0)))
-        s_valid = s_valid & (s_ppos >= 0)
-        s_ppos = torch.where(s_valid, s_ppos, torch.zeros_like(s_ppos))
-        T = N + 1
-        parent_all = torch.cat([torch.zeros_like(n)[:, None], s_ppos], 1)  # (B, T); root is its own parent
-        eyeT = torch.eye(T, dtype=torch.bool, device=dev)[None].expand(B, -1, -1)
-        mask = eyeT
-        for _ in range(D):
-            mask = eyeT | mask.gather(1, parent_all[:, :, None].expand(-1, -1, T))
-        children = torch.full((B, T * K + 1), -1, dtype=torch.long, device=dev)
-        slot = torch.where(s_valid, s_ppos * K + s_rank, torch.full_like(s_rank, T * K))
-        children.scatter_(1, slot, torch.arange(1, T, device=dev)[None].expand(B, -1))
-        children = children[:, :-1].view(B, T, K)
-
-        # 3. one target forward over root + tree
-        tree_tok = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), s_tok], 1)
-        tree_pos = (n - 1)[:, None] + torch.cat([torch.zeros_like(n)[:, None], s_depth], 1)
-        p = target.forward(tree_tok, tree_pos, mask)  # (B, T, V)
-
-        # 4. sibling walks at every node in parallel, then follow the accepted path
-        c_tok = tree_tok.gather(1, children.clamp_min(0).flatten(1)).view(B, T, K)
-        c_ok = children >= 0
-        outcome = torch.full((B, T), -1, dtype=torch.long, device=dev)
-        for r in range(K):
-            alpha, residual = rule.sibling(p, c_tok[..., r])
-            live = c_ok[..., r] & (outcome < 0)
-            acc = live & (uniform((B, T), p, gen) < alpha)
-            outcome = torch.where(acc, r, outcome)
-            p = torch.where((live & ~acc)[..., None], normalise(residual, p), p)
-        final = sample(p, gen)  # (B, T): residual draw at every node (p itself at a leaf)
-        acc_child = torch.where(outcome >= 0, children.gather(2, outcome.clamp_min(0)[..., None]).squeeze(-1),
-                                torch.full_like(outcome, -1))
-        cur = torch.zeros_like(n)
-        alive = torch.ones_like(active)
-        accepted = torch.zeros_like(n)
-        path = []
-        for _ in range(D):
-            nxt = acc_child.gather(1, cur[:, None]).squeeze(1)
-            ok = alive & (nxt >= 0)
-            path.append(torch.where(ok, nxt, torch.zeros_like(nxt)))
-            cur, alive, accepted = torch.where(ok, nxt, cur), ok, accepted + ok.long()
-        path = torch.stack(path, 1)  # (B, D) tree positions of the accepted nodes (0 beyond)
-        z = final.gather(1, cur[:, None])
-        block = torch.cat([tree_tok.gather(1, path), z], 1).scatter(1, accepted[:, None], z)
+        active = ctx.n < L
         n_old = ctx.n.clone()
-        count = ctx.commit(block, accepted + 1)
 
-        # 5. caches: the target keeps root + path; the drafter gets their features next round
-        keep = torch.cat([torch.zeros_like(n)[:, None], path], 1)
-        target.keep_block(keep, count)
-        pending = target.hidden.gather(1, rows(keep)[:, :, None].expand(-1, -1, Dm))
-        d_row, k_row = shape.next(ctx, d_row, k_row, accepted, n_old, count)
+        tree = build_tree(ctx, pending, count, d_row, k_row, D, K, total_tokens)
+        n_draft += tree.forwards
+        depth_sum += (tree.depth * active).sum()
+        sched_sum += (d_row * active).sum()
+        depth_cnt += active.sum()
 
+        p = target.forward(tree.tokens, tree.positions, tree.mask)  # (B, T, V)
+        verdict = verify_tree(rule, tree, p, gen, soft=getattr(target, "soft", None))
+        count, pending = compact(ctx, verdict)
+        d_row, k_row = shape.next(ctx, d_row, k_row, verdict.accepted, n_old, count)
+
+    cnt = max(int(depth_cnt), 1)
     ctx.extra["draft_forwards"] = n_draft
-    ctx.extra["mean_tree_depth"] = float(depth_sum) / max(int(depth_cnt), 1)
+    ctx.extra["mean_tree_depth"] = float(depth_sum) / cnt
+    ctx.extra["mean_scheduled_depth"] = float(sched_sum) / cnt
