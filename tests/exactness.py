@@ -3,7 +3,10 @@ empirical law against it with a chi-square test. Later methods plug in through `
 
 The joint law of a whole grid is the product over positions of the sampling law
 (CFG -> temperature -> top-k -> top-p -> softmax) of the teacher-forced target logits, so it is
-computed for all V**L grids by one batched ``logits`` call per condition.
+computed for all V**L grids by one batched ``logits`` call per condition, through the tests' own
+implementation of the pipeline (tests/reference.py), never through ``specvis.sampling``. The tiny
+models' laws depend on the whole prefix and on position (``dependence``), so a method that
+conditions on the wrong context or position shifts the law, not only one that mis-samples.
 """
 
 from __future__ import annotations
@@ -15,23 +18,73 @@ import torch
 from scipy import stats as sps
 
 import specvis as sv
+from reference import sampling_law
 
 N_SAMPLES = 20_000  # per configuration, split evenly over its conditions
 BATCH = 10_000
 
 
 def tiny_llamagen(seed: int, vocab: int = 4, grid: int = 2, dim: int = 32, n_layer: int = 2,
-                  num_classes: int = 3, sharpness: float = 40.0) -> sv.models.LlamaGen:
-    """A random LlamaGen whose next-token laws are far from uniform (output weights scaled up)."""
+                  num_classes: int = 3, sharpness: float = 12.0, attention: float = 30.0,
+                  value: float = 5.0, embed: float = 1.0) -> sv.models.LlamaGen:
+    """A random LlamaGen whose next-token law depends on the whole prefix and on position.
+
+    At its random initialisation attention is nearly uniform and the residual stream carries the
+    current token only, so the law depends almost only on the previous token (measured: TV <= 0.03
+    for any earlier token, <= 0.02 for a shift of position). Scaling the query/key projections by
+    ``attention`` makes attention sharp and position-selective (2D RoPE), scaling values and the
+    attention output by ``value`` lets what it reads dominate, and the output head scaled by
+    ``sharpness`` keeps the laws far from uniform but spread enough for a chi-square test.
+    ``dependence`` measures both effects; tests assert they are large."""
     torch.manual_seed(seed)
     cfg = sv.models.LlamaGenConfig(vocab_size=vocab, dim=dim, n_layer=n_layer, n_head=2,
                                    num_classes=num_classes, block_size=grid * grid, multiple_of=16)
     model = sv.models.LlamaGen(cfg).eval()
     with torch.no_grad():
         model.output.weight.mul_(sharpness)
-        model.tok_embeddings.weight.mul_(20)
-        model.cls_embedding.embedding_table.weight.mul_(20)
+        model.tok_embeddings.weight.mul_(embed)
+        model.cls_embedding.embedding_table.weight.mul_(embed)
+        for layer in model.layers:
+            w = layer.attention.wqkv.weight
+            q_size, kv_size = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+            w[: q_size + kv_size].mul_(attention)
+            w[q_size + kv_size:].mul_(value)
+            layer.attention.wo.weight.mul_(value)
     return model
+
+
+def _tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (a - b).abs().sum(-1)
+
+
+@torch.no_grad()
+def dependence(model, condition: int = 0) -> tuple[float, float]:
+    """(earlier, position): how much the next-token law depends on anything but the previous token.
+
+    earlier: mean over every context x_<i (i >= 2) of the largest TV between p(. | x_<i) and the law
+    after changing one token x_j, j < i - 1, to another code. position: mean TV between the laws of
+    the cached forward at positions 0..L-2 and at the same tokens fed one position later."""
+    V, L = model.layout.vocab_size, model.layout.num_tokens
+    grids = all_grids(V, L - 1)
+    c = torch.full((grids.shape[0],), condition)
+    p = torch.softmax(model.logits(c, grids), -1)
+    worst = torch.zeros(grids.shape[0], L)
+    for j in range(L - 2):
+        for d in range(1, V):
+            changed = grids.clone()
+            changed[:, j] = (changed[:, j] + d) % V
+            tv = _tv(p, torch.softmax(model.logits(c, changed), -1))
+            worst[:, j + 2:] = torch.maximum(worst[:, j + 2:], tv[:, j + 2:])
+    earlier = float(worst[:, 2:].mean())
+    pos = torch.arange(L - 1)[None].expand(grids.shape[0], -1)
+    shifted = []
+    for offset in (0, 1):
+        model.setup_cache(grids.shape[0], 2)
+        model.prefill(c)
+        shifted.append(torch.softmax(model.forward_tokens(grids, pos + offset)[0], -1))
+    model.cache = None
+    position = float(_tv(*shifted)[:, :-1].mean())
+    return earlier, position
 
 
 def all_grids(vocab: int, length: int) -> torch.Tensor:
@@ -46,10 +99,8 @@ def exact_law(model, conditions: list[int], sampling: sv.Sampling) -> torch.Tens
     laws = []
     for c in conditions:
         cond = torch.full((grids.shape[0],), c)
-        logits = model.logits(cond, grids[:, :-1])
-        uncond = model.logits(torch.full_like(cond, model.null_condition), grids[:, :-1]) if sampling.uses_cfg else None
-        p = sampling.probs(logits, uncond)  # (G, L, V)
-        laws.append(p.gather(-1, grids[..., None]).squeeze(-1).double().prod(-1))
+        p = sampling_law(model, cond, grids[:, :-1], sampling)  # (G, L, V) float64, tests/reference.py
+        laws.append(p.gather(-1, grids[..., None]).squeeze(-1).prod(-1))
     law = torch.stack(laws)
     assert torch.allclose(law.sum(-1), torch.ones(len(conditions), dtype=torch.float64), atol=1e-5)
     return law
