@@ -73,7 +73,7 @@ def _method(a: argparse.Namespace):
     def flag(name: str) -> str | None:  # how errors write an option: as its flag
         return flags[name].option_strings[0] if name in flags else None
 
-    return build_method(a.method, options, strict=True, spell=flag)
+    return build_method(a.method, options, spell=flag)
 
 
 def _sampling(a: argparse.Namespace, default: Sampling) -> Sampling:

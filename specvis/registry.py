@@ -3,7 +3,7 @@
 A method's options are its dataclass's fields (``acceptance`` excepted), the option ``accept`` names
 its acceptance rule, and the rule's options are the rule's dataclass fields: the same names in the
 Python API, in bench method specs (``speculative:gamma=4:accept=lantern:k=50``) and in the JSON
-``config``. ``build_method(..., strict=True)`` rejects anything else with one line naming the key.
+``config``. ``build_method`` rejects anything else with one line naming the key.
 """
 
 from __future__ import annotations
@@ -75,16 +75,14 @@ def _listing(cls, spell: Callable[[str], str | None]) -> str:
     return f"{names([*option_names(cls), ACCEPT])}, and the acceptance rule's ({rules})"
 
 
-def build_method(name: str, options: dict[str, Any], acceptance: str | None = None, *, strict: bool = False,
+def build_method(name: str, options: dict[str, Any], acceptance: str | None = None, *,
                  spell: Callable[[str], str | None] = str):
     """The method ``name`` configured by ``options``: its field names, ``accept`` (the rule's name)
     and the rule's field names; a None value means the default. ``acceptance``: the rule of a method
     that takes one when ``options`` names none (default exact); methods without a rule ignore it.
 
-    ``strict``: a key that is not an option of the method or of its rule is a ValueError naming it
-    (as ``spell`` writes it: the CLI passes its flag names); otherwise such keys are dropped, for
-    callers that hand one options dict to several methods. Naming a rule for a method without one
-    is an error either way."""
+    A key that is not an option of the method or of its rule is a ValueError naming it (as ``spell``
+    writes it: the CLI passes its flag names), and so is naming a rule for a method without one."""
     cls = _resolve(METHODS, name, "method")
     kw = {k: v for k, v in options.items() if v is not None}
     takes_rule = "acceptance" in _fields(cls)
@@ -95,9 +93,6 @@ def build_method(name: str, options: dict[str, Any], acceptance: str | None = No
     rule = _resolve(ACCEPTANCE, rule_name, "acceptance rule") if takes_rule else None
     own, theirs = set(option_names(cls)), set(option_names(rule)) if rule else set()
     for key in [k for k in kw if k not in own | theirs]:
-        if not strict:
-            del kw[key]
-            continue
         owners = [r for r, other in _rules().items() if key in option_names(other)] if rule else []
         if owners:
             raise ValueError(f"method {name} has no option {spell(key)!r} with acceptance rule {rule_name}; "
@@ -111,7 +106,7 @@ def build_method(name: str, options: dict[str, Any], acceptance: str | None = No
 
 def parse_method_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """``"sjd:window=8:init=horizontal-sample"`` -> ("sjd", {"window": 8, "init": "horizontal-sample"}).
-    Only the syntax is checked here; ``build_method(name, options, strict=True)`` checks the keys."""
+    Only the syntax is checked here; ``build_method`` checks the keys."""
     name, *pairs = spec.strip().split(":")
     options: dict[str, Any] = {}
     for pair in pairs:
@@ -126,9 +121,9 @@ def parse_method_spec(spec: str) -> tuple[str, dict[str, Any]]:
 
 
 def method_from_spec(spec: str, acceptance: str | None = None):
-    """The method of a bench spec; every key must be one of its options (``build_method`` strict)."""
+    """The method of a bench spec; every key must be one of its options (``build_method``)."""
     name, opts = parse_method_spec(spec)
-    return build_method(name, opts, acceptance, strict=True)
+    return build_method(name, opts, acceptance)
 
 
 def _literal(text: str) -> Any:

@@ -406,7 +406,7 @@ def test_method_config_registry_and_errors():
         with pytest.raises(ValueError, match=field):
             CSpD(**kw)
     assert not CSpD().lossless and CSpD(ratio="trajectory").lossless and CSpD(ratio="coupled").lossless
-    m = build_method("cspd", {"gamma": 3, "prefill": 0.1, "ratio": "trajectory", "window": 9})
+    m = build_method("cspd", {"gamma": 3, "prefill": 0.1, "ratio": "trajectory"})
     assert m == CSpD(gamma=3, prefill=0.1, ratio="trajectory") and m.pad == 5
     assert CSpD(prefill=0.3).prefill_tokens(16) == 5 and CSpD(prefill=0.0).prefill_tokens(16) == 1
 

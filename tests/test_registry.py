@@ -21,7 +21,7 @@ SCRIPT = ROOT / "scripts" / "bench_emoji.sh"
 
 def strict(spec: str, acceptance: str | None = None):
     name, opts = parse_method_spec(spec)
-    return build_method(name, opts, acceptance, strict=True)
+    return build_method(name, opts, acceptance)
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -123,7 +123,7 @@ def sweep_specs(tmp_path: Path, monkeypatch) -> list[str]:
     specs = []
     monkeypatch.setattr(sweeps, "run_bench", lambda pipe, s, *a, **k: specs.extend(s) or {"runs": []})
     sweeps.sjd_ablations(type("P", (), {"default_sampling": sv.Sampling()})(), tmp_path, 1, 1)
-    sweeps.lantern_grid(None, tmp_path, 1, 1)
+    sweeps.lantern_grid(type("P", (), {"default_sampling": sv.Sampling()})(), tmp_path, 1, 1)
     return sorted(set(specs))
 
 
@@ -133,7 +133,7 @@ def test_every_committed_spec_builds_with_its_options_in_the_json_config(tmp_pat
     assert "cspd:gamma=8:ratio=trajectory" in from_script and "speculative:gamma=4:accept=lantern:k=50:delta=0.2" in from_sweeps
     for spec in from_script + from_sweeps:
         name, opts = parse_method_spec(spec)
-        method = build_method(name, dict(opts), strict=True)
+        method = build_method(name, dict(opts))
         got, config, rule = describe(method)
         assert got == name
         for key, value in opts.items():  # the JSON config keys are the spec keys: the dataclass fields

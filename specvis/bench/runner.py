@@ -168,7 +168,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         parsed = [("ar", {})] + [p for p in parsed if p != ("ar", {})]
     # every key must be an option of its method or rule; ``acceptance`` is the rule of the methods
     # that take one and whose spec names none (accept=...)
-    methods = [build_method(name, opts, acceptance, strict=True) for name, opts in parsed]
+    methods = [build_method(name, opts, acceptance) for name, opts in parsed]
     full = batches(num, batch_size, pipe.num_classes, seed)
     batch_index, work = shard_work(full, shards, shard_index)
     report = {
