@@ -38,8 +38,10 @@ def bind_rule(rule, codebook: torch.Tensor | None):
 
 @torch.no_grad()
 def generate(model, conditions: torch.Tensor, method=None, sampling: Sampling | None = None, seed: int = 0,
-             draft=None, drafter=None, codebook: torch.Tensor | None = None) -> Generation:
-    """Generate one token grid per condition with ``method`` under the law set by ``sampling``."""
+             draft=None, drafter=None, codebook: torch.Tensor | None = None, graphs: bool | None = None) -> Generation:
+    """Generate one token grid per condition with ``method`` under the law set by ``sampling``.
+    ``graphs``: replay each round as a captured CUDA graph (default: on for CUDA models; no effect on
+    CPU); the tokens are the same either way."""
     method = AR() if method is None else method
     sampling = Sampling() if sampling is None else sampling
     device = next(model.parameters()).device
@@ -53,7 +55,8 @@ def generate(model, conditions: torch.Tensor, method=None, sampling: Sampling | 
     keep_soft = sampling.greedy and bool(getattr(rule, "needs_soft", False))
     target = GuidedModel(model, conditions, sampling, pad, keep_soft=keep_soft)
     draft_view = GuidedModel(draft, conditions, sampling, pad) if draft is not None else None
-    ctx = DecodeContext(target, make_generator(seed, device), pad, draft_view, drafter, codebook)
+    graphs = device.type == "cuda" if graphs is None else graphs
+    ctx = DecodeContext(target, make_generator(seed, device), pad, draft_view, drafter, codebook, graphs=graphs)
     ctx.rule = rule
     wall = timed(lambda: method.decode(ctx), device)
     draft_forwards = int(ctx.extra.pop("draft_forwards", 0))

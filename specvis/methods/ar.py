@@ -28,10 +28,13 @@ class AR:
             ctx.extra.clear()
             return
         ones = torch.ones_like(ctx.n)
-        x = sample(ctx.target.prefill(), ctx.generator)
+        x = sample(ctx.target.prefill(), ctx.generator)  # the last committed token, updated in place
         ctx.commit(x[:, None], ones)
-        for _ in range(ctx.L - 1):  # every row needs exactly L - 1 more forwards: no sync needed
+
+        def round_() -> None:
             law = ctx.target.forward(x[:, None], (ctx.n - 1)[:, None])
             ctx.target.set_committed(ctx.n)
-            x = sample(law[:, 0], ctx.generator)
+            x.copy_(sample(law[:, 0], ctx.generator))
             ctx.commit(x[:, None], ones)
+
+        ctx.run(round_, rounds=ctx.L - 1)  # every row needs exactly L - 1 more forwards: no done-check

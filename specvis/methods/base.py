@@ -15,6 +15,7 @@ import torch
 
 from ..models.base import CachedTokenModel
 from ..sampling import Sampling
+from .rounds import run_rounds
 
 
 @dataclass
@@ -87,14 +88,23 @@ class GuidedModel:
         self.model.keep_block(self._rows(index), self._rows(count))
 
 
+class Counter:
+    """A forward count that a method advances from inside a round (``DecodeContext.counted``)."""
+
+    forwards: int = 0
+
+
 class DecodeContext:
     """Everything a method's loop needs: the target (and draft) views, the generator and the
     committed-token buffer with per-row lengths (rows never wait for each other)."""
 
     def __init__(self, target: GuidedModel, generator: torch.Generator, pad: int,
-                 draft: GuidedModel | None = None, drafter: Any = None, codebook: torch.Tensor | None = None) -> None:
+                 draft: GuidedModel | None = None, drafter: Any = None, codebook: torch.Tensor | None = None,
+                 graphs: bool = False) -> None:
         self.target, self.draft, self.drafter, self.codebook = target, draft, drafter, codebook
         self.generator = generator
+        self.graphs = graphs  # on CUDA: replay each round as a captured CUDA graph (methods/rounds.py)
+        self.counted: list = [v for v in (target, draft) if v is not None]  # objects whose .forwards rounds advance
         self.rule: Any = None  # the method's acceptance rule, bound to the codebook if it needs one
         layout = target.model.layout
         self.layout, self.L = layout, layout.num_tokens
@@ -108,6 +118,12 @@ class DecodeContext:
     @property
     def device(self) -> torch.device:
         return self.n.device
+
+    def run(self, round_fn, rounds: int | None = None) -> None:
+        """Call ``round_fn`` (one round, state updated in place) until every row is done, or exactly
+        ``rounds`` times; captured and replayed as a CUDA graph when ``graphs`` is on and the device is
+        CUDA (``methods/rounds.py``)."""
+        run_rounds(self, round_fn, self.graphs, rounds)
 
     def done(self) -> bool:
         """True when every row has its whole grid (one host sync per decoding step)."""

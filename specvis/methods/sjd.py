@@ -84,7 +84,8 @@ class Jacobi:
         ctx.commit(x0[:, None], torch.ones_like(ctx.n))
         j = torch.arange(W, device=ctx.device)
         draft = torch.randint(V, (B, W), device=ctx.device, generator=gen)  # random init (paper, Fig. 3)
-        while not ctx.done():
+
+        def round_() -> None:
             n = ctx.n.clone()
             feed = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), draft], 1)
             guess = target.forward(feed, ctx.positions(n - 1, W + 1)).argmax(-1)  # (B, W + 1)
@@ -93,7 +94,9 @@ class Jacobi:
             target.set_committed(ctx.n - 1)
             src = accepted[:, None] + 1 + j  # slot j of the new window is position n + src
             fresh = torch.randint(V, (B, W), device=ctx.device, generator=gen)
-            draft = torch.where(src <= W, guess.gather(1, src.clamp_max(W)), fresh)
+            draft.copy_(torch.where(src <= W, guess.gather(1, src.clamp_max(W)), fresh))
+
+        ctx.run(round_)
 
 
 @dataclass(frozen=True)
@@ -131,8 +134,9 @@ class SJD:
         p0 = target.prefill()
         x0 = sample(p0, gen)
         ctx.commit(x0[:, None], torch.ones_like(ctx.n))
-        draft, q = win.next_window(p0[:, None], base=ctx.n - 1, start=ctx.n, first_init=ctx.n)
-        while not ctx.done():
+        draft, q = win.next_window(p0[:, None], base=ctx.n - 1, start=ctx.n, first_init=ctx.n)  # updated in place
+
+        def round_() -> None:
             n = ctx.n.clone()
             feed = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), draft], 1)
             p = target.forward(feed, ctx.positions(n - 1, W + 1))  # p[:, j]: law of position n + j
@@ -142,7 +146,11 @@ class SJD:
             target.set_committed(ctx.n - 1)
             start = n + accepted + 1  # the new window's first position (finished rows: don't care)
             first_init = n + W + 1 if self.refine else start  # refined slots lie in [start, first_init)
-            draft, q = win.next_window(p, base=n, start=start, first_init=first_init)
+            new_draft, new_q = win.next_window(p, base=n, start=start, first_init=first_init)
+            draft.copy_(new_draft)
+            q.copy_(new_q)
+
+        ctx.run(round_)
 
 
 class _Initialiser:

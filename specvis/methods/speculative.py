@@ -45,12 +45,11 @@ class Speculative:
         x0 = sample(target.prefill(), gen)
         draft.prefill()
         ctx.commit(x0[:, None], torch.ones_like(ctx.n))
-        first = True
-        while not ctx.done():
+
+        def round_(back: int) -> None:
             n = ctx.n.clone()
             # The draft re-feeds the last two committed tokens (one on the first round): its cache may
             # lack the previous round's bonus token, and a uniform shape keeps rows independent.
-            back = 1 if first else 2
             draft.set_committed(n - back)
             feed = ctx.tokens.gather(1, ctx.positions(n - back, back))
             q_steps, d_steps = [], []
@@ -69,5 +68,8 @@ class Speculative:
             block = torch.cat([drafts, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
             ctx.commit(block, accepted + 1)
             target.set_committed(ctx.n - 1)
-            first = False
+
+        if not ctx.done():
+            round_(1)
+        ctx.run(lambda: round_(2))  # same shapes every round from here: capturable
         ctx.extra["draft_forwards"] = draft.forwards

@@ -37,7 +37,7 @@ import torch
 
 from ..accept import Exact, normalise
 from ..sampling import sample, uniform
-from .base import DecodeContext
+from .base import Counter, DecodeContext
 
 INITS = ("horizontal", "vertical", "random")
 
@@ -397,7 +397,8 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape) -> No
     dev, V, L = ctx.device, ctx.layout.vocab_size, ctx.L
     Dmax, Kmax = shape.max_depth, min(shape.max_top_k, V)
     drafter.setup_cache(2 * target.batch if target.cfg else target.batch, extra=Dmax + 2 + Dmax * Kmax)
-    n_draft = 0
+    drafts = Counter()  # drafter forwards (a round runner adds them per replay)
+    ctx.counted.append(drafts)
     depth_sum = torch.zeros((), dtype=torch.long, device=dev)
     sched_sum = torch.zeros((), dtype=torch.long, device=dev)
     depth_cnt = torch.zeros((), dtype=torch.long, device=dev)
@@ -406,31 +407,39 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape) -> No
     count = ctx.commit(x0[:, None], torch.ones_like(ctx.n))
     pending = target.hidden[:, None]  # (R, m, Dm): target features of the tokens the drafter lacks
     d_row, k_row = shape.first(ctx)
-    while True:
-        if shape.static:  # the one host sync of the round
-            if ctx.done():
-                break
-            D, K = Dmax, Kmax
-        else:
-            done, D, K = torch.stack([(ctx.n >= L).all().long(), d_row.max(), k_row.max()]).tolist()
-            if done:
-                break
-            K = min(K, V)
+
+    def round_(count: torch.Tensor, pending: torch.Tensor, d_row: torch.Tensor, k_row: torch.Tensor,
+               D: int, K: int) -> tuple[torch.Tensor, ...]:
         active = ctx.n < L
         n_old = ctx.n.clone()
-
         tree = build_tree(ctx, pending, count, d_row, k_row, D, K, total_tokens)
-        n_draft += tree.forwards
-        depth_sum += (tree.depth * active).sum()
-        sched_sum += (d_row * active).sum()
-        depth_cnt += active.sum()
-
+        drafts.forwards += tree.forwards
+        depth_sum.add_((tree.depth * active).sum())
+        sched_sum.add_((d_row * active).sum())
+        depth_cnt.add_(active.sum())
         p = target.forward(tree.tokens, tree.positions, tree.mask)  # (B, T, V)
         verdict = verify_tree(rule, tree, p, gen, soft=getattr(target, "soft", None))
         count, pending = compact(ctx, verdict)
-        d_row, k_row = shape.next(ctx, d_row, k_row, verdict.accepted, n_old, count)
+        return (count, pending, *shape.next(ctx, d_row, k_row, verdict.accepted, n_old, count))
+
+    if shape.static:  # fixed tree shape: after the first round (one feature per row) every round is alike
+        if not ctx.done():
+            count, pending, d_row, k_row = round_(count, pending, d_row, k_row, Dmax, Kmax)
+        state = (count, pending)  # updated in place: capturable
+
+        def static_round() -> None:
+            for buf, new in zip(state, round_(*state, d_row, k_row, Dmax, Kmax)):
+                buf.copy_(new)
+
+        ctx.run(static_round)
+    else:  # ADT: this round's largest depth and width set the shapes (the one host sync of the round)
+        while True:
+            done, D, K = torch.stack([(ctx.n >= L).all().long(), d_row.max(), k_row.max()]).tolist()
+            if done:
+                break
+            count, pending, d_row, k_row = round_(count, pending, d_row, k_row, D, min(K, V))
 
     cnt = max(int(depth_cnt), 1)
-    ctx.extra["draft_forwards"] = n_draft
+    ctx.extra["draft_forwards"] = drafts.forwards
     ctx.extra["mean_tree_depth"] = float(depth_sum) / cnt
     ctx.extra["mean_scheduled_depth"] = float(sched_sum) / cnt

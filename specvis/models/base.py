@@ -120,4 +120,4 @@ class KVCache:
         sidx = dst[None, :, None, :, None].expand(L, R, H, -1, D)
         for t in (self.k, self.v):
             t.scatter_(3, sidx, torch.gather(t, 3, gidx))
-        self.length = self.length + count
+        self.length += count  # in place: a captured round sees the same tensor

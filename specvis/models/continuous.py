@@ -363,7 +363,7 @@ class ContinuousAR(nn.Module):
         return z, z
 
     def set_committed(self, n_fed: torch.Tensor) -> None:
-        self.cache.length = n_fed.to(self.cache.length) + self.prefix_len
+        self.cache.length.copy_(n_fed + self.prefix_len)  # in place (captured rounds)
 
     def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
         self.cache.keep_block(index, count)

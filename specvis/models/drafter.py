@@ -205,7 +205,7 @@ class EagleDrafter(nn.Module):
 
     def commit(self, count: torch.Tensor) -> None:
         """Keep the first ``count[r]`` slots of the last block written at start 0."""
-        self.cache.length = self.cache.length + count.to(self.cache.length)
+        self.cache.length += count  # in place (captured rounds)
 
     def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
         """Tree compaction: uncommitted slot ``length + index[r, j]`` moves to ``length + j``, then commit ``count``."""

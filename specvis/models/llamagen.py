@@ -260,7 +260,7 @@ class LlamaGen(nn.Module):
         return self._run_cached(self.tok_embeddings(tokens), self.rope[pos], tree_mask)
 
     def set_committed(self, n_fed: torch.Tensor) -> None:
-        self.cache.length = n_fed.to(self.cache.length) + self.prefix_len
+        self.cache.length.copy_(n_fed + self.prefix_len)  # in place (captured rounds)
 
     def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
         self.cache.keep_block(index, count)
