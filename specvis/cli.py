@@ -22,6 +22,27 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _add_device(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("device")
+    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="weights and KV cache (default: the model's, fp32)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the cached forward (one graph per block size)")
+    g.add_argument("--no-graphs", dest="graphs", action="store_false", default=None,
+                   help="run rounds eagerly on CUDA (default: captured CUDA graphs; no effect on CPU)")
+
+
+def _load(a: argparse.Namespace):
+    from .zoo import load
+
+    return load(a.model, a.device, a.dtype, a.compile, a.graphs)
+
+
+def _device_line(pipe) -> str:
+    graphs = pipe.device.type == "cuda" if pipe.graphs is None else pipe.graphs
+    return (f"{pipe.device} | {str(pipe.dtype).removeprefix('torch.')} | captured rounds {'on' if graphs and pipe.device.type == 'cuda' else 'off'}"
+            f" | compile {'on' if pipe.compiled else 'off'}")
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling (defaults: the model's)")
     g.add_argument("--temperature", type=float, help="0 = greedy")
@@ -97,7 +118,7 @@ def build_parser() -> Parser:
     g.add_argument("--num", type=int, help="number of images (default: one per --class, else 8)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", default="out", help="output directory")
-    g.add_argument("--device", default="cpu")
+    _add_device(g)
     _add_sampling(g)
     _add_method_options(g)
 
@@ -120,7 +141,7 @@ def build_parser() -> Parser:
     b.add_argument("--shards", type=int, default=1, help="split the batches into this many shards")
     b.add_argument("--shard-index", type=int, default=0, help="which shard to run (0-based)")
     b.add_argument("--merge", nargs="+", metavar="JSON", help="merge shard reports into --json instead of running")
-    b.add_argument("--device", default="cpu")
+    _add_device(b)
     _add_sampling(b)
     b.add_argument("--accept", default="exact", help="acceptance rule of the methods that take one and whose spec "
                                                       "names none (accept=...)")
@@ -170,10 +191,9 @@ def pipeline_for(pipe, names: list[str]):
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from .viz import contact_sheet, heatmaps
-    from .zoo import load
 
     method = _method(a)  # bad flags fail before the model loads
-    pipe = pipeline_for(load(a.model, a.device), [a.method])
+    pipe = pipeline_for(_load(a), [a.method])
     sampling = _sampling(a, pipe.default_sampling)
     if a.num is not None and a.num < 1:
         raise ValueError(f"--num must be >= 1, got {a.num}")
@@ -198,6 +218,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     write_text(out_dir / "stats.json", json.dumps(stats, indent=1))
     s = out.stats
     print(f"specvis {a.model} | {name} {config} | accept {rule} | {num} images, classes {sorted(set(classes))}")
+    print(f"  device {_device_line(pipe)}")
     print(f"  tokens/image {s.tokens}  target forwards {s.target_forwards}  draft forwards {s.draft_forwards}")
     print(f"  step compression {s.step_compression:.2f}  mean accepted length {s.mean_accepted_length:.2f}  "
           f"wall {s.wall_s:.2f}s  ({num / s.wall_s:.2f} images/s)")
@@ -214,12 +235,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
             raise ValueError("--merge needs --json OUT for the merged report")
         report, class_names = merge_reports(a.merge, a.json), None
     else:
-        from .zoo import load
-
         specs = [s for s in a.methods.split(",") if s.strip()]
         for spec in specs:  # a bad spec fails before the model loads
             method_from_spec(spec, a.accept)
-        pipe = pipeline_for(load(a.model, a.device), [parse_method_spec(s)[0] for s in specs])
+        pipe = pipeline_for(_load(a), [parse_method_spec(s)[0] for s in specs])
         class_names = pipe.class_names
         sampling = _sampling(a, pipe.default_sampling)
         metrics = None if a.metrics is None else [m.strip() for m in a.metrics.split(",") if m.strip() not in ("", "none")]

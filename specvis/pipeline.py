@@ -49,6 +49,18 @@ class LatentPalette(torch.nn.Module):
         return img.repeat_interleave(self.cell, 2).repeat_interleave(self.cell, 3)
 
 
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of fp32, bf16, fp16, got {dtype!r}")
+    return DTYPES[dtype]
+
+
 @dataclass
 class Pipeline:
     """``pipe(classes, method, sampling, seed)`` -> ``Generation`` with decoded images. ``continuous``:
@@ -63,6 +75,31 @@ class Pipeline:
     default_sampling: Sampling = field(default_factory=Sampling)
     extras: dict[str, Any] = field(default_factory=dict)
     continuous: "Pipeline | None" = None
+    graphs: bool | None = None  # captured CUDA-graph rounds; None: on for CUDA (specvis.generate)
+    compiled: bool = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.target.parameters()).dtype
+
+    def configure(self, dtype: str | torch.dtype | None = None, compile: bool = False,
+                  graphs: bool | None = None) -> "Pipeline":
+        """Weights and KV caches of the target, draft and drafter in ``dtype`` (fp32, bf16, fp16; the
+        tokenizer stays fp32; laws are computed in fp32 either way), ``torch.compile`` of their cached
+        block stacks, and captured rounds on or off. Lossless methods stay exact for the model as
+        run: a bf16 model samples bf16 logits."""
+        if dtype is not None:
+            dt = resolve_dtype(dtype)
+            for m in (self.target, self.draft, self.drafter):
+                if m is not None:
+                    m.to(dtype=dt)
+        if compile and not self.compiled:
+            for m in (self.target, self.draft):
+                if m is not None and hasattr(m, "compile_decoder"):
+                    m.compile_decoder()
+            self.compiled = True
+        self.graphs = graphs
+        return self
 
     @property
     def num_classes(self) -> int:
@@ -89,7 +126,7 @@ class Pipeline:
                  decode: bool = True) -> Generation:
         conditions = torch.as_tensor(list(classes), dtype=torch.long, device=self.device)
         out = generate(self.target, conditions, method, sampling or self.default_sampling, seed,
-                       draft=self.draft, drafter=self.drafter, codebook=self.codebook)
+                       draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs)
         if decode:
             out.images = self.images_of(out)
         return out

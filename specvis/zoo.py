@@ -107,11 +107,12 @@ BUNDLES = {
 }
 
 
-def load(name: str = "emoji", device: str | torch.device = "cpu") -> Pipeline:
-    """Load a bundle by name, offline."""
+def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+         compile: bool = False, graphs: bool | None = None) -> Pipeline:
+    """Load a bundle by name, offline; ``dtype``, ``compile``, ``graphs``: see ``Pipeline.configure``."""
     if name not in BUNDLES:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(BUNDLES)}")
-    return BUNDLES[name][1]().to(device)
+    return BUNDLES[name][1]().to(device).configure(dtype, compile, graphs)
 
 
 def installed(name: str) -> bool:

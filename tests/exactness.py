@@ -95,12 +95,13 @@ def all_grids(vocab: int, length: int) -> torch.Tensor:
 def exact_law(model, conditions: list[int], sampling: sv.Sampling) -> torch.Tensor:
     """(len(conditions), V**L) exact probability of every grid under ``sampling``."""
     V, L = model.layout.vocab_size, model.layout.num_tokens
-    grids = all_grids(V, L)
+    device = next(model.parameters()).device
+    grids = all_grids(V, L).to(device)
     laws = []
     for c in conditions:
-        cond = torch.full((grids.shape[0],), c)
-        p = sampling_law(model, cond, grids[:, :-1], sampling)  # (G, L, V) float64, tests/reference.py
-        laws.append(p.gather(-1, grids[..., None]).squeeze(-1).prod(-1))
+        cond = torch.full((grids.shape[0],), c, device=device)
+        p = sampling_law(model, cond, grids[:, :-1], sampling)  # (G, L, V) float64 on the CPU, tests/reference.py
+        laws.append(p.gather(-1, grids.cpu()[..., None]).squeeze(-1).prod(-1))
     law = torch.stack(laws)
     assert torch.allclose(law.sum(-1), torch.ones(len(conditions), dtype=torch.float64), atol=1e-5)
     return law
@@ -123,7 +124,7 @@ def sample_counts(model, conditions: list[int], method, sampling: sv.Sampling, n
         rows = min(batch, total - start)
         idx = (torch.arange(start, start + rows) % len(conditions))
         out = sv.generate(model, per_cond[idx], method, sampling, seed=1000 + seed, **kw)
-        g = grid_index(out.tokens, V)
+        g = grid_index(out.tokens.cpu(), V)
         np.add.at(counts, (idx.numpy(), g.numpy()), 1)
     return counts
 

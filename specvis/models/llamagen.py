@@ -248,7 +248,7 @@ class LlamaGen(nn.Module):
     def prefill(self, conditions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.cache.length.zero_()
         x = self.cls_embedding(conditions)[:, None]
-        rope = self.rope[: self.prefix_len][None].expand(x.shape[0], -1, -1, -1)
+        rope = self.rope[: self.prefix_len][None].expand(x.shape[0], -1, -1, -1).contiguous()
         logits, h = self._run_cached(x, rope, None)
         self.cache.length.fill_(self.prefix_len)
         return logits[:, -1], h[:, -1]
@@ -258,6 +258,13 @@ class LlamaGen(nn.Module):
                        tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         pos = positions.clamp(0, self.layout.num_tokens - 1) + self.prefix_len
         return self._run_cached(self.tok_embeddings(tokens), self.rope[pos], tree_mask)
+
+    def compile_decoder(self) -> None:
+        """``torch.compile`` the cached block stack (one graph per block size; shapes are static)."""
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per block size
+        self._run_cached = torch.compile(self._run_cached, dynamic=False)
 
     def set_committed(self, n_fed: torch.Tensor) -> None:
         self.cache.length.copy_(n_fed + self.prefix_len)  # in place (captured rounds)

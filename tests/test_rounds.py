@@ -1,0 +1,58 @@
+"""Captured rounds need state that stays put: every method must update the cache lengths and its
+buffers in place (a CUDA graph replays on the tensors it captured). Checked on CPU here by tensor
+identity and storage; tests/test_cuda.py checks graph replay against eager on a GPU."""
+
+import pytest
+import torch
+from exactness import tiny_llamagen
+from test_oracle import METHODS
+
+import specvis as sv
+from specvis.methods import rounds
+from specvis.models.drafter import EagleDrafter
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_llamagen(0, vocab=8, grid=4)
+    return target, tiny_llamagen(1, vocab=8, grid=4, dim=16, n_layer=1), EagleDrafter.from_target(target, seed=1).eval()
+
+
+@pytest.mark.parametrize("name", ["ar", "speculative_g3", "jacobi_w4", "sjd_vertical-sample", "eagle", "adt_horizontal"])
+def test_cache_state_is_updated_in_place(models, name, monkeypatch):
+    """The committed length tensors of the target, draft and drafter caches are the ones set up
+    before decoding (same object, same storage) when decoding ends."""
+    target, draft, drafter = models
+    method, sampling = METHODS[name]
+    seen = {}
+    for m in (target, draft, drafter):
+        setup = type(m).setup_cache
+
+        def wrapped(self, *a, _setup=setup, **k):
+            _setup(self, *a, **k)
+            seen.setdefault(id(self), []).append((self, self.cache.length, self.cache.length.data_ptr()))
+
+        monkeypatch.setattr(type(m), "setup_cache", wrapped)
+    sv.generate(target, torch.arange(4) % 3, method, sampling, seed=0, draft=draft, drafter=drafter)
+    assert seen
+    for entries in seen.values():
+        model, length, ptr = entries[-1]
+        assert model.cache.length is length and length.data_ptr() == ptr
+
+
+def test_round_runner_counts_rounds_on_cpu():
+    """``rounds=`` runs exactly that many rounds with no done-check; otherwise until done."""
+    calls = []
+
+    class Ctx:
+        device = torch.device("cpu")
+        counted = []
+
+        def done(self):
+            return len(calls) >= 3
+
+    rounds.run_rounds(Ctx(), lambda: calls.append(1), graphs=True, rounds=5)
+    assert len(calls) == 5
+    calls.clear()
+    rounds.run_rounds(Ctx(), lambda: calls.append(1), graphs=True)
+    assert len(calls) == 3
