@@ -1,0 +1,166 @@
+"""Plant one-line bugs and check that the test suite catches each one.
+
+Each mutant replaces one line of the library (the ``old`` text must occur exactly once, so a stale
+mutant is an error, not a silent pass) in a scratch copy of the repository, then runs the tests that
+guard that line; the mutant is caught when they fail. Prints a table and, with --out, writes it as
+markdown. Run from the repository root: ``python scripts/mutants.py --out docs/mutants.md``
+(one torch thread per test process; about 10-20 minutes on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ORACLE = "tests/test_oracle.py"
+EXACT = "tests/test_exactness.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest arguments, run in order with -x
+
+
+MUTANTS = [
+    Mutant("speculative: target positions shifted by one", "specvis/methods/speculative.py",
+           "ctx.positions(n - 1, g + 1))", "ctx.positions(n, g + 1))", (ORACLE, "-k", "speculative", EXACT)),
+    Mutant("speculative: rejected drafts stay in the target cache", "specvis/methods/speculative.py",
+           "target.set_committed(ctx.n - 1)", "target.set_committed(n + g)", (ORACLE, "-k", "speculative", EXACT)),
+    Mutant("sjd: commits ctx.n instead of ctx.n - 1", "specvis/methods/sjd.py",
+           "ctx.commit(block, accepted + 1)\n            target.set_committed(ctx.n - 1)\n            start",
+           "ctx.commit(block, accepted + 1)\n            target.set_committed(ctx.n)\n            start",
+           (ORACLE, "-k", "sjd", "tests/test_sjd.py")),
+    Mutant("sjd: positions shifted by one", "specvis/methods/sjd.py",
+           "p = target.forward(feed, ctx.positions(n - 1, W + 1))", "p = target.forward(feed, ctx.positions(n, W + 1))",
+           (ORACLE, "-k", "sjd", "tests/test_sjd.py")),
+    Mutant("trees: positions shifted by one", "specvis/methods/tree.py",
+           "positions = (n - 1)[:, None] + torch.cat", "positions = n[:, None] + torch.cat", (ORACLE, "-k", "eagle or adt", "tests/test_tree.py")),
+    Mutant("cache: keep_block moves no slot", "specvis/models/base.py",
+           "for t in (self.k, self.v):", "for t in ():", (ORACLE, "-k", "eagle or adt", "tests/test_tree.py")),
+    Mutant("cache: keep_block commits count + 1", "specvis/models/base.py",
+           "self.length += count  #", "self.length += count + 1  #",
+           (ORACLE, "-k", "eagle or adt", "tests/test_tree.py")),
+    Mutant("cache: set_committed rebinds the length tensor (breaks captured rounds)", "specvis/models/llamagen.py",
+           "self.cache.length.copy_(n_fed + self.prefix_len)", "self.cache.length = n_fed + self.prefix_len",
+           ("tests/test_rounds.py",)),
+    Mutant("cache: a block token attends to the next draft", "specvis/models/base.py",
+           "(offset[:, None, :] <= j[None, :, None])", "(offset[:, None, :] <= j[None, :, None] + 1)", (ORACLE, EXACT)),
+    Mutant("exact: swapped residual max(0, q - p)", "specvis/accept.py",
+           "return alpha, (p - q).clamp_min(0.0)", "return alpha, (q - p).clamp_min(0.0)", (EXACT, "tests/test_sjd.py")),
+    Mutant("exact: acceptance q/p instead of p/q", "specvis/accept.py",
+           "px / qx.clamp_min(1e-30)", "qx / px.clamp_min(1e-30)", (EXACT, "tests/test_sjd.py")),
+    Mutant("chain: bonus token from the last draft's law", "specvis/accept.py",
+           "p[:, g:]], dim=1)", "p[:, g - 1:g]], dim=1)", (EXACT, "tests/test_sjd.py")),
+    Mutant("exact sibling: rejected candidate kept in the residual", "specvis/accept.py",
+           "return alpha, p.scatter(-1, x[..., None], 0.0)", "return alpha, p", ("tests/test_tree.py",)),
+    Mutant("sampling: wrong CFG formula c + s (c - u)", "specvis/sampling.py",
+           "return uncond + self.cfg_scale * (cond - uncond)", "return cond + self.cfg_scale * (cond - uncond)",
+           (EXACT, "-k", "ar_is_exact")),
+    Mutant("sampling: top-k drops the k-th token", "specvis/sampling.py",
+           "logits.masked_fill(logits < kth", "logits.masked_fill(logits <= kth", (EXACT, "-k", "ar_is_exact")),
+    Mutant("sampling: top-p keeps one token too few", "specvis/sampling.py",
+           "mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs",
+           "mass_before = torch.cumsum(sorted_probs, dim=-1)", (EXACT, "-k", "ar_is_exact and topp")),
+    Mutant("sampling: temperature multiplies", "specvis/sampling.py",
+           "logits = logits / self.temperature", "logits = logits * self.temperature", (EXACT, "-k", "ar_is_exact")),
+    Mutant("cfg: the unconditional half gets the condition", "specvis/methods/base.py",
+           "null = torch.full_like(conditions, model.null_condition)", "null = conditions.clone()",
+           (ORACLE, "-k", "ar", EXACT, "-k", "ar_is_exact")),
+    Mutant("adt: acceptance rate without the bonus token", "specvis/methods/tree.py",
+           "tau = accepted + 1", "tau = accepted", ("tests/test_tree.py", "-k", "adt")),
+    Mutant("greedy lantern: accepts on the hard law (never relaxes)", "specvis/lantern.py",
+           "d = self.distorted(soft, x)", "d = self.distorted(p, x)", ("tests/test_lantern.py", "-k", "greedy")),
+    Mutant("lantern: delta ignored (whole k-neighbourhood merged)", "specvis/lantern.py",
+           "in_a = moved <= self.delta", "in_a = moved >= 0", ("tests/test_lantern.py",)),
+]
+
+
+def scratch_copy(dest: Path, rev: str | None) -> None:
+    """The working tree (tracked and untracked, not ignored files), or the commit ``rev``."""
+    if rev is not None:
+        archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        return
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\n")
+    for f in filter(None, files):
+        src = ROOT / f
+        if src.is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+
+
+def run_tests(where: Path, args: tuple[str, ...], timeout: int) -> tuple[bool, str]:
+    """Run each test group (a path followed by its -k options) with -x; True when one fails."""
+    groups: list[list[str]] = []
+    for a in args:
+        if a.startswith("tests/"):
+            groups.append([a])
+        else:
+            groups[-1].append(a)
+    env = {**os.environ, "PYTHONPATH": str(where), "OMP_NUM_THREADS": "1"}
+    for g in groups:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *g], cwd=where,
+                           env=env, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            failed = [ln.split(" - ")[0].removeprefix("FAILED ") for ln in r.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+            return True, failed[0] if failed else f"exit {r.returncode}"
+    return False, ""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="write the markdown table here")
+    ap.add_argument("--only", help="run the mutants whose name contains this text")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per test group")
+    ap.add_argument("--rev", help="mutate this commit (git archive) instead of the working tree")
+    a = ap.parse_args()
+    mutants = [m for m in MUTANTS if a.only is None or a.only in m.name]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="specvis-mutants-") as tmp:
+        where = Path(tmp)
+        scratch_copy(where, a.rev)
+        for m in mutants:
+            path = where / m.file
+            original = path.read_text()
+            if original.count(m.old) != 1:
+                raise SystemExit(f"mutant {m.name!r}: {m.old!r} occurs {original.count(m.old)} times in {m.file}")
+            path.write_text(original.replace(m.old, m.new))
+            t0 = time.time()
+            try:
+                caught, by = run_tests(where, m.tests, a.timeout)
+            finally:
+                path.write_text(original)
+            rows.append((m, caught, by, time.time() - t0))
+            print(f"{'caught' if caught else 'MISSED'}  {time.time() - t0:6.0f}s  {m.name}  {by}", flush=True)
+    caught = sum(r[1] for r in rows)
+    print(f"{caught} / {len(rows)} mutants caught")
+    if a.out:
+        lines = ["# Planted bugs (mutants) and the tests that catch them", "",
+                 "Generated by `python scripts/mutants.py --out docs/mutants.md`: each row is a one-line change to the",
+                 "library, applied alone to a scratch copy; 'caught by' is the first failing test.", "",
+                 f"**{caught} / {len(rows)} caught.**", "",
+                 "| mutant | file | line before | line after | caught by | s |", "| --- | --- | --- | --- | --- | ---: |"]
+        for m, ok, by, secs in rows:
+            cell = lambda t: "`" + t.strip().replace("\n", " ⏎ ").replace("|", "\\|") + "`"
+            lines.append(f"| {m.name} | {m.file} | {cell(m.old)} | {cell(m.new)} | {by if ok else '**missed**'} | {secs:.0f} |")
+        tmp_out = Path(a.out).with_suffix(".tmp")
+        tmp_out.write_text("\n".join(lines) + "\n")
+        tmp_out.replace(a.out)
+    return 0 if caught == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
