@@ -61,6 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", required=True)
     ap.add_argument("--only", default="", help="measure only the models whose name contains this")
+    ap.add_argument("--modes", default="eager,graph,compile+graph", help="comma-separated: eager, graph, compile+graph")
     a = ap.parse_args()
     report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch_size": 1, "cfg": True, "curves": []}
     models = {"emoji fp32": lambda: sv.load("emoji", "cuda").target,
@@ -68,7 +69,7 @@ def main() -> None:
     for name, build in models.items():
         if a.only not in name:
             continue
-        for mode in ("eager", "graph", "compile+graph"):
+        for mode in a.modes.split(","):
             model = build()
             if mode == "compile+graph":
                 model.compile_decoder()
