@@ -3,6 +3,7 @@
 from . import models
 from .accept import Exact
 from .generate import Generation, generate
+from .gsd import GSD
 from .lantern import Lantern
 from .methods import AR, SJD, ADTTree, CSpD, EagleTree, Jacobi, Speculative, Stats
 from .models.base import TokenModel
@@ -12,5 +13,5 @@ from .zoo import load
 
 __version__ = "0.1.0"
 
-__all__ = ["ADTTree", "AR", "CSpD", "EagleTree", "Exact", "Generation", "Jacobi", "Lantern", "Pipeline", "SJD", "Sampling",
+__all__ = ["ADTTree", "AR", "CSpD", "EagleTree", "Exact", "GSD", "Generation", "Jacobi", "Lantern", "Pipeline", "SJD", "Sampling",
            "Speculative", "Stats", "TokenModel", "generate", "load", "models"]

@@ -53,7 +53,8 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 # flag dest -> the API field it sets, where the flag name differs (--top-k is the sampling top-k)
 RENAMED = {"tree_top_k": "top_k", "lantern_k": "k", "lantern_delta": "delta", "lantern_metric": "metric",
-           "lantern_budget": "budget"}
+           "lantern_budget": "budget", "lantern_lam": "lam", "gsd_group": "group", "gsd_delta_p": "delta_p",
+           "gsd_max_dist": "max_dist", "gsd_embedding": "embedding", "gsd_ranks": "ranks"}
 
 
 def _add_method_options(p: argparse.ArgumentParser) -> None:
@@ -82,7 +83,17 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
         g.add_argument("--lantern-delta", type=float, help="lantern: total-variation budget (field delta)"),
         g.add_argument("--lantern-metric", help="lantern: l2 or cosine (field metric)"),
         g.add_argument("--lantern-budget", help="lantern (field budget): paper (Alg. 1, delta bounds each candidate's "
-                                                "distorted target) or output (delta bounds the committed token's law)"),
+                                                "distorted target), output (delta bounds the committed token's law) "
+                                                "or relative (LANTERN++: p(A) <= lam p(x))"),
+        g.add_argument("--lantern-lam", type=float, help="lantern budget relative: neighbourhood mass at most lam p(x), "
+                                                         "lam >= 1 (field lam)"),
+        g.add_argument("--gsd-group", type=int, help="gsd: tokens ranked next to x by p, G/2 each side (field group)"),
+        g.add_argument("--gsd-ranks", help="gsd: below,above window overriding the group; official = 7,6 (field ranks)"),
+        g.add_argument("--gsd-delta-p", type=float, help="gsd: probability filter |p(y) - p(x)| < delta_p (field delta_p)"),
+        g.add_argument("--gsd-max-dist", type=float, help="gsd: distance filter, squared distance over the table's "
+                                                          "median (field max_dist; default off)"),
+        g.add_argument("--gsd-embedding", help="gsd: distance table, input (target embeddings) or codebook (field embedding)"),
+        g.add_argument("--residual", help="lantern/gsd: paper (default) or min-tv (Cool-SD: max(0, p - q f))"),
     ])
 
 

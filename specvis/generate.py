@@ -27,13 +27,16 @@ def check_conditions(model, conditions: torch.Tensor) -> None:
         raise ValueError(f"class ids must be in 0..{n - 1}, got {conditions.tolist()}")
 
 
-def bind_rule(rule, codebook: torch.Tensor | None):
-    """Rules that need the tokenizer's codebook (LANTERN neighbourhoods) expose ``bind(codebook)``."""
+def bind_rule(rule, codebook: torch.Tensor | None, model=None):
+    """Rules that need a table expose ``bind(codebook, embeddings=)``: the tokenizer's codebook (LANTERN
+    neighbourhoods; GSD's distance with embedding="codebook") or the target's input-embedding table (GSD's
+    default distance). Rules say whether they need the codebook (``needs_codebook``, default yes)."""
     if rule is None or not hasattr(rule, "bind"):
         return rule
-    if codebook is None:
+    if codebook is None and getattr(rule, "needs_codebook", True):
         raise ValueError(f"acceptance rule {rule.name} needs the tokenizer codebook (codebook=...)")
-    return rule.bind(codebook)
+    from .gsd import input_embeddings
+    return rule.bind(codebook, embeddings=input_embeddings(model))
 
 
 @torch.no_grad()
@@ -50,7 +53,7 @@ def generate(model, conditions: torch.Tensor, method=None, sampling: Sampling | 
     if draft is not None and draft.layout.vocab_size != model.layout.vocab_size:
         raise ValueError(f"draft vocabulary {draft.layout.vocab_size} != target vocabulary {model.layout.vocab_size}")
     pad = method.pad
-    rule = bind_rule(getattr(method, "acceptance", None), codebook)
+    rule = bind_rule(getattr(method, "acceptance", None), codebook, model)
     # greedy rules that relax on the temperature-1 law (LANTERN) get it as ctx.target.soft
     keep_soft = sampling.greedy and bool(getattr(rule, "needs_soft", False))
     target = GuidedModel(model, conditions, sampling, pad, keep_soft=keep_soft)

@@ -27,6 +27,26 @@ before it in the round), each committed token's law is within delta of the targe
 are exact. With a point-mass draft (q(x) = 1) both budgets pick the same A and TV(O, p) = m(A) <= delta
 (for "paper", O = p_{k,delta}(.|x)).
 
+``budget="relative"`` (LANTERN++, Park et al. 2025, the official code's lambda mode in jadohu/LANTERN:
+the neighbour mass m* = max{m : S_m <= (lam - 1) p(x)}): A_x grows, neighbours in table order, while
+m(A_x) <= (lam - 1) p(x), i.e. p(A_x) <= lam p(x); ``delta`` is unused. Accept and resample as "paper"
+(alpha = min(1, p(A)/q(x)), residual max(0, p_{k,lam}(.|x) - q)). Bound: each candidate's distorted target
+is within (lam - 1) p(x) of p (TV); with a point-mass draft the committed token's law is exactly that
+(TV(O, p) = m(A_x) <= (lam - 1) p(x)); with a spread q no bound on the committed token follows from the
+paper residual (as for "paper"), while with ``residual="min-tv"`` TV(O, p) = D (as for "output")
+<= min(TV(p, q), (lam - 1) p({y : q(y) > p(y)})) exactly. lam = 1 is token for token ``Exact()``.
+
+Residual (``residual=``): "paper" (default) is each budget's own: the distorted target's
+max(0, p_{k,.}(.|x) - q) for "paper" and "relative", max(0, p - q) for "output". "min-tv" (Cool-SD,
+AAAI 2026): normalise(max(0, p - q f)) with f(y) = alpha_y the rule's acceptance function. Why it is
+optimal for a fixed f: the accepted part a(y) = q(y) f(y) is fixed, so for any resampling law r the
+output O = a + (1 - |a|) r >= a pointwise and TV(O, p) = sum_y max(0, O(y) - p(y)) >= L = sum_y max(0, a(y) - p(y));
+r = normalise(max(0, p - a)) reaches L (where a > p, O - p = a - p; elsewhere O <= p since the residual mass
+1 - |a| + L >= 1 - |a|). For LANTERN f(y) >= min(1, p(y)/q(y)) (p(A_y) >= p(y)), so q f >= p wherever
+q > p and q f = q elsewhere: max(0, p - q f) = max(0, p - q) for every budget (hence "output" is
+already min-TV, and then TV(O, p) = D as below). Under greedy and in ``sibling`` the residual option is
+not used (point-mass drafts: the rules above).
+
 Both: delta = 0 is token for token ``Exact()`` (only zero-mass neighbours join A, alpha and residual
 are bitwise Exact's).
 
@@ -47,6 +67,7 @@ for token. On rejection a is not in A (else x would win), so argmax s_{k,delta}(
 ties): committing a is the paper's rule. Budgets: under greedy every candidate is decided as a deterministic point mass,
 whatever q it was drafted from (SJD's random init has q uniform), so "output" takes q(x) = 1, where its
 condition min(1, s(x) + m) - s(x) <= delta reduces to m <= delta: both budgets give the same A.
+("relative" merges while m_s(A) <= (lam - 1) s(x): the guarantee below then reads s(y) >= s(a) / lam.)
 Guaranteed per committed token y: y is the argmax of a law within delta in TV of s (s itself when
 y = a, s_{k,delta}(.|y) otherwise), hence s(y) >= s(a) - delta. Not guaranteed: equality with greedy
 AR (any accepted y != a changes the prefix, and the following positions condition on it), nor any TV
@@ -70,7 +91,8 @@ import torch
 from .io import atomic_write
 
 METRICS = ("l2", "cosine")
-BUDGETS = ("paper", "output")
+BUDGETS = ("paper", "output", "relative")
+RESIDUALS = ("paper", "min-tv")
 _TABLES: dict[str, torch.Tensor] = {}  # in-process cache: key -> (V, k) CPU table
 _VERSION = "lantern-nn-v1"
 
@@ -166,7 +188,8 @@ def neighbour_table(codebook: torch.Tensor, k: int, metric: str = "l2", cache: b
 class Lantern:
     """LANTERN relaxed acceptance: neighbourhood A_{k,delta}(x) over the tokenizer codebook
     (``metric`` l2 or cosine); ``budget`` "paper" (TV of the distorted target <= delta) or "output"
-    (TV of the committed token's law <= delta); under greedy sampling the paper's greedy rule on the
+    (TV of the committed token's law <= delta) or "relative" (LANTERN++: p(A) <= lam p(x); delta unused);
+    ``residual`` "paper" (the budget's own) or "min-tv" (Cool-SD: max(0, p - q f)); under greedy sampling the paper's greedy rule on the
     temperature-1 law. See the module docstring for the equations and bounds.
     Needs ``bind(codebook)`` before use (``specvis.generate`` does it with ``codebook=``)."""
 
@@ -174,6 +197,8 @@ class Lantern:
     delta: float = 0.2
     metric: str = "l2"
     budget: str = "paper"
+    lam: float = 5.0
+    residual: str = "paper"
     name = "lantern"
     lossless = False
 
@@ -186,9 +211,16 @@ class Lantern:
             raise ValueError(f"Lantern.metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
         if self.budget not in BUDGETS:
             raise ValueError(f"Lantern.budget must be one of {', '.join(BUDGETS)}, got {self.budget!r}")
+        if isinstance(self.lam, bool) or not isinstance(self.lam, (int, float)) or not 1.0 <= self.lam < float("inf"):
+            raise ValueError(f"Lantern.lam must be a finite number >= 1, got {self.lam!r}")
+        if self.residual not in RESIDUALS:
+            raise ValueError(f"Lantern.residual must be one of {', '.join(RESIDUALS)}, got {self.residual!r}")
 
-    def bind(self, codebook: torch.Tensor) -> BoundLantern:
-        """The rule on this codebook (k clipped to V); the neighbour table is built once and cached."""
+    def bind(self, codebook: torch.Tensor, embeddings: torch.Tensor | None = None) -> BoundLantern:
+        """The rule on this codebook (k clipped to V); the neighbour table is built once and cached.
+        ``embeddings`` (the target's input-embedding table, for rules that use it) is ignored."""
+        if codebook is None:
+            raise ValueError("Lantern needs the tokenizer codebook (codebook=...)")
         return BoundLantern(self, neighbour_table(codebook, self.k, self.metric), codebook.device)
 
     def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
@@ -197,7 +229,8 @@ class Lantern:
                          "or pass codebook= to specvis.generate")
 
     def config(self) -> dict:
-        return {"k": self.k, "delta": self.delta, "metric": self.metric, "budget": self.budget}
+        return {"k": self.k, "delta": self.delta, "metric": self.metric, "budget": self.budget, "lam": self.lam,
+                "residual": self.residual}
 
 
 class BoundLantern:
@@ -211,6 +244,7 @@ class BoundLantern:
     def __init__(self, spec: Lantern, table: torch.Tensor, device: torch.device | str = "cpu") -> None:
         self.spec = spec
         self.k, self.delta, self.budget = table.shape[1], float(spec.delta), spec.budget
+        self.lam, self.residual = float(spec.lam), spec.residual
         self.table = table.to(device)
 
     def config(self) -> dict:
@@ -222,14 +256,17 @@ class BoundLantern:
 
         moved_j = sum_{i=1..j} p(n_i) over neighbours n_1.. of x (n_0 = x); A = the prefix with
         moved_j <= delta ("paper"), or min(q(x), p(x) + moved_j) - min(q(x), p(x)) <= delta q(x)
-        ("output"; qx = q(x), 1 for point-mass drafts). Both conditions are monotone in j."""
+        ("output"; qx = q(x), 1 for point-mass drafts), or moved_j <= (lam - 1) p(x) ("relative").
+        All three conditions are monotone in j."""
         if self.table.device != p.device:
             self.table = self.table.to(p.device)
         ids = self.table[x].long()
         pn = p.gather(-1, ids)
         moved = torch.cat([torch.zeros_like(pn[..., :1]), pn[..., 1:].cumsum(-1)], -1)
         px = pn[..., :1]
-        if self.budget == "paper" or qx is None:
+        if self.budget == "relative":
+            in_a = moved <= (self.lam - 1.0) * px
+        elif self.budget == "paper" or qx is None:
             in_a = moved <= self.delta
         else:
             q1 = qx[..., None]
@@ -242,14 +279,14 @@ class BoundLantern:
     def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
                  soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """alpha = min(1, p(A)/q(x)) (1 where q(x) = 0); residual max(0, p_{k,delta}(.|x) - q) ("paper")
-        or max(0, p - q) ("output"). With ``soft`` (greedy: p a point mass, soft its temperature-1 law):
+        or max(0, p - q) ("output", and every budget with residual "min-tv"). With ``soft`` (greedy: p a point mass, soft its temperature-1 law):
         alpha = ``greedy_accept(p, x, soft)``, residual p."""
         if soft is not None:
             return self.greedy_accept(p, x, soft), p
         qx = q.gather(-1, x[..., None]).squeeze(-1)
         ids, in_a, p_a = self.neighbourhood(p, x, qx)
         alpha = torch.where(qx > 0, p_a / qx.clamp_min(1e-30), torch.ones_like(p_a)).clamp(max=1.0)
-        if self.budget == "output":
+        if self.budget == "output" or self.residual == "min-tv":
             return alpha, (p - q).clamp_min(0.0)
         return alpha, (_merge(p, x, ids, in_a, p_a) - q).clamp_min(0.0)
 

@@ -25,6 +25,7 @@ METHODS = {  # CLI name -> "module:Class"
 ACCEPTANCE = {
     "exact": "specvis.accept:Exact",
     "lantern": "specvis.lantern:Lantern",
+    "gsd": "specvis.gsd:GSD",
 }
 
 ACCEPT = "accept"  # the option naming a method's acceptance rule (the method's field ``acceptance``)
