@@ -70,6 +70,8 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
                                       "vertical-sample; adt: horizontal, vertical, random"),
         g.add_argument("--no-refine", dest="refine", action="store_const", const=False,
                        help="sjd: refine=False (App. F ablation)"),
+        g.add_argument("--coupling", help="sjd: none, maximal or gumbel: couple each re-draft with the position's "
+                                          "previous draft (MC-SJD; exact)"),
         g.add_argument("--depth", type=int, help="eagle: tree depth"),
         g.add_argument("--tree-top-k", type=int, help="eagle: frontier width per depth (field top_k, "
                                                       "bench key top_k; --top-k is the sampling top-k)"),

@@ -35,6 +35,31 @@ initialisations resolve to the nearest existing token, or to a random head in th
 ``vertical-sample`` keeps the laws of the last ``width + W`` positions per row in a ring buffer
 (B, width + W, V); no other scheme stores laws beyond the window.
 
+Coupled re-drafts (MC-SJD, So et al. 2025, arXiv 2510.24211), ``coupling``: a window position m that
+is re-drafted (refined from ``p_new``, or re-initialised when ``refine=False``) already holds a draft x
+drawn from its stored law ``p_old``. ``"none"`` draws afresh. ``"maximal"`` keeps x with probability
+min(1, p_new(x) / p_old(x)), else draws from normalise(max(0, p_new - p_old)): a speculative-sampling
+step of x against p_new, so P(y) = min(p_old, p_new)(y) + (1 - sum min(p_old, p_new)) (p_new - p_old)^+(y)
+/ sum (p_new - p_old)^+ = min(p_old, p_new)(y) + (p_new - p_old)^+(y) = p_new(y), and q becomes p_new.
+``"gumbel"`` draws every draft of m (initialisation and re-drafts; copies stay copies) as
+argmax(q / E_m) with one Exp(1) vector E_m per (row, position), drawn when m enters the window and
+kept while it is there (argmax(q / E) is Gumbel-max, E = exp(-g), so each draft is distributed as
+its q); while q does not change the draft does not either. The previous draft of the new slot j is
+old slot j + accepted + 1 (the window slid by accepted + 1); the bonus position and the positions
+entering the window have none and draw afresh.
+
+Why coupling stays exact: let G_m hold everything the verification of m conditions on, the committed
+tokens before m, the drafts and laws of positions < m in every round, the verification coins of
+positions < m and the laws ``p_old``, ``p_new`` of m (functions of earlier drafts). The earlier drafts
+of m are never in G_m: m is verified only once (a verification that reaches m commits it), the target
+is causal, initialisations read only left/above tokens and the acceptance of positions < m never reads
+slot m. So given G_m the drafts of m form a Markov chain driven by m's own randomness (coins, E_m),
+whose kernels are G_m-measurable and map the law of the previous draft (its stored q) to the new q;
+by induction the current draft is distributed as its stored q given G_m, which is all the
+speculative-sampling step at m needs (drafts after m may depend on it: they are not in G_m). What it
+needs: pair m with the previous draft of the same position m (another position's draft lies in G_m,
+or has the wrong law) with its own stored q, and never use E_m for the residual or bonus draw.
+
 Jacobi is the greedy special case with the deterministic criterion: a draft is accepted while it
 equals the argmax computed from the previous drafts (token equality), and the new drafts are the
 argmaxes (a Jacobi fixed-point iteration). Its output is greedy AR token for token.
@@ -46,11 +71,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..accept import Exact, verify_chain
+from ..accept import Exact, normalise, verify_chain
 from ..sampling import sample
 from .base import DecodeContext
 
 INITS = ("random", "horizontal-repeat", "vertical-repeat", "horizontal-sample", "vertical-sample")
+COUPLINGS = ("none", "maximal", "gumbel")
 
 
 def _check_window(cls: str, window) -> None:
@@ -103,11 +129,13 @@ class Jacobi:
 class SJD:
     """Speculative Jacobi decoding: a ``window`` of self-drafted tokens verified by ``acceptance``
     (any rule of ``specvis.accept``), initialised by ``init`` (see module docstring), refined by
-    eq. 3 when ``refine`` (else re-initialised: the paper's App. F ablation)."""
+    eq. 3 when ``refine`` (else re-initialised: the paper's App. F ablation), each re-draft coupled
+    with the position's previous draft by ``coupling`` (none, maximal or gumbel: MC-SJD, exact)."""
 
     window: int = 16
     init: str = "random"
     refine: bool = True
+    coupling: str = "none"
     acceptance: object = field(default_factory=Exact)
     name = "sjd"
 
@@ -117,6 +145,8 @@ class SJD:
             raise ValueError(f"SJD.init must be one of {', '.join(INITS)}, got {self.init!r}")
         if not isinstance(self.refine, bool):
             raise ValueError(f"SJD.refine must be a bool, got {self.refine!r}")
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"SJD.coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
         if not hasattr(self.acceptance, "lossless"):
             raise ValueError(f"SJD.acceptance must be an acceptance rule, got {self.acceptance!r}")
 
@@ -130,7 +160,7 @@ class SJD:
 
     def decode(self, ctx: DecodeContext) -> None:
         target, W, gen, rule = ctx.target, self.window, ctx.generator, ctx.rule
-        win = _Initialiser(ctx, W, self.init)
+        win = _Initialiser(ctx, W, self.init, self.coupling)
         p0 = target.prefill()
         x0 = sample(p0, gen)
         ctx.commit(x0[:, None], torch.ones_like(ctx.n))
@@ -146,20 +176,38 @@ class SJD:
             target.set_committed(ctx.n - 1)
             start = n + accepted + 1  # the new window's first position (finished rows: don't care)
             first_init = n + W + 1 if self.refine else start  # refined slots lie in [start, first_init)
-            new_draft, new_q = win.next_window(p, base=n, start=start, first_init=first_init)
+            new_draft, new_q = win.next_window(p, base=n, start=start, first_init=first_init, prev=(draft, q))
             draft.copy_(new_draft)
             q.copy_(new_q)
 
         ctx.run(round_)
 
 
+def coupling_step(p_new: torch.Tensor, p_old: torch.Tensor, x: torch.Tensor,
+                  u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Maximal coupling of x ~ p_old (..., V) with p_new: (keep, law) where keep = u < min(1,
+    p_new(x) / p_old(x)) and law = normalise(max(0, p_new - p_old)) is drawn from when not kept."""
+    px = p_new.gather(-1, x[..., None]).squeeze(-1)
+    qx = p_old.gather(-1, x[..., None]).squeeze(-1)
+    keep = u * qx < px  # u < px / qx (qx = 0: keep iff px > 0)
+    return keep, normalise((p_new - p_old).clamp_min(0.0), p_new)
+
+
+def maximal_coupling(p_new: torch.Tensor, p_old: torch.Tensor, x: torch.Tensor,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """A draw distributed as p_new, equal to x ~ p_old with probability min(1, p_new(x) / p_old(x))."""
+    keep, law = coupling_step(p_new, p_old, x, torch.rand(x.shape, device=x.device, generator=generator))
+    return torch.where(keep, x, sample(law, generator))
+
+
 class _Initialiser:
     """Builds the next Jacobi window (tokens (B, W) and the laws they were drawn from (B, W, V)),
     vectorised over rows and slots: refined slots draw from the target laws, initialised slots
-    follow the init scheme, repeat schemes then copy their source token (point-mass law)."""
+    follow the init scheme, repeat schemes then copy their source token (point-mass law). Drawn
+    slots that held a draft are coupled with it (``coupling``, module docstring)."""
 
-    def __init__(self, ctx: DecodeContext, window: int, init: str) -> None:
-        self.ctx, self.W, self.init = ctx, window, init
+    def __init__(self, ctx: DecodeContext, window: int, init: str, coupling: str = "none") -> None:
+        self.ctx, self.W, self.init, self.coupling = ctx, window, init, coupling
         self.V, self.width = ctx.layout.vocab_size, ctx.layout.width
         dev = ctx.device
         self.slots = torch.arange(window, device=dev)
@@ -168,16 +216,19 @@ class _Initialiser:
         if init == "vertical-sample":  # laws of the last width + W positions per row
             self.R = self.width + window
             self.ring = torch.zeros(ctx.n.shape[0], self.R, self.V, device=dev)
+        if coupling == "gumbel":  # E_m of the positions in the window, slot-aligned like the drafts
+            self.race = torch.ones(ctx.n.shape[0], window, self.V, device=dev)
 
     def _ring_write(self, pos: torch.Tensor, laws: torch.Tensor) -> None:
         idx = (pos % self.R)[..., None].expand(-1, -1, self.V)
         self.ring.scatter_(1, idx, laws)
 
-    def next_window(self, p: torch.Tensor, base: torch.Tensor, start: torch.Tensor,
-                    first_init: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_window(self, p: torch.Tensor, base: torch.Tensor, start: torch.Tensor, first_init: torch.Tensor,
+                    prev: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``p`` (B, K, V): target laws of positions base .. base+K-1 (committed or refinable).
         The window covers start .. start+W-1; slots before ``first_init`` are refined from ``p``,
-        the others initialised. Returns (draft (B, W), q (B, W, V))."""
+        the others initialised. ``prev``: the previous window (draft, q), which started at ``base``.
+        Returns (draft (B, W), q (B, W, V))."""
         ctx, W, V, width = self.ctx, self.W, self.V, self.width
         K = p.shape[1]
         pos = start[:, None] + self.slots  # (B, W) grid positions of the window slots
@@ -210,7 +261,19 @@ class _Initialiser:
             q_init = self.uniform  # heads draw uniformly; the others copy below
 
         q = torch.where(refined[..., None], p_ref, q_init)
-        draft = sample(q, ctx.generator)
+        old = (pos - base[:, None]).clamp(0, W - 1)  # the slot of pos in the previous window
+        had = pos - base[:, None] < W if prev is not None else torch.zeros_like(refined)
+        if self.coupling == "gumbel":  # argmax(q / E_m), E_m kept while m stays in the window
+            fresh = torch.empty_like(q).exponential_(1.0, generator=ctx.generator).clamp_min_(1e-30)
+            race = torch.where(had[..., None], self.race.gather(1, old[..., None].expand(-1, -1, V)), fresh)
+            self.race.copy_(race)
+            draft = torch.argmax(q / race, dim=-1)
+        elif self.coupling == "maximal" and prev is not None:
+            x, q_old = prev[0].gather(1, old), prev[1].gather(1, old[..., None].expand(-1, -1, V))
+            keep, law = coupling_step(q, q_old, x, torch.rand(x.shape, device=x.device, generator=ctx.generator))
+            draft = torch.where(had & keep, x, sample(torch.where(had[..., None], law, q), ctx.generator))
+        else:
+            draft = sample(q, ctx.generator)
         if self.init.endswith("repeat"):
             tokens = ctx.tokens.gather(1, src.clamp(0, ctx.tokens.shape[1] - 1))
             in_window = draft.gather(1, (src - start[:, None]).clamp(0, W - 1))
