@@ -28,7 +28,7 @@ def strict(spec: str, acceptance: str | None = None):
     ("speculative:gamma=4:bogus=1", "method speculative has no option 'bogus'; options: gamma, accept, and the "
                                     "acceptance rule's (exact: none; lantern: k, delta, metric, budget"),  # + later fields
     ("speculative:gama=4", "method speculative has no option 'gama'"),
-    ("sjd:window=8:initt=random", "method sjd has no option 'initt'; options: window, init, refine, accept"),
+    ("sjd:window=8:initt=random", "method sjd has no option 'initt'; options: window, init, refine, coupling, accept"),
     ("eagle:depth=5:topk=8", "method eagle has no option 'topk'; options: depth, top_k, total_tokens, accept"),
     ("jacobi:window=8:init=random", "method jacobi has no option 'init'; options: window"),
     ("cspd:gamma=4:window=2", "method cspd has no option 'window'; options: gamma, prefill, align, ratio"),
@@ -84,7 +84,7 @@ def test_generate_flags_set_the_api_fields():
     (["--method", "ar", "--accept", "exact"], "method ar has no option '--accept' (it takes no acceptance rule)"),
     (["--method", "jacobi", "--no-refine"], "method jacobi has no option '--no-refine'; options: --window"),
     (["--method", "sjd", "--tree-top-k", "3"], "method sjd has no option '--tree-top-k'; options: --window, --init, "
-                                               "--no-refine, --accept, and the acceptance rule's (exact: none; "
+                                               "--no-refine, --coupling, --accept, and the acceptance rule's (exact: none; "
                                                "lantern: --lantern-k, --lantern-delta, --lantern-metric, "
                                                "--lantern-budget"),
     (["--method", "speculative", "--lantern-k", "50"], "method speculative has no option '--lantern-k' with acceptance "
