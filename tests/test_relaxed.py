@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from exactness import exact_law, sample_counts, tiny_llamagen
+from exactness import exact_law, sample_counts
+from test_lantern import _cache, codebook, draft, target  # noqa: F401 (the same fixtures)
 from test_lantern import PLAIN, V, conditional_tvs, ref_neighbours, tol, tv
 
 import specvis as sv
@@ -14,26 +15,6 @@ from specvis.accept import Exact, verify_chain
 from specvis.bench.relaxed_tv import one_step_law
 from specvis.gsd import GSD, input_embeddings, normalised_table
 from specvis.lantern import Lantern
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECVIS_CACHE", str(tmp_path))
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llamagen(5, vocab=V)
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return tiny_llamagen(13, vocab=V, dim=16, n_layer=1, sharpness=2.0)
-
-
-@pytest.fixture(scope="module")
-def codebook():
-    return torch.randn(V, 2, generator=torch.Generator().manual_seed(0))
 
 
 # ---------------------------------------------------------------- references (loops, float64)
