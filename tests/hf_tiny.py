@@ -17,8 +17,10 @@ last 32 ids of its vocabulary, as in the real one.
 Weights are re-drawn so that the models are far from degenerate: matrices ~ N(0, 1/fan_in),
 embeddings ~ N(0, 1), norm weights 1 + N(0, 0.1^2), biases N(0, 0.1^2), and the image head
 (Janus ``generation_head.vision_head``, Emu3 ``lm_head``) scaled by ``HEAD_GAIN``: logits have a
-standard deviation of a few units, laws are peaked and greedy argmax ties are negligible. rope_theta is deliberately not the family default
-(Janus 500, Emu3 2000) so an importer that ignores the config is caught.
+standard deviation of a few units, laws are peaked and greedy argmax ties are negligible. Janus's
+image-token input (generation aligner output) is scaled by ``INPUT_GAIN`` so that greedy decoding
+does not lock onto one repeated code. rope_theta is deliberately not the family default (Janus 500,
+Emu3 2000) so an importer that ignores the config is caught.
 
 Reference functions (transformers' code paths, float32, CPU):
 
@@ -89,11 +91,6 @@ _TEXT_CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
 # --------------------------------------------------------------------------- building
 
 
-def _offline() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-
 def _char_tokenizer(specials: list[str], extra: list[str], unk: str, bos: str | None, extra_special: dict,
                     **named):
     """A character-level WordLevel tokenizer: specials first, then the characters, then ``extra``
@@ -150,7 +147,6 @@ def _save(model, processor, path: Path, shards: bool, info: dict) -> Path:
 
 def make_janus(dir: str | os.PathLike, seed: int = 0, shards: bool = False) -> Path:
     """A tiny random Janus-Pro checkpoint (JanusForConditionalGeneration) written to ``dir``."""
-    _offline()
     from transformers import (JanusConfig, JanusForConditionalGeneration, JanusImageProcessorPil,
                               JanusProcessor, JanusVisionConfig, JanusVQVAEConfig, LlamaConfig)
 
@@ -194,7 +190,6 @@ def make_janus(dir: str | os.PathLike, seed: int = 0, shards: bool = False) -> P
 
 def make_emu3(dir: str | os.PathLike, seed: int = 0, shards: bool = False) -> Path:
     """A tiny random Emu3 (Gen) checkpoint (Emu3ForConditionalGeneration) written to ``dir``."""
-    _offline()
     from transformers import (Emu3Config, Emu3ForConditionalGeneration, Emu3ImageProcessor, Emu3Processor,
                               Emu3TextConfig, Emu3VQVAEConfig)
 
@@ -245,12 +240,11 @@ def read_fixture(dir: str | os.PathLike) -> dict:
 
 @functools.lru_cache(maxsize=8)
 def _load_model(path: str, mtime: float):
-    _offline()
     import transformers
 
     family = read_fixture(path)["family"]
     cls = transformers.JanusForConditionalGeneration if family == "janus" else transformers.Emu3ForConditionalGeneration
-    return cls.from_pretrained(path, dtype=torch.float32).eval()
+    return cls.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
 
 
 def load_hf_model(dir: str | os.PathLike):
@@ -264,10 +258,9 @@ load_hf_model.cache_clear = _load_model.cache_clear  # type: ignore[attr-defined
 
 @functools.lru_cache(maxsize=8)
 def _load_processor(path: str, mtime: float):
-    _offline()
     from transformers import AutoProcessor
 
-    return AutoProcessor.from_pretrained(path)
+    return AutoProcessor.from_pretrained(path, local_files_only=True)
 
 
 def load_processor(dir: str | os.PathLike):
@@ -431,7 +424,8 @@ def hf_logits(dir: str | os.PathLike, input_ids: torch.Tensor, image_start: int 
     (``generation_embeddings`` then ``generation_aligner``, i.e. prepare_embeddings_for_image_generation);
     the language model's last hidden states go through ``generation_head``, V = codebook.
     ``image_start`` defaults to L (text only). Positions default to 0..L-1 over the padded row, as
-    the image-generation loop does (it passes no position_ids).
+    the image-generation loop does (it passes no position_ids); RoPE only sees relative positions,
+    so this equals cumsum(mask) - 1 up to rounding.
 
     Emu3: ``Emu3ForConditionalGeneration`` logits (lm_head, V = vocab). Positions default to
     cumsum(attention_mask) - 1 (pads 0), as ``generate`` builds them for the conditional rows; the

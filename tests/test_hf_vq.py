@@ -159,7 +159,7 @@ def test_fixture_is_an_offline_hf_repository(ckpt, family):
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json"):
         assert (path / name).is_file(), name
-    proc = transformers.AutoProcessor.from_pretrained(path)
+    proc = transformers.AutoProcessor.from_pretrained(path)  # a plain call: no network needed
     assert type(proc).__name__ == {"janus": "JanusProcessor", "emu3": "Emu3Processor"}[family]
     rows = hf_tiny.prompt_ids(path, ["a red cube", "sky"])
     ids, mask = rows["input_ids"], rows["attention_mask"]
