@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ORACLE = "tests/test_oracle.py"
 EXACT = "tests/test_exactness.py"
+PROMPT = "tests/test_prompt_core.py"
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ MUTANTS = [
     Mutant("cache: keep_block commits count + 1", "specvis/models/base.py",
            "self.length += count  #", "self.length += count + 1  #",
            (ORACLE, "-k", "eagle or adt", "tests/test_tree.py")),
-    Mutant("cache: set_committed rebinds the length tensor (breaks captured rounds)", "specvis/models/llamagen.py",
-           "self.cache.length.copy_(n_fed + self.prefix_len)", "self.cache.length = n_fed + self.prefix_len",
+    Mutant("cache: set_committed rebinds the length tensor (breaks captured rounds)", "specvis/models/decoder.py",
+           "self.cache.length.copy_(n_fed + self.prefix_lengths)", "self.cache.length = n_fed + self.prefix_lengths",
            ("tests/test_rounds.py",)),
     Mutant("cache: a block token attends to the next draft", "specvis/models/base.py",
            "(offset[:, None, :] <= j[None, :, None])", "(offset[:, None, :] <= j[None, :, None] + 1)", (ORACLE, EXACT)),
@@ -75,8 +76,8 @@ MUTANTS = [
            "mass_before = torch.cumsum(sorted_probs, dim=-1)", (EXACT, "-k", "ar_is_exact and topp")),
     Mutant("sampling: temperature multiplies", "specvis/sampling.py",
            "logits = logits / self.temperature", "logits = logits * self.temperature", (EXACT, "-k", "ar_is_exact")),
-    Mutant("cfg: the unconditional half gets the condition", "specvis/methods/base.py",
-           "null = torch.full_like(conditions, model.null_condition)", "null = conditions.clone()",
+    Mutant("cfg: the unconditional half gets the condition", "specvis/models/base.py",
+           "return cls(conditions, torch.full_like(conditions, model.null_condition))", "return cls(conditions, conditions.clone())",
            (ORACLE, "-k", "ar", EXACT, "-k", "ar_is_exact")),
     Mutant("adt: acceptance rate without the bonus token", "specvis/methods/tree.py",
            "tau = accepted + 1", "tau = accepted", ("tests/test_tree.py", "-k", "adt")),
@@ -97,6 +98,15 @@ MUTANTS = [
            "torch.arange(-self.below, self.above + 1", "torch.arange(-self.above, self.below + 1", ("tests/test_relaxed.py",)),
     Mutant("lantern: delta ignored (whole k-neighbourhood merged)", "specvis/lantern.py",
            "in_a = moved <= self.delta", "in_a = moved >= 0", ("tests/test_lantern.py",)),
+    Mutant("prompts: every row's RoPE index counts the longest prompt", "specvis/models/decoder.py",
+           "self.prefix_lengths.copy_(lengths)", "self.prefix_lengths.fill_(P)", (PROMPT, "-k", "cached or exactness")),
+    Mutant("forced: a row-end law is not a point mass", "specvis/methods/base.py",
+           "return torch.where((f >= 0)[..., None], point, law)", "return law", (PROMPT, "-k", "exactness and emu3")),
+    Mutant("forced: SJD initialises row ends like image tokens", "specvis/methods/sjd.py",
+           "draft, q = ctx.force(draft, pos), ctx.force_law(q, pos)", "draft, q = draft, q", (PROMPT, "-k", "never_drafts")),
+    Mutant("janus: the unconditional prompt keeps every token", "specvis/models/decoder.py",
+           "keep = torch.isin(prompts.ids, torch.as_tensor(rule[1], device=prompts.ids.device))",
+           "keep = torch.ones_like(prompts.ids, dtype=torch.bool)", (PROMPT, "-k", "janus")),
 ]
 
 

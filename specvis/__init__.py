@@ -6,12 +6,12 @@ from .generate import Generation, generate
 from .gsd import GSD
 from .lantern import Lantern
 from .methods import AR, SJD, ADTTree, CSpD, EagleTree, Jacobi, Speculative, Stats
-from .models.base import TokenModel
+from .models.base import Condition, Prompts, TokenModel
 from .pipeline import Pipeline
 from .sampling import Sampling
 from .zoo import load
 
 __version__ = "0.1.0"
 
-__all__ = ["ADTTree", "AR", "CSpD", "EagleTree", "Exact", "GSD", "Generation", "Jacobi", "Lantern", "Pipeline", "SJD", "Sampling",
-           "Speculative", "Stats", "TokenModel", "generate", "load", "models"]
+__all__ = ["ADTTree", "AR", "CSpD", "Condition", "EagleTree", "Exact", "GSD", "Generation", "Jacobi", "Lantern", "Pipeline",
+           "Prompts", "SJD", "Sampling", "Speculative", "Stats", "TokenModel", "generate", "load", "models"]

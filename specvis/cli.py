@@ -29,12 +29,13 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compile", action="store_true", help="torch.compile the cached forward (one graph per block size)")
     g.add_argument("--no-graphs", dest="graphs", action="store_false", default=None,
                    help="run rounds eagerly on CUDA (default: captured CUDA graphs; no effect on CPU)")
+    p.add_argument("--draft", help="checkpoint directory or Hub id of a smaller model of the same family (speculative)")
 
 
 def _load(a: argparse.Namespace):
     from .zoo import load
 
-    return load(a.model, a.device, a.dtype, a.compile, a.graphs)
+    return load(a.model, a.device, a.dtype, a.compile, a.graphs, draft=a.draft)
 
 
 def _device_line(pipe) -> str:
@@ -127,7 +128,12 @@ def build_parser() -> Parser:
     g = sub.add_parser("generate", help="generate images with one method")
     g.add_argument("--model", default="emoji")
     g.add_argument("--method", default="ar", help=f"one of {', '.join(METHODS)}")
-    g.add_argument("--class", dest="classes", type=int, nargs="+", action="extend", help="class ids")
+    g.add_argument("--class", dest="classes", type=int, nargs="+", action="extend", help="class ids (class-conditional models)")
+    g.add_argument("--prompt", dest="prompts", action="append", help="text prompt (text-to-image checkpoints); repeat for more")
+    g.add_argument("--negative-prompt", dest="negative_prompts", action="append",
+                   help="negative prompt for CFG, one per --prompt or one for all (default: the family's own)")
+    g.add_argument("--height", type=int, help="image height in tokens (text-to-image checkpoints; default native)")
+    g.add_argument("--width", type=int, help="image width in tokens (default native)")
     g.add_argument("--num", type=int, help="number of images (default: one per --class, else 8)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", default="out", help="output directory")
@@ -139,6 +145,7 @@ def build_parser() -> Parser:
     b.add_argument("--model", default="emoji")
     b.add_argument("--methods", default="ar,speculative",
                    help="comma-separated method specs, options as name:key=value, e.g. sjd:window=8")
+    b.add_argument("--prompts", help="text-to-image checkpoints: a file with one prompt a line (image i gets line i mod n)")
     b.add_argument("--num", type=int, default=16)
     b.add_argument("--batch-size", type=int, default=1)
     b.add_argument("--seed", type=int, default=0)
@@ -210,15 +217,37 @@ def cmd_generate(a: argparse.Namespace) -> int:
     sampling = _sampling(a, pipe.default_sampling)
     if a.num is not None and a.num < 1:
         raise ValueError(f"--num must be >= 1, got {a.num}")
-    classes = a.classes or list(range(pipe.num_classes))
-    num = a.num or (len(a.classes) if a.classes else 8)
-    classes = [classes[i % len(classes)] for i in range(num)]
-    bad = [c for c in classes if not 0 <= c < pipe.num_classes]
-    if bad:
-        raise ValueError(f"--class {bad[0]} is out of range; model {a.model} has classes 0..{pipe.num_classes - 1}")
+    from .pipeline import TextPipeline
+
     out_dir = Path(a.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = pipe(classes, method, sampling, seed=a.seed)
+    if isinstance(pipe, TextPipeline):
+        if a.classes:
+            raise ValueError(f"model {a.model} is text-to-image: give --prompt, not --class")
+        if not a.prompts:
+            raise ValueError(f"model {a.model} is text-to-image: give --prompt \"...\"")
+        num = a.num or len(a.prompts)
+        prompts = [a.prompts[i % len(a.prompts)] for i in range(num)]
+        negative = a.negative_prompts
+        if negative is not None:
+            if len(negative) not in (1, len(a.prompts)):
+                raise ValueError(f"--negative-prompt: give one, or one per --prompt ({len(a.prompts)}), got {len(negative)}")
+            negative = [negative[i % len(negative)] for i in range(num)]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out = pipe(prompts=prompts, negative_prompts=negative, method=method, sampling=sampling, seed=a.seed,
+                   height=a.height, width=a.width)
+        conditions = {"prompts": prompts}
+    else:
+        if a.prompts or a.negative_prompts or a.height or a.width:
+            raise ValueError(f"model {a.model} is class-conditional: --prompt/--negative-prompt/--height/--width do not apply")
+        classes = a.classes or list(range(pipe.num_classes))
+        num = a.num or (len(a.classes) if a.classes else 8)
+        classes = [classes[i % len(classes)] for i in range(num)]
+        bad = [c for c in classes if not 0 <= c < pipe.num_classes]
+        if bad:
+            raise ValueError(f"--class {bad[0]} is out of range; model {a.model} has classes 0..{pipe.num_classes - 1}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out = pipe(classes, method, sampling, seed=a.seed)
+        conditions = {"classes": classes}
     for i, im in enumerate(out.images):
         _save_png(im, out_dir / f"{i:03d}.png")
     _save_png(contact_sheet(out.images), out_dir / "grid.png")
@@ -226,17 +255,30 @@ def cmd_generate(a: argparse.Namespace) -> int:
               out_dir / "heatmap.png")
     name, config, rule = describe(method)
     stats = {"model": a.model, "method": name, "config": config, "acceptance": rule, "lossless": bool(method.lossless),
-             "classes": classes, "seed": a.seed, "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
+             **conditions, "seed": a.seed, "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
              **out.stats.to_dict(), "accept_map": out.stats.accept_map.tolist()}
     write_text(out_dir / "stats.json", json.dumps(stats, indent=1))
     s = out.stats
-    print(f"specvis {a.model} | {name} {config} | accept {rule} | {num} images, classes {sorted(set(classes))}")
+    what = f"classes {sorted(set(conditions['classes']))}" if "classes" in conditions else f"{len(set(prompts))} prompts"
+    print(f"specvis {a.model} | {name} {config} | accept {rule} | {num} images, {what}")
     print(f"  device {_device_line(pipe)}")
     print(f"  tokens/image {s.tokens}  target forwards {s.target_forwards}  draft forwards {s.draft_forwards}")
     print(f"  step compression {s.step_compression:.2f}  mean accepted length {s.mean_accepted_length:.2f}  "
           f"wall {s.wall_s:.2f}s  ({num / s.wall_s:.2f} images/s)")
     print(f"  wrote {num} PNGs, grid.png, heatmap.png, stats.json to {out_dir}/")
     return 0
+
+
+def read_prompts(path: str) -> list[str]:
+    """One prompt a line (blank lines skipped)."""
+    try:
+        lines = [ln.strip() for ln in Path(path).read_text().splitlines()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--prompts {path}: cannot read ({e.__class__.__name__})") from None
+    prompts = [ln for ln in lines if ln]
+    if not prompts:
+        raise ValueError(f"--prompts {path}: no prompts (one a line)")
+    return prompts
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -262,7 +304,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
                   + "".join(f"  {k} {v:.3f}" for k, v in run.get("quality", {}).items() if k in ("fid_proxy", "class_accuracy")),
                   flush=True)
 
-        report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept,
+        prompts = read_prompts(a.prompts) if a.prompts else None
+        report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept, prompts=prompts,
                            progress=sys.stderr.isatty(), on_run=show, json_path=a.json, shards=a.shards,
                            shard_index=a.shard_index, metrics=metrics, data_dir=a.data, warmup=a.warmup)  # writes --json
     if a.md:

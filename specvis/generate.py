@@ -8,6 +8,7 @@ import torch
 
 from .methods.ar import AR
 from .methods.base import DecodeContext, GuidedModel, Stats, timed
+from .models.base import Condition, Prompts
 from .sampling import Sampling, make_generator
 
 
@@ -19,8 +20,15 @@ class Generation:
     latents: torch.Tensor | None = None  # (B, H*W, C) continuous tokens (continuous-token models)
 
 
-def check_conditions(model, conditions: torch.Tensor) -> None:
+def check_conditions(model, conditions) -> None:
+    """Class ids for class-conditional models, ``Prompts`` (or a ``Condition``) for prompt-conditioned ones."""
     n = getattr(model, "num_conditions", None)
+    if isinstance(conditions, (Prompts, Condition)):
+        if n is not None:
+            raise ValueError("this model is class-conditional: give classes, not prompts")
+        return
+    if n is None and getattr(model, "null_condition", 0) is None:
+        raise ValueError("this model is text-conditioned: give prompts, not classes")
     if conditions.ndim != 1 or conditions.dtype not in (torch.int32, torch.int64):
         raise ValueError("conditions must be a 1-D integer tensor of class ids")
     if n is not None and conditions.numel() and not bool(((conditions >= 0) & (conditions < n)).all()):
@@ -36,31 +44,39 @@ def bind_rule(rule, codebook: torch.Tensor | None, model=None):
     if codebook is None and getattr(rule, "needs_codebook", True):
         raise ValueError(f"acceptance rule {rule.name} needs the tokenizer codebook (codebook=...)")
     from .gsd import input_embeddings
-    return rule.bind(codebook, embeddings=input_embeddings(model))
+    bound = rule.bind(codebook, embeddings=input_embeddings(model))
+    structural = getattr(getattr(model, "layout", None), "row_end", 0)
+    return bound.with_structural(structural) if structural and hasattr(bound, "with_structural") else bound
 
 
 @torch.no_grad()
-def generate(model, conditions: torch.Tensor, method=None, sampling: Sampling | None = None, seed: int = 0,
+def generate(model, conditions, method=None, sampling: Sampling | None = None, seed: int = 0,
              draft=None, drafter=None, codebook: torch.Tensor | None = None, graphs: bool | None = None) -> Generation:
     """Generate one token grid per condition with ``method`` under the law set by ``sampling``.
+    ``conditions``: class ids (B,), ``Prompts`` (the model's own unconditional prompts serve CFG) or a
+    ``Condition`` (conditional and unconditional rows given).
     ``graphs``: replay each round as a captured CUDA graph (default: on for CUDA models; no effect on
     CPU); the tokens are the same either way."""
     method = AR() if method is None else method
     sampling = Sampling() if sampling is None else sampling
     device = next(model.parameters()).device
-    conditions = torch.as_tensor(conditions, device=device)
+    if isinstance(conditions, Prompts):
+        conditions = conditions.to(device)
+    elif not isinstance(conditions, Condition):
+        conditions = torch.as_tensor(conditions, device=device)
     check_conditions(model, conditions)
-    if draft is not None and draft.layout.vocab_size != model.layout.vocab_size:
-        raise ValueError(f"draft vocabulary {draft.layout.vocab_size} != target vocabulary {model.layout.vocab_size}")
+    condition = Condition.of(model, conditions)
+    if draft is not None and draft.layout != model.layout:
+        raise ValueError(f"draft layout {draft.layout} != target layout {model.layout}")
     pad = method.pad
     rule = bind_rule(getattr(method, "acceptance", None), codebook, model)
     # greedy rules that relax on the temperature-1 law (LANTERN) get it as ctx.target.soft
     keep_soft = sampling.greedy and bool(getattr(rule, "needs_soft", False))
-    target = GuidedModel(model, conditions, sampling, pad, keep_soft=keep_soft)
-    draft_view = GuidedModel(draft, conditions, sampling, pad) if draft is not None else None
+    target = GuidedModel(model, condition, sampling, pad, keep_soft=keep_soft)
+    draft_view = GuidedModel(draft, Condition.of(draft, conditions), sampling, pad) if draft is not None else None
     graphs = device.type == "cuda" if graphs is None else graphs
     ctx = DecodeContext(target, make_generator(seed, device), pad, draft_view, drafter, codebook, graphs=graphs)
     ctx.rule = rule
     wall = timed(lambda: method.decode(ctx), device)
     draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
-    return Generation(ctx.tokens[:, : ctx.L].clone(), ctx.stats(wall, draft_forwards), latents=getattr(ctx, "latents", None))
+    return Generation(ctx.image_tokens().clone(), ctx.stats(wall, draft_forwards), latents=getattr(ctx, "latents", None))

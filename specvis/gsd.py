@@ -54,16 +54,21 @@ MEDIAN_ROWS = 1024
 
 def input_embeddings(model) -> torch.Tensor | None:
     """The model's input token-embedding table (V, d) for its V image tokens, or None if it has none
-    (``tok_embeddings`` as LlamaGen, or a ``get_input_embeddings()`` module)."""
+    (``image_embed`` of the text-to-image decoders, ``tok_embeddings`` as LlamaGen, or a
+    ``get_input_embeddings()`` module)."""
     if model is None:
         return None
+    layout = getattr(model, "layout", None)
+    if hasattr(model, "image_embed") and layout is not None:  # text-to-image decoders: what an image code feeds
+        p = next(model.parameters())
+        with torch.no_grad():
+            return model.image_embed(torch.arange(layout.vocab_size, device=p.device)).detach().float()
     emb = getattr(model, "tok_embeddings", None)
     if emb is None and callable(getattr(model, "get_input_embeddings", None)):
         emb = model.get_input_embeddings()
     w = getattr(emb, "weight", emb)
     if not isinstance(w, torch.Tensor) or w.ndim != 2:
         return None
-    layout = getattr(model, "layout", None)
     return w.detach()[: layout.vocab_size] if layout is not None else w.detach()
 
 

@@ -250,6 +250,16 @@ class BoundLantern:
     def config(self) -> dict:
         return {**self.spec.config(), "k": self.k}
 
+    def with_structural(self, n: int) -> "BoundLantern":
+        """The table extended by ``n`` structural ids (``Layout.row_end``), each its own only neighbour:
+        they occur only where the law is a point mass at them, and never join a code's neighbourhood."""
+        V = self.table.shape[0]
+        own = torch.arange(V, V + n, device=self.table.device, dtype=self.table.dtype)[:, None].expand(-1, self.k)
+        table = torch.cat([self.table, own])
+        if V + n > torch.iinfo(table.dtype).max:
+            table = table.long()
+        return BoundLantern(self.spec, table, self.table.device)
+
     def neighbourhood(self, p: torch.Tensor, x: torch.Tensor, qx: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids (..., k), in_A (..., k) bool, p(A) (...)) for candidates x (...) under target p (..., V).

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .generate import Generation, generate
+from .models.base import Condition, Prompts
 from .sampling import Sampling
 from .viz import to_pil
 
@@ -122,8 +123,15 @@ class Pipeline:
         return self
 
     @torch.no_grad()
-    def __call__(self, classes, method=None, sampling: Sampling | None = None, seed: int = 0,
-                 decode: bool = True) -> Generation:
+    def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
+                 decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
+                 width: int | None = None) -> Generation:
+        if prompts is not None or negative_prompts is not None:
+            raise ValueError(f"model {self.name} is class-conditional: give classes=, not prompts=")
+        if height is not None or width is not None:
+            raise ValueError(f"model {self.name} has a fixed grid: height/width cannot be set")
+        if classes is None:
+            raise ValueError(f"model {self.name} is class-conditional: give classes=[...]")
         conditions = torch.as_tensor(list(classes), dtype=torch.long, device=self.device)
         out = generate(self.target, conditions, method, sampling or self.default_sampling, seed,
                        draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs)
@@ -155,3 +163,104 @@ class ContinuousPipeline(Pipeline):
 
     def images_of(self, out: Generation):
         return self.to_images(out.latents)
+
+
+@dataclass
+class TextPipeline(Pipeline):
+    """A text-to-image checkpoint (``specvis.families``): ``pipe(prompts=[...])``. A prompt is a ``str``
+    (the checkpoint's processor and the family's official template apply) or a ``list[int]`` that is
+    already the whole conditional prefix. The processor and the VQ decoder (``specvis[hf]``) are
+    loaded on first use; ``decode=False`` with token-id prompts needs neither."""
+
+    directory: Any = None
+    vq: Any = None  # specvis.models.hf_vq decoder, loaded on first decode (or for a LANTERN codebook)
+    _processor: Any = None
+
+    @property
+    def family(self):
+        return self.target.family
+
+    @property
+    def num_classes(self) -> int:
+        return 0
+
+    @property
+    def processor(self):
+        if self._processor is None:
+            try:
+                from transformers import AutoProcessor
+            except ImportError:
+                raise ValueError("text prompts need the checkpoint's processor: pip install specvis[hf]") from None
+            self._processor = AutoProcessor.from_pretrained(str(self.directory))
+        return self._processor
+
+    @property
+    def decoder(self):
+        if self.vq is None:
+            from .models.hf_vq import load_vq
+
+            self.vq = load_vq(self.directory)
+        return self.vq
+
+    @property
+    def codebook(self) -> torch.Tensor:
+        return self.decoder.codebook
+
+    def _ids(self, prompts, what: str, height: int, width: int) -> list[list[int]]:
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError(f"{what} must be a non-empty list of str or of token-id lists")
+        texts = [p for p in prompts if isinstance(p, str)]
+        encoded = iter(self.family.encode(self.processor, texts, height, width) if texts else [])
+        out = []
+        for p in prompts:
+            if isinstance(p, str):
+                out.append(next(encoded))
+            elif isinstance(p, (list, tuple)) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                out.append(list(p))
+            else:
+                raise ValueError(f"{what}: each entry must be a str or a non-empty list of token ids, got {p!r:.60}")
+        vocab = self.target.config.text_vocab_size
+        if any(not 0 <= t < vocab for p in out for t in p):
+            raise ValueError(f"{what}: token ids must be in 0..{vocab - 1}")
+        return out
+
+    def set_grid(self, height: int | None, width: int | None) -> tuple[int, int]:
+        native = self.extras["grid"]
+        H, W = native[0] if height is None else height, native[1] if width is None else width
+        for m in (self.target, self.draft):
+            if m is not None:
+                m.set_grid(H, W)
+        return H, W
+
+    @torch.no_grad()
+    def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
+                 decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
+                 width: int | None = None) -> Generation:
+        if classes is not None:
+            raise ValueError(f"model {self.name} is text-conditioned: give prompts=, not classes=")
+        if prompts is None:
+            raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
+        sampling = sampling or self.default_sampling
+        H, W = self.set_grid(height, width)
+        cond = Prompts.of(self._ids(prompts, "prompts", H, W), self.device)
+        if negative_prompts is not None:
+            uncond = Prompts.of(self._ids(negative_prompts, "negative_prompts", H, W), self.device)
+        elif not sampling.uses_cfg:
+            uncond = None
+        elif self.target.unconditional_rule is not None:
+            uncond = self.target.unconditional(cond)
+        else:
+            uncond = Prompts.of(self.family.negative(self.processor, len(cond), H, W), self.device)
+        if uncond is not None and len(uncond) != len(cond):
+            raise ValueError(f"negative_prompts: {len(uncond)} given for {len(cond)} prompts")
+        out = generate(self.target, Condition(cond, uncond), method, sampling, seed, draft=self.draft,
+                       drafter=self.drafter, codebook=self.codebook if _needs_codebook(method) else None,
+                       graphs=self.graphs)
+        if decode:
+            out.images = to_pil(self.decoder.decode(out.tokens, H, W))
+        return out
+
+
+def _needs_codebook(method) -> bool:
+    rule = getattr(method, "acceptance", None)
+    return rule is not None and hasattr(rule, "bind") and getattr(rule, "needs_codebook", True)

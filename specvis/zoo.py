@@ -108,11 +108,21 @@ BUNDLES = {
 
 
 def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
-         compile: bool = False, graphs: bool | None = None) -> Pipeline:
-    """Load a bundle by name, offline; ``dtype``, ``compile``, ``graphs``: see ``Pipeline.configure``."""
-    if name not in BUNDLES:
-        raise ValueError(f"unknown model {name!r}; choose from {', '.join(BUNDLES)}")
-    return BUNDLES[name][1]().to(device).configure(dtype, compile, graphs)
+         compile: bool = False, graphs: bool | None = None, draft: str | None = None) -> Pipeline:
+    """Load a bundle by name, offline, or a real checkpoint: a directory or Hugging Face Hub id
+    (``specvis.families``; ``draft``: a smaller checkpoint of the same family). ``dtype``,
+    ``compile``, ``graphs``: see ``Pipeline.configure``."""
+    if name in BUNDLES:
+        if draft is not None:
+            raise ValueError(f"draft= is for checkpoint directories; bundle {name!r} ships its own draft")
+        pipe = BUNDLES[name][1]()
+    elif Path(name).is_dir() or "/" in str(name):
+        from .families import load_pipeline
+
+        pipe = load_pipeline(name, draft=draft)
+    else:
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(BUNDLES)}, a checkpoint directory or a Hub id")
+    return pipe.to(device).configure(dtype, compile, graphs)
 
 
 def installed(name: str) -> bool:

@@ -53,6 +53,75 @@ def tiny_llamagen(seed: int, vocab: int = 4, grid: int = 2, dim: int = 32, n_lay
     return model
 
 
+def tiny_prompt_model(seed: int, vocab: int = 3, height: int = 2, width: int = 2, row_end: int = 0,
+                      janus: bool = True, dim: int = 32, text_vocab: int = 12, sharpness: float = 12.0,
+                      attention: float = 30.0, value: float = 5.0) -> sv.models.PromptDecoder:
+    """A random text-conditioned decoder of either family's shape, sharpened like ``tiny_llamagen``:
+    ``janus``: separate code embedding + MLP aligner + MLP head, the pad-prompt CFG rule; else Emu3's:
+    codes (and ``row_end`` structural ids) embedded through the text table, a linear head over the
+    codes. Three harness prompts of different lengths with their unconditional prompts are attached
+    as ``harness_prompts`` [(cond ids, uncond ids)]; the harness's condition c is prompt c."""
+    from torch import nn
+
+    from specvis.models.base import Layout, Prompts
+    from specvis.models.decoder import AlignedEmbedding, DecoderConfig, MappedEmbedding, MLPHead, PromptDecoder
+
+    torch.manual_seed(seed)
+    cfg = DecoderConfig(dim=dim, n_layer=2, n_head=2, n_kv_head=1, ffn_hidden=64, text_vocab_size=text_vocab,
+                        max_positions=64)
+    layout = Layout(height, width, vocab, row_end)
+    if janus:
+        embed, head, rule = AlignedEmbedding(vocab, 8, dim, 2, nn.GELU()), MLPHead(dim, dim, vocab, nn.GELU()), ("keep", (1, 2), 0)
+    else:
+        embed, head, rule = None, nn.Linear(dim, vocab, bias=False), None
+    model = PromptDecoder(cfg, layout, embed, head, unconditional=rule).eval()
+    if not janus:  # codes are the last text ids, row ends just before them
+        ids = torch.arange(text_vocab - vocab - row_end, text_vocab)
+        model.image_embed = MappedEmbedding(model.tok_embeddings, torch.cat([ids[row_end:], ids[:row_end]]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02)  # LlamaGen's initializer_range, then tiny_llamagen's scalings
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)  # a bias would swamp the code embeddings and make codes alike
+        if janus:  # unit-scale code embeddings and head input, so both MLPs pass differences on
+            embed.codes.weight.mul_(50.0)
+            head.proj_out.weight.mul_(1.0 / (0.02 * dim ** 0.5))
+        (head.vision_head if janus else head).weight.mul_(sharpness)
+        for layer in model.layers:
+            w = layer.attention.wqkv.weight
+            q_size, kv_size = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+            w[: q_size + kv_size].mul_(attention)
+            w[q_size + kv_size:].mul_(value)
+            layer.attention.wo.weight.mul_(value)
+    prompts = [[1, 5, 3, 2], [1, 4, 4, 6, 7, 2], [1, 8, 2]]
+    if janus:
+        uncond = [model.unconditional(Prompts.of([p])).ids[0].tolist() for p in prompts]
+    else:
+        uncond = [[1, 9, 2]] * 3  # one fixed negative prompt, as Emu3
+    model.harness_prompts = list(zip(prompts, uncond))
+    return model
+
+
+def condition_rows(model, conditions: list[int], idx: torch.Tensor | None = None):
+    """What ``sv.generate`` takes for harness conditions ``conditions[idx]``: class ids, or for a
+    prompt model a ``Condition`` of its harness prompts and their unconditional prompts."""
+    chosen = [conditions[i] for i in idx.tolist()] if idx is not None else list(conditions)
+    pairs = getattr(model, "harness_prompts", None)
+    if pairs is None:
+        return torch.tensor(chosen)
+    from specvis.models.base import Condition, Prompts
+
+    return Condition(Prompts.of([pairs[c][0] for c in chosen]), Prompts.of([pairs[c][1] for c in chosen]))
+
+
+def to_stream(grids: torch.Tensor, layout) -> torch.Tensor:
+    """Image grids (G, H*W) -> token streams (G, stream_len) with the forced structural ids inserted."""
+    stream = layout.forced().expand(grids.shape[0], -1).clone()
+    stream[:, layout.image_index()] = grids
+    return stream
+
+
 def _tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 0.5 * (a - b).abs().sum(-1)
 
@@ -87,20 +156,51 @@ def dependence(model, condition: int = 0) -> tuple[float, float]:
     return earlier, position
 
 
+@torch.no_grad()
+def dependence_on_prompt(model) -> tuple[float, float]:
+    """(prompt, earlier) for a prompt model: mean TV over image contexts between the laws under harness
+    prompts 0 and 1; and mean over contexts of the largest TV after changing one earlier image token
+    (not the previous one), as ``dependence`` measures it. Image positions only."""
+    layout = model.layout
+    V, L = layout.vocab_size, layout.num_tokens
+    grids = all_grids(V, L - 1)
+    image = layout.image_index()
+
+    def laws(c: int, g: torch.Tensor) -> torch.Tensor:
+        stream = to_stream(torch.cat([g, torch.zeros_like(g[:, :1])], 1), layout)[:, :-1]
+        rows = condition_rows(model, [c] * g.shape[0])
+        return torch.softmax(model.logits(rows.cond, stream)[:, image], -1)
+
+    p0 = laws(0, grids)
+    prompt = float(_tv(p0, laws(1, grids)).mean())
+    worst = torch.zeros(grids.shape[0], L)
+    for j in range(L - 2):
+        for d in range(1, V):
+            changed = grids.clone()
+            changed[:, j] = (changed[:, j] + d) % V
+            tv = _tv(p0, laws(0, changed))
+            worst[:, j + 2:] = torch.maximum(worst[:, j + 2:], tv[:, j + 2:])
+    return prompt, float(worst[:, 2:].mean())
+
+
 def all_grids(vocab: int, length: int) -> torch.Tensor:
     return torch.tensor(list(itertools.product(range(vocab), repeat=length)), dtype=torch.long)
 
 
 @torch.no_grad()
 def exact_law(model, conditions: list[int], sampling: sv.Sampling) -> torch.Tensor:
-    """(len(conditions), V**L) exact probability of every grid under ``sampling``."""
-    V, L = model.layout.vocab_size, model.layout.num_tokens
+    """(len(conditions), V**L) exact probability of every image grid under ``sampling``; structural
+    positions are forced, so only image positions carry probability."""
+    layout = model.layout
+    V, L = layout.vocab_size, layout.num_tokens
     device = next(model.parameters()).device
     grids = all_grids(V, L).to(device)
+    stream, image = to_stream(grids, layout), layout.image_index()
     laws = []
     for c in conditions:
-        cond = torch.full((grids.shape[0],), c, device=device)
-        p = sampling_law(model, cond, grids[:, :-1], sampling)  # (G, L, V) float64 on the CPU, tests/reference.py
+        rows = condition_rows(model, [c] * grids.shape[0])
+        cond, uncond = (rows.cond, rows.uncond) if hasattr(rows, "cond") else (rows.to(device), None)
+        p = sampling_law(model, cond, stream[:, :-1], sampling, uncond)[:, image]  # (G, L, V), tests/reference.py
         laws.append(p.gather(-1, grids.cpu()[..., None]).squeeze(-1).prod(-1))
     law = torch.stack(laws)
     assert torch.allclose(law.sum(-1), torch.ones(len(conditions), dtype=torch.float64), atol=1e-5)
@@ -118,12 +218,11 @@ def sample_counts(model, conditions: list[int], method, sampling: sv.Sampling, n
     generated in batches that mix all conditions (so per-row independence is exercised)."""
     V, L = model.layout.vocab_size, model.layout.num_tokens
     counts = np.zeros((len(conditions), V ** L))
-    per_cond = torch.tensor(conditions)
     total = n
     for seed, start in enumerate(range(0, total, batch)):
         rows = min(batch, total - start)
         idx = (torch.arange(start, start + rows) % len(conditions))
-        out = sv.generate(model, per_cond[idx], method, sampling, seed=1000 + seed, **kw)
+        out = sv.generate(model, condition_rows(model, conditions, idx), method, sampling, seed=1000 + seed, **kw)
         g = grid_index(out.tokens.cpu(), V)
         np.add.at(counts, (idx.numpy(), g.numpy()), 1)
     return counts

@@ -62,8 +62,11 @@ def _softmax(z: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
-def sampling_law(model, conditions: torch.Tensor, tokens: torch.Tensor, sampling) -> torch.Tensor:
-    """(B, t+1, V) reference laws of ``model`` teacher-forced on ``tokens`` (B, t) under ``sampling``."""
+def sampling_law(model, conditions, tokens: torch.Tensor, sampling, uncond=None) -> torch.Tensor:
+    """(B, t+1, V) reference laws of ``model`` teacher-forced on ``tokens`` (B, t) under ``sampling``;
+    ``uncond``: the unconditional rows (default: the model's null class)."""
     c = model.logits(conditions, tokens)
-    u = model.logits(torch.full_like(conditions, model.null_condition), tokens) if sampling.cfg_scale != 1.0 else None
+    u = None
+    if sampling.cfg_scale != 1.0:
+        u = model.logits(torch.full_like(conditions, model.null_condition) if uncond is None else uncond, tokens)
     return reference_law(c, u, sampling.temperature, sampling.top_k, sampling.top_p, sampling.cfg_scale)

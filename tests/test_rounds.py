@@ -21,18 +21,24 @@ def models():
 @pytest.mark.parametrize("name", ["ar", "speculative_g3", "jacobi_w4", "sjd_vertical-sample", "eagle", "adt_horizontal"])
 def test_cache_state_is_updated_in_place(models, name, monkeypatch):
     """The committed length tensors of the target, draft and drafter caches are the ones set up
-    before decoding (same object, same storage) when decoding ends."""
+    before decoding (by ``setup_cache``, or by the prefill that sizes the cache to the prompt): same
+    object, same storage, when decoding ends."""
     target, draft, drafter = models
     method, sampling = METHODS[name]
     seen = {}
     for m in (target, draft, drafter):
-        setup = type(m).setup_cache
+        for hook in ("setup_cache", "prefill"):
+            if not hasattr(type(m), hook):
+                continue
+            original = getattr(type(m), hook)
 
-        def wrapped(self, *a, _setup=setup, **k):
-            _setup(self, *a, **k)
-            seen.setdefault(id(self), []).append((self, self.cache.length, self.cache.length.data_ptr()))
+            def wrapped(self, *a, _original=original, **k):
+                out = _original(self, *a, **k)
+                if self.cache is not None:
+                    seen.setdefault(id(self), []).append((self, self.cache.length, self.cache.length.data_ptr()))
+                return out
 
-        monkeypatch.setattr(type(m), "setup_cache", wrapped)
+            monkeypatch.setattr(type(m), hook, wrapped)
     sv.generate(target, torch.arange(4) % 3, method, sampling, seed=0, draft=draft, drafter=drafter)
     assert seen
     for entries in seen.values():

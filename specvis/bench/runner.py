@@ -67,8 +67,15 @@ def _accept_maps(per_batch: list[tuple[int, Any]], work: Work) -> tuple[dict[str
 WARMUPS = ("batch", "row", "none")
 
 
+def _run(pipe, conds: list[int], method, sampling: Sampling, seed: int, prompts: list | None):
+    """One batch: class ids, or for a text-to-image pipeline prompt indices into ``prompts``."""
+    if prompts is None:
+        return pipe(conds, method, sampling, seed=seed, decode=False)
+    return pipe(prompts=[prompts[c] for c in conds], method=method, sampling=sampling, seed=seed, decode=False)
+
+
 def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress: bool = False,
-            bar: tqdm | None = None, warmup: str = "batch") -> dict[str, Any]:
+            bar: tqdm | None = None, warmup: str = "batch", prompts: list | None = None) -> dict[str, Any]:
     """Run ``method`` over ``work`` ``repeats`` times after one untimed warm-up (the first batch; with
     ``warmup="row"`` its first sample only: every code path, a fraction of the cost; ``"none"``: the
     first timed batch pays any one-time cost, for runs where a warm-up would cost as much as the
@@ -76,12 +83,12 @@ def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress
     wall-clock is the median."""
     if warmup != "none":
         classes = work[0][0] if warmup == "batch" else work[0][0][:1]
-        pipe(classes, method, sampling, seed=work[0][1], decode=False)  # warm-up, not timed
+        _run(pipe, classes, method, sampling, work[0][1], prompts)  # warm-up, not timed
     walls, first = [], None
     for _ in range(repeats):
         wall, per_batch = 0.0, []
         for classes, seed in tqdm(work, disable=not progress or bar is not None, leave=False, desc=method.name):
-            out = pipe(classes, method, sampling, seed=seed, decode=False)
+            out = _run(pipe, classes, method, sampling, seed, prompts)
             wall += out.stats.wall_s
             per_batch.append((len(classes), out))
             if bar is not None:
@@ -150,26 +157,31 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
               repeats: int = 1, acceptance: str = "exact", progress: bool = True,
               on_run: Callable[[dict], None] | None = None, *, json_path: str | Path | None = None,
               shards: int = 1, shard_index: int = 0, metrics: list[str] | None = None,
-              data_dir: str | Path | None = None, quality_groups: int = 4, warmup: str = "batch") -> dict[str, Any]:
+              data_dir: str | Path | None = None, quality_groups: int = 4, warmup: str = "batch",
+              prompts: list | None = None) -> dict[str, Any]:
     """Benchmark ``specs`` (method specs such as ``"sjd:window=16"``) on ``pipe``; ``ar`` always runs first.
 
     ``step_compression`` and ``mean_accepted_length`` are per-image averages (tokens of an image over
     the batched target forwards it took); ``target_forwards`` counts batched calls. ``metrics``: quality
     metric names (None: the bundle's classifier proxy when present; [] for none). ``json_path``: write
-    the report (and ``*.quality.npz`` observations) after every run and resume from it.
+    the report (and ``*.quality.npz`` observations) after every run and resume from it. ``prompts``
+    (text-to-image pipelines): image i gets prompt i mod len(prompts).
     """
     if num < 1 or batch_size < 1 or repeats < 1:
         raise ValueError("--num, --batch-size and --repeats must be >= 1")
     if warmup not in WARMUPS:
         raise ValueError(f"--warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
     sampling = sampling or pipe.default_sampling
+    if (prompts is None) == (pipe.num_classes == 0):
+        raise ValueError(f"model {pipe.name}: " + ("text-to-image, give --prompts FILE" if prompts is None
+                                                   else "class-conditional, --prompts does not apply"))
     parsed = [parse_method_spec(s) for s in specs]
     if not parsed or parsed[0][0] != "ar":
         parsed = [("ar", {})] + [p for p in parsed if p != ("ar", {})]
     # every key must be an option of its method or rule; ``acceptance`` is the rule of the methods
     # that take one and whose spec names none (accept=...)
     methods = [build_method(name, opts, acceptance) for name, opts in parsed]
-    full = batches(num, batch_size, pipe.num_classes, seed)
+    full = batches(num, batch_size, len(prompts) if prompts else pipe.num_classes, seed)
     batch_index, work = shard_work(full, shards, shard_index)
     report = {
         "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),
@@ -179,6 +191,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         "batch_size": batch_size, "num_images": num, "seed": seed,
         "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "cfg_scale": sampling.cfg_scale},
+        **({"prompts": list(prompts)} if prompts else {}),
         "repeats": repeats, "warmup": warmup, "shards": shards, "shard_index": shard_index,
         "n_images": sum(len(c) for c, _ in work), "quality_groups": quality_groups, "runs": [],
     }
@@ -202,7 +215,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
             tqdm.write(f"reusing {run['method']} {json.dumps(run['config'])} from {json_path}", file=sys.stderr)
         else:
             bar.set_description(method.name)
-            run = measure(pipe, method, work, sampling, repeats, progress, bar=bar, warmup=warmup)
+            run = measure(pipe, method, work, sampling, repeats, progress, bar=bar, warmup=warmup, prompts=prompts)
             outputs = run.pop("_outputs")
             if quality is None:  # built on first need: resumed runs never load the classifier
                 quality = build_metrics(metrics, QualitySource(pipe, Path(data_dir) if data_dir else None))

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..models.base import CachedTokenModel
+from ..models.base import CachedTokenModel, Condition
 from ..sampling import Sampling
 from .rounds import run_rounds
 
@@ -46,40 +46,57 @@ class GuidedModel:
     temperature-1 law of the same positions (``Sampling.soft_probs``), for rules that relax greedy
     decoding on it (LANTERN). Otherwise ``soft`` stays None and nothing extra is computed."""
 
-    def __init__(self, model: CachedTokenModel, conditions: torch.Tensor, sampling: Sampling, extra: int,
+    def __init__(self, model: CachedTokenModel, condition: Condition | torch.Tensor, sampling: Sampling, extra: int,
                  keep_soft: bool = False) -> None:
+        condition = Condition.of(model, condition)  # class ids: the model's null class is the CFG row
         self.model, self.sampling = model, sampling
         self.keep_soft = keep_soft
         self.soft: torch.Tensor | None = None  # temperature-1 law of the last call (greedy + keep_soft only)
-        self.batch = conditions.shape[0]
+        self.batch = condition.batch
         self.cfg = sampling.uses_cfg
-        null = torch.full_like(conditions, model.null_condition)
-        self.conditions = torch.cat([conditions, null]) if self.cfg else conditions
-        model.setup_cache(self.conditions.shape[0], extra)
+        self.conditions = condition.rows(self.cfg)
+        model.setup_cache(len(self.conditions), extra)
         self.forwards = 0
         self.hidden: torch.Tensor | None = None  # last hidden states of all rows (rows, n, D)
+        layout = getattr(model, "layout", None)
+        self.row_end = getattr(layout, "row_end", 0)
+        if self.row_end:  # forced structural positions (stream index -> id, -1: image token)
+            self.forced = layout.forced(next(model.parameters()).device)
 
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         return torch.cat([t, t]) if self.cfg else t
 
-    def _law(self, logits: torch.Tensor) -> torch.Tensor:
+    def _force(self, law: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """Laws over the image codes (B, n, V) at stream positions ``at`` (B, n) -> laws over codes and
+        structural ids, a point mass where the position is forced."""
+        if not self.row_end:
+            return law
+        law = torch.nn.functional.pad(law, (0, self.row_end))
+        f = self.forced[at.clamp(0, self.forced.shape[0] - 1)]
+        point = torch.zeros_like(law).scatter_(-1, f.clamp_min(0)[..., None], 1.0)
+        return torch.where((f >= 0)[..., None], point, law)
+
+    def _law(self, logits: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
         cond, uncond = logits.chunk(2) if self.cfg else (logits, None)
         if self.keep_soft and self.sampling.greedy:
-            self.soft = self.sampling.soft_probs(cond, uncond)
-        return self.sampling.probs(cond, uncond)
+            self.soft = self._force(self.sampling.soft_probs(cond, uncond), at)
+        return self._force(self.sampling.probs(cond, uncond), at)
 
     def prefill(self) -> torch.Tensor:
         """Law (B, V) of image token 0."""
         logits, self.hidden = self.model.prefill(self.conditions)
         self.forwards += 1
-        return self._law(logits)
+        law = self._law(logits[:, None], torch.zeros(self.batch, 1, dtype=torch.long, device=logits.device))
+        if self.keep_soft and self.sampling.greedy:
+            self.soft = self.soft[:, 0]
+        return law[:, 0]
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Laws (B, n, V) after each of the n fed tokens (see ``CachedTokenModel.forward_tokens``)."""
         mask = None if tree_mask is None else self._rows(tree_mask)
         logits, self.hidden = self.model.forward_tokens(self._rows(tokens), self._rows(positions), mask)
         self.forwards += 1
-        return self._law(logits)
+        return self._law(logits, positions + 1)
 
     def set_committed(self, n_fed: torch.Tensor) -> None:
         self.model.set_committed(self._rows(n_fed))
@@ -107,12 +124,14 @@ class DecodeContext:
         self.counted: list = [v for v in (target, draft) if v is not None]  # objects whose .forwards rounds advance
         self.rule: Any = None  # the method's acceptance rule, bound to the codebook if it needs one
         layout = target.model.layout
-        self.layout, self.L = layout, layout.num_tokens
-        B, dev = target.batch, target.conditions.device
+        self.layout, self.L, self.V = layout, layout.stream_len, layout.law_size  # stream positions, law width
+        B, dev = target.batch, next(target.model.parameters()).device
         self.tokens = torch.zeros(B, self.L + pad, dtype=torch.long, device=dev)
         self.accept_map = torch.zeros(B, self.L + pad, dtype=torch.long, device=dev)
-        self.n = torch.zeros(B, dtype=torch.long, device=dev)  # committed tokens per row
+        self.n = torch.zeros(B, dtype=torch.long, device=dev)  # committed stream tokens per row
         self.active_forwards = torch.zeros(B, dtype=torch.long, device=dev)
+        forced = layout.forced(dev) if layout.row_end else torch.empty(0, dtype=torch.long, device=dev)
+        self.forced = torch.nn.functional.pad(forced, (0, self.L + pad - forced.shape[0]), value=-1)
         self.extra: dict[str, float] = {}
 
     @property
@@ -138,28 +157,47 @@ class DecodeContext:
         j = torch.arange(m, device=self.device)
         idx = (self.n[:, None] + j).clamp_max(self.tokens.shape[1] - 1)
         write = j[None, :] < count[:, None]
+        images = (write & (self.forced[idx] < 0)).sum(1, keepdim=True)  # image tokens of this block
         self.tokens.scatter_(1, idx, torch.where(write, block, self.tokens.gather(1, idx)))
-        self.accept_map.scatter_(1, idx, torch.where(write, count[:, None].expand(-1, m), self.accept_map.gather(1, idx)))
+        self.accept_map.scatter_(1, idx, torch.where(write, images.expand(-1, m), self.accept_map.gather(1, idx)))
         self.active_forwards += active.long()
         self.n += count
         return count
+
+    def force(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Drafts (B, n) at stream ``positions`` with every forced position set to its structural id."""
+        f = self.forced[positions.clamp(0, self.forced.shape[0] - 1)]
+        return torch.where(f >= 0, f, tokens)
+
+    def force_law(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Draft laws (B, n, V) with a point mass at every forced position."""
+        f = self.forced[positions.clamp(0, self.forced.shape[0] - 1)]
+        return torch.where((f >= 0)[..., None], torch.zeros_like(q).scatter_(-1, f.clamp_min(0)[..., None], 1.0), q)
+
+    def image_tokens(self) -> torch.Tensor:
+        """(B, H*W) the committed image codes, structural tokens removed."""
+        if not self.layout.row_end:
+            return self.tokens[:, : self.L]
+        return self.tokens[:, self.layout.image_index(self.device)]
 
     def positions(self, start: torch.Tensor, n: int) -> torch.Tensor:
         """Grid indices (B, n) start, start+1, ... for a chain of n tokens."""
         return start[:, None] + torch.arange(n, device=self.device)
 
     def stats(self, wall_s: float, draft_forwards: int) -> Stats:
+        """``tokens`` counts image tokens only; the heatmap covers the image grid."""
         B = self.n.shape[0]
         H, W = self.layout.height, self.layout.width
-        fwd = self.target.forwards
+        N, fwd = self.layout.num_tokens, self.target.forwards
+        grid = self.accept_map[:, : self.L] if not self.layout.row_end else self.accept_map[:, self.layout.image_index(self.device)]
         return Stats(
-            tokens=self.L,
+            tokens=N,
             target_forwards=fwd,
             draft_forwards=draft_forwards,
-            step_compression=self.L / max(fwd, 1),
-            mean_accepted_length=float((self.L / self.active_forwards.clamp_min(1).float()).mean()),
+            step_compression=N / max(fwd, 1),
+            mean_accepted_length=float((N / self.active_forwards.clamp_min(1).float()).mean()),
             wall_s=wall_s,
-            accept_map=self.accept_map[:, : self.L].reshape(B, H, W).cpu(),
+            accept_map=grid.reshape(B, H, W).cpu(),
             extra=dict(self.extra),
         )
 

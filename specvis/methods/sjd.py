@@ -104,12 +104,12 @@ class Jacobi:
         if not ctx.target.sampling.greedy:
             raise ValueError("method jacobi needs greedy sampling (temperature=0); use SJD to sample")
         target, W, gen = ctx.target, self.window, ctx.generator
-        V = ctx.layout.vocab_size
+        V = ctx.layout.vocab_size  # random drafts over the image codes; forced positions get their id
         B = ctx.n.shape[0]
         x0 = target.prefill().argmax(-1)
         ctx.commit(x0[:, None], torch.ones_like(ctx.n))
         j = torch.arange(W, device=ctx.device)
-        draft = torch.randint(V, (B, W), device=ctx.device, generator=gen)  # random init (paper, Fig. 3)
+        draft = ctx.force(torch.randint(V, (B, W), device=ctx.device, generator=gen), ctx.positions(ctx.n, W))  # random init (paper, Fig. 3)
 
         def round_() -> None:
             n = ctx.n.clone()
@@ -120,7 +120,7 @@ class Jacobi:
             target.set_committed(ctx.n - 1)
             src = accepted[:, None] + 1 + j  # slot j of the new window is position n + src
             fresh = torch.randint(V, (B, W), device=ctx.device, generator=gen)
-            draft.copy_(torch.where(src <= W, guess.gather(1, src.clamp_max(W)), fresh))
+            draft.copy_(ctx.force(torch.where(src <= W, guess.gather(1, src.clamp_max(W)), fresh), ctx.positions(ctx.n, W)))
 
         ctx.run(round_)
 
@@ -208,10 +208,12 @@ class _Initialiser:
 
     def __init__(self, ctx: DecodeContext, window: int, init: str, coupling: str = "none") -> None:
         self.ctx, self.W, self.init, self.coupling = ctx, window, init, coupling
-        self.V, self.width = ctx.layout.vocab_size, ctx.layout.width
+        self.V, self.width = ctx.V, ctx.layout.stride  # laws over codes + structural ids; grid rows in the stream
         dev = ctx.device
         self.slots = torch.arange(window, device=dev)
-        self.uniform = torch.full((self.V,), 1.0 / self.V, device=dev)
+        codes = ctx.layout.vocab_size
+        self.uniform = torch.zeros(self.V, device=dev)
+        self.uniform[:codes] = 1.0 / codes
         self.ring = None
         if init == "vertical-sample":  # laws of the last width + W positions per row
             self.R = self.width + window
@@ -282,6 +284,8 @@ class _Initialiser:
             draft = torch.where(copy, copied, draft)
             point = torch.zeros_like(q).scatter_(-1, draft[..., None], 1.0)
             q = torch.where(copy[..., None], point, q)
+        if ctx.layout.row_end:  # forced positions: their id, as a point mass
+            draft, q = ctx.force(draft, pos), ctx.force_law(q, pos)
         if self.ring is not None:
             self._ring_write(pos, q)
         return draft, q

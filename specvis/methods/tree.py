@@ -206,13 +206,17 @@ class _Adaptive:
 
 
 # ---------------------------------------------------------------- the three steps of a round
-def _log_draft(logits: torch.Tensor, ctx: DecodeContext) -> torch.Tensor:
-    """Draft ranking scores: log-softmax of the guided drafter logits at the sampling temperature
-    (temperature 1 when greedy, so alternatives to the argmax keep their order)."""
+def _log_draft(logits: torch.Tensor, ctx: DecodeContext, at: torch.Tensor) -> torch.Tensor:
+    """Draft ranking scores of stream positions ``at`` (B, n): log-softmax of the guided drafter logits
+    at the sampling temperature (temperature 1 when greedy, so alternatives to the argmax keep their
+    order); a forced position scores its structural id 0 and everything else -inf."""
     s = ctx.target.sampling
     guided = s.guide(*logits.chunk(2)) if ctx.target.cfg else logits
     t = s.temperature if s.temperature > 0 else 1.0
-    return torch.log_softmax(guided / t, dim=-1)
+    lp = torch.log_softmax(guided.float() / t, dim=-1)
+    if not ctx.layout.row_end:
+        return lp
+    return ctx.force_law(torch.nn.functional.pad(lp.exp(), (0, ctx.layout.row_end)), at).log()
 
 
 def _stable_top(key: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
@@ -257,7 +261,7 @@ def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d
     then the EAGLE-2 tree of per-row depth ``d_row`` <= D and width ``k_row`` <= K, reranked to
     ``total_tokens - 1`` nodes (EAGLE-2, Sec. 4: expand by top-k, rerank by cumulative draft log-prob)."""
     drafter, dev = ctx.drafter, ctx.device
-    B, V = ctx.n.shape[0], ctx.layout.vocab_size
+    B, V = ctx.n.shape[0], ctx.layout.vocab_size  # the drafter scores image codes
     n = ctx.n
     Dm = pending.shape[-1]
 
@@ -270,12 +274,12 @@ def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d
     forwards = 1
     last = _rows(ctx, (count - 1).clamp_min(0))[:, None, None]
     root_feat = feats.gather(1, last.expand(-1, 1, Dm))  # (R, 1, Dm)
-    root_lp = _log_draft(logits.gather(1, last.expand(-1, 1, V)), ctx)[:, 0]  # (B, V)
+    root_lp = _log_draft(logits.gather(1, last.expand(-1, 1, V)), ctx, n[:, None])[:, 0]  # (B, V)
 
     # candidates pool, depth by depth
     rank = torch.arange(K, device=dev)
     score, tok = root_lp.topk(K, dim=-1)
-    valid = rank[None] < k_row[:, None]
+    valid = (rank[None] < k_row[:, None]) & (score > float("-inf"))
     pool_tok, pool_score, pool_valid = [tok], [score], [valid]
     pool_par = [torch.full_like(tok, -1)]
     pool_depth = [torch.ones_like(tok)]
@@ -289,9 +293,9 @@ def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d
         lg, f = drafter.forward_tokens(_rows(ctx, exp_tok), exp_feat, _rows(ctx, (n + d - 2)[:, None].expand(-1, K)),
                                        _rows(ctx, anc), start=(d - 2) * K)
         forwards += 1
-        cs, ct = _log_draft(lg, ctx).topk(K, dim=-1)  # (B, K, K)
+        cs, ct = _log_draft(lg, ctx, (n + d - 1)[:, None].expand(-1, K)).topk(K, dim=-1)  # (B, K, K)
         c_score = (exp_score[:, :, None] + cs).flatten(1)
-        c_valid = (exp_valid[:, :, None] & (rank[None, None] < k_row[:, None, None])
+        c_valid = (exp_valid[:, :, None] & (rank[None, None] < k_row[:, None, None]) & (cs > float("-inf"))
                    & (d <= d_row)[:, None, None]).flatten(1)
         c_tok = ct.flatten(1)
         pool_tok.append(c_tok)
@@ -394,7 +398,7 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape) -> No
     if not hasattr(rule, "sibling"):
         raise ValueError(f"acceptance rule {getattr(rule, 'name', rule)!r} has no sibling rule for draft trees")
     drafter.attach(target.model)
-    dev, V, L = ctx.device, ctx.layout.vocab_size, ctx.L
+    dev, V, L = ctx.device, ctx.V, ctx.L
     Dmax, Kmax = shape.max_depth, min(shape.max_top_k, V)
     drafter.setup_cache(2 * target.batch if target.cfg else target.batch, extra=Dmax + 2 + Dmax * Kmax)
     drafts = Counter()  # drafter forwards (a round runner adds them per replay)

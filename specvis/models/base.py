@@ -32,15 +32,114 @@ import torch
 
 @dataclass(frozen=True)
 class Layout:
-    """Image-token geometry: a ``height x width`` grid over a codebook of ``vocab_size`` codes."""
+    """Image-token geometry: a ``height x width`` grid over a codebook of ``vocab_size`` codes, laid out
+    in the token stream row by row, each row followed by ``row_end`` structural tokens (Emu3: one
+    end-of-line token; none elsewhere).
+
+    Methods work on stream positions 0 .. ``stream_len`` - 1 and on laws over ``law_size`` ids: the
+    image codes, then the structural tokens (row-end slot k has id ``vocab_size + k``). A structural
+    position is forced: its law is a point mass at its id (``forced``), never drafted against, never
+    counted as an image token. Grid neighbours are ``stride`` apart in the stream."""
 
     height: int
     width: int
     vocab_size: int
+    row_end: int = 0
 
     @property
     def num_tokens(self) -> int:
+        """Image tokens per sample (structural tokens excluded)."""
         return self.height * self.width
+
+    @property
+    def stride(self) -> int:
+        return self.width + self.row_end
+
+    @property
+    def stream_len(self) -> int:
+        return self.height * self.stride
+
+    @property
+    def law_size(self) -> int:
+        return self.vocab_size + self.row_end
+
+    def forced(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """(stream_len,) the forced id at each stream position, -1 at image positions."""
+        col = torch.arange(self.stream_len, device=device) % self.stride
+        return torch.where(col >= self.width, self.vocab_size + col - self.width, torch.full_like(col, -1))
+
+    def image_index(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """(num_tokens,) stream positions of the image tokens, row-major."""
+        return (self.forced(device) < 0).nonzero().squeeze(1)
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """Token prefixes, one per row: ``ids`` (R, P) padded on the right (the padding is never attended),
+    ``lengths`` (R,) >= 1. A family's prompt that is made of pad tokens (Janus's unconditional prompt)
+    counts them in its length: they are attended, as the official code does."""
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+
+    @classmethod
+    def of(cls, seqs: list[list[int]], device: torch.device | str = "cpu") -> "Prompts":
+        if not seqs or any(len(s) == 0 for s in seqs):
+            raise ValueError("prompts must be non-empty token sequences")
+        P = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), P, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        return cls(ids.to(device), torch.tensor([len(s) for s in seqs], device=device))
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def cat(self, other: "Prompts") -> "Prompts":
+        """Rows of ``self`` then ``other`` (the CFG halves), padded to one width."""
+        P = max(self.ids.shape[1], other.ids.shape[1])
+        pad = lambda t: torch.nn.functional.pad(t, (0, P - t.shape[1]))
+        return Prompts(torch.cat([pad(self.ids), pad(other.ids)]), torch.cat([self.lengths, other.lengths]))
+
+    def to(self, device: torch.device | str) -> "Prompts":
+        return Prompts(self.ids.to(device), self.lengths.to(device))
+
+
+@dataclass(frozen=True)
+class Condition:
+    """What a model's prefill consumes for B samples: the conditional rows ``cond`` (class ids (B,) or
+    ``Prompts``) and, for classifier-free guidance, the unconditional rows ``uncond`` of the same kind.
+    Methods never look inside; ``GuidedModel`` hands ``rows(cfg)`` to the model."""
+
+    cond: "torch.Tensor | Prompts"
+    uncond: "torch.Tensor | Prompts | None" = None
+
+    @property
+    def batch(self) -> int:
+        return len(self.cond)
+
+    def rows(self, cfg: bool) -> "torch.Tensor | Prompts":
+        if not cfg:
+            return self.cond
+        if self.uncond is None:
+            raise ValueError("cfg_scale != 1 needs unconditional rows (negative prompts)")
+        if isinstance(self.cond, Prompts):
+            return self.cond.cat(self.uncond)
+        return torch.cat([self.cond, self.uncond])
+
+    @classmethod
+    def of(cls, model, conditions, negative=None) -> "Condition":
+        """From class ids (the model's null class is the unconditional row) or ``Prompts`` (negative
+        prompts given, else the model's own ``unconditional(prompts)`` convention)."""
+        if isinstance(conditions, Condition):
+            return conditions
+        if isinstance(conditions, Prompts):
+            if negative is None and hasattr(model, "unconditional"):
+                negative = model.unconditional(conditions)
+            if negative is not None and len(negative) != len(conditions):
+                raise ValueError(f"negative prompts: {len(negative)} given for {len(conditions)} prompts")
+            return cls(conditions, negative)
+        return cls(conditions, torch.full_like(conditions, model.null_condition))
 
 
 @runtime_checkable

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .base import KVCache, Layout
+from .base import Layout
 from .checkpoint import load_strict, read_pretrained, read_state_dict, save_pretrained
+from .decoder import CachedStack, RMSNorm, TransformerBlock, apply_rope  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -101,74 +101,6 @@ def rope_2d_table(grid: int, head_dim: int, base: float, prefix: int) -> torch.T
     return torch.cat([torch.zeros(prefix, 2 * quarter, 2), table])
 
 
-def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of x (B, T, H, D) by rope (B, T, D/2, 2)."""
-    xp = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]
-    out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1)
-    return out.flatten(3).type_as(x)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: LlamaGenConfig) -> None:
-        super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.wqkv = nn.Linear(cfg.dim, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.resid_dropout = nn.Dropout(cfg.resid_dropout_p)
-
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None,
-                cache: KVCache | None = None, layer: int = 0, slots: torch.Tensor | None = None) -> torch.Tensor:
-        B, T, _ = x.shape
-        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = apply_rope(q.view(B, T, self.n_head, self.head_dim), rope).transpose(1, 2)
-        k = apply_rope(k.view(B, T, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        if cache is not None:
-            cache.write(layer, k, v, slots)
-            k, v = cache.k[layer], cache.v[layer]
-        gqa = self.n_kv_head != self.n_head
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
-        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(B, T, -1)))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, cfg: LlamaGenConfig) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
-        self.w3 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.dim, bias=False)
-        self.ffn_dropout = nn.Dropout(cfg.ffn_dropout_p)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
-
-
-class TransformerBlock(nn.Module):
-    def __init__(self, cfg: LlamaGenConfig) -> None:
-        super().__init__()
-        self.attention = Attention(cfg)
-        self.feed_forward = FeedForward(cfg)
-        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-
-    def forward(self, x, rope, mask, cache=None, layer=0, slots=None):
-        h = x + self.attention(self.attention_norm(x), rope, mask, cache, layer, slots)
-        return h + self.feed_forward(self.ffn_norm(h))
-
-
 class LabelEmbedder(nn.Module):
     """Class embedding; the extra last row is the null class (CFG)."""
 
@@ -180,7 +112,7 @@ class LabelEmbedder(nn.Module):
         return self.embedding_table(labels)
 
 
-class LlamaGen(nn.Module):
+class LlamaGen(CachedStack, nn.Module):
     """Class-conditional LlamaGen GPT implementing ``CachedTokenModel`` (see models/base.py)."""
 
     def __init__(self, config: LlamaGenConfig) -> None:
@@ -190,7 +122,7 @@ class LlamaGen(nn.Module):
         self.layout = Layout(side, side, cfg.vocab_size)
         self.null_condition = cfg.num_classes
         self.num_conditions = cfg.num_classes
-        self.prefix_len = cfg.cls_token_num
+        self.prefix_len = self.max_prefix = cfg.cls_token_num
         self.cls_embedding = LabelEmbedder(cfg.num_classes, cfg.dim, cfg.class_dropout_prob)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.tok_dropout = nn.Dropout(cfg.token_dropout_p)
@@ -198,7 +130,6 @@ class LlamaGen(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.register_buffer("rope", rope_2d_table(side, cfg.head_dim, cfg.rope_base, self.prefix_len), persistent=False)
-        self.cache: KVCache | None = None
         self.apply(self._init_weights)
 
     def _init_weights(self, m: nn.Module) -> None:
@@ -225,52 +156,25 @@ class LlamaGen(nn.Module):
         h = self.norm(x)
         return self.output(h).float(), h
 
-    # ---- cached decoding (CachedTokenModel) ----
-    def setup_cache(self, rows: int, extra: int) -> None:
-        p = next(self.parameters())
-        slots = self.prefix_len + self.layout.num_tokens + extra
-        cfg = self.config
-        self.cache = KVCache(cfg.n_layer, rows, cfg.n_kv_head, slots, cfg.head_dim, p.dtype, p.device)
+    # ---- cached decoding (CachedTokenModel, via CachedStack) ----
+    def cache_shape(self) -> tuple[int, int, int]:
+        return self.config.n_layer, self.config.n_kv_head, self.config.head_dim
 
-    def _run_cached(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None):
-        cache = self.cache
-        if cache is None:
-            raise RuntimeError("call setup_cache(rows, extra) before cached decoding")
-        n = x.shape[1]
-        slots = cache.block_slots(n)
-        mask = cache.attention_mask(n, tree_mask)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, mask, cache, i, slots)
-        h = self.norm(x)
-        return self.output(h).float(), h
+    def rope_at(self, index: torch.Tensor) -> torch.Tensor:
+        return self.rope[index]
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.output(h)
 
     @torch.no_grad()
     def prefill(self, conditions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.cache.length.zero_()
-        x = self.cls_embedding(conditions)[:, None]
-        rope = self.rope[: self.prefix_len][None].expand(x.shape[0], -1, -1, -1).contiguous()
-        logits, h = self._run_cached(x, rope, None)
-        self.cache.length.fill_(self.prefix_len)
-        return logits[:, -1], h[:, -1]
+        lengths = torch.full_like(conditions, self.prefix_len)
+        return self._prefill_embedded(self.cls_embedding(conditions)[:, None], lengths)
 
     @torch.no_grad()
     def forward_tokens(self, tokens: torch.Tensor, positions: torch.Tensor,
                        tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = positions.clamp(0, self.layout.num_tokens - 1) + self.prefix_len
-        return self._run_cached(self.tok_embeddings(tokens), self.rope[pos], tree_mask)
-
-    def compile_decoder(self) -> None:
-        """``torch.compile`` the cached block stack (one graph per block size; shapes are static)."""
-        import torch._dynamo
-
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per block size
-        self._run_cached = torch.compile(self._run_cached, dynamic=False)
-
-    def set_committed(self, n_fed: torch.Tensor) -> None:
-        self.cache.length.copy_(n_fed + self.prefix_len)  # in place (captured rounds)
-
-    def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
-        self.cache.keep_block(index, count)
+        return self._forward_embedded(self.tok_embeddings(tokens), positions, tree_mask)
 
     # ---- official checkpoints ----
     @classmethod

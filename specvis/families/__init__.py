@@ -1,0 +1,67 @@
+"""Real model families loaded from their official checkpoint directories into specvis's decoder.
+
+A family module is data and three small functions: ``matches(config)``, ``build(dir, config, height,
+width) -> (PromptDecoder, tensors)`` (its key renames onto our names, Llama layers still in the
+Hugging Face layout under ``hf_layers.``) and ``encode(processor, texts, height, width)`` (its
+official prompt template). Everything else is shared here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..models.checkpoint import load_strict
+from ..models.decoder import PromptDecoder, import_llama_layers
+from . import emu3, janus
+from .hf import read_json
+
+FAMILIES = (janus, emu3)
+
+
+def detect(directory: str | Path):
+    """The family module whose config.json this directory holds, or a one-line ValueError."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise ValueError(f"{d}: not a directory")
+    config = read_json(d / "config.json")
+    for family in FAMILIES:
+        if family.matches(config):
+            return family, config
+    names = ", ".join(f.NAME for f in FAMILIES)
+    raise ValueError(f"{d}/config.json: model_type {config.get('model_type')!r} is not supported (supported: {names})")
+
+
+def load_decoder(directory: str | Path, height: int | None = None, width: int | None = None) -> PromptDecoder:
+    """The checkpoint's text-to-image decoder with its weights, in eval mode (fp32 unless cast later)."""
+    family, config = detect(directory)
+    model, sd = family.build(Path(directory), config, height, width)
+    cfg = model.config
+    try:
+        layers = import_llama_layers(sd, "hf_layers.", cfg.n_layer, cfg.n_head, cfg.n_kv_head)
+    except KeyError as e:
+        raise ValueError(f"{directory}: checkpoint lacks {e}") from None
+    sd = {k: v for k, v in sd.items() if not k.startswith("hf_layers.")} | layers
+    load_strict(model, sd, str(directory))
+    model.family = family
+    return model.float().eval()
+
+
+def load_pipeline(name: str | Path, draft: str | Path | None = None):
+    """A ``TextPipeline`` for a checkpoint directory or Hugging Face Hub id (``specvis.hub``), with an
+    optional draft checkpoint of the same family (same tokenizer, same image vocabulary)."""
+    from ..pipeline import TextPipeline
+    from ..sampling import Sampling
+    from ..hub import resolve_model_dir
+
+    directory = resolve_model_dir(str(name))
+    target = load_decoder(directory)
+    draft_model = None
+    if draft is not None:
+        draft_dir = resolve_model_dir(str(draft))
+        draft_model = load_decoder(draft_dir)
+        if draft_model.family is not target.family or draft_model.layout != target.layout:
+            raise ValueError(f"draft {draft_dir}: not the same family and image vocabulary as {directory}")
+    family = target.family
+    grid = (target.layout.height, target.layout.width)
+    return TextPipeline(Path(directory).name, target, None, draft=draft_model, directory=directory,
+                        default_sampling=Sampling(**family.DEFAULT_SAMPLING), extras={"grid": grid, "family": family.NAME})

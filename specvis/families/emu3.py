@@ -1,0 +1,92 @@
+"""Emu3 (BAAI) in the transformers layout (``model_type: emu3``; also the legacy key layout of
+``BAAI/Emu3-Gen-hf``, ``text_model.model.*`` / ``text_model.lm_head`` / ``vqmodel.*``).
+
+A Llama text model whose vocabulary holds the VQ codes as ``<|visual token NNNNNN|>`` tokens. The
+image is written row by row, each row followed by the end-of-line token ``<|extra_200|>`` (forced:
+``Layout.row_end = 1``); after the last row the official stream goes on with end-of-frame and
+end-of-image, which no image token depends on, so specvis stops after the last row end. Sampling is
+restricted to the visual tokens (the official ``prefix_allowed_tokens_fn``). The prompt template is
+``text <|image start|>H*W<|image token|>`` (``Emu3Processor(..., return_for_image_generation=True)``);
+the native size is 720x720 px, i.e. 90x90 tokens. CFG: transformers' ``generate`` guides
+log-softmaxed logits, u' + s (c' - u') with c' = c - logsumexp(c); that is API.md's formula plus a
+per-row constant, which the softmax over the image vocabulary removes, so the law is API.md's.
+The unconditional prompt is the official negative prompt through the same template.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..models.base import Layout
+from ..models.decoder import MappedEmbedding, PromptDecoder
+from .hf import llama_config, read_json, read_tensors
+
+NAME = "emu3"
+DEFAULT_SAMPLING = {"cfg_scale": 3.0, "top_k": 2048}  # the official generation example
+EOL = "<|extra_200|>"
+NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
+            "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry.")
+RENAMES = [
+    (r"^text_model\.lm_head\.", "lm_head."),  # legacy layout
+    (r"^text_model\.model\.", "model.text_model."),
+    (r"^model\.text_model\.embed_tokens\.", "tok_embeddings."),
+    (r"^model\.text_model\.norm\.", "norm."),
+    (r"^model\.text_model\.layers\.", "hf_layers."),
+]
+KEEP = ("tok_embeddings.", "norm.", "hf_layers.", "lm_head.")
+AREA, DOWNSAMPLE = 720 * 720, 8
+
+
+def matches(config: dict) -> bool:
+    return config.get("model_type") == NAME
+
+
+def visual_ids(config: dict, where: str) -> tuple[list[int], int]:
+    """Text-vocabulary ids of codes 0 .. V-1 and of the end-of-line token, from ``vocabulary_map``."""
+    vocab = config.get("vocabulary_map") or {}
+    codes = {int(k[-8:-2]): v for k, v in vocab.items() if k.startswith("<|visual token")}
+    if not codes or sorted(codes) != list(range(len(codes))) or EOL not in vocab:
+        raise ValueError(f"{where}: config.json vocabulary_map needs <|visual token 000000|>... and {EOL}")
+    return [codes[i] for i in range(len(codes))], int(vocab[EOL])
+
+
+def native_grid(directory: Path) -> tuple[int, int]:
+    """The processor's default square size (image_area, downsample 8), in tokens."""
+    proc = directory / "processor_config.json"
+    area = int(read_json(proc).get("image_area", AREA)) if proc.exists() else AREA
+    side = int(round(math.sqrt(area) / DOWNSAMPLE))
+    return side, side
+
+
+def build(directory: Path, config: dict, height: int | None = None, width: int | None = None):
+    where = str(directory)
+    cfg = llama_config(config.get("text_config") or config, where)
+    codes, eol = visual_ids(config, where)
+    H, W = native_grid(directory) if height is None else (height, width)
+    sd = read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
+    if "lm_head.weight" not in sd:
+        raise ValueError(f"{where}: checkpoint lacks lm_head.weight")
+    head = nn.Linear(cfg.dim, len(codes), bias=False)
+    sd["head.weight"] = sd.pop("lm_head.weight")[torch.tensor(codes)]  # image-vocabulary rows only
+    model = PromptDecoder(cfg, Layout(H, W, len(codes), row_end=1), None, head, unconditional=None)
+    model.image_embed = MappedEmbedding(model.tok_embeddings, torch.tensor(codes + [eol]))
+    return model, sd
+
+
+def template(text: str, height: int, width: int, tokenizer) -> str:
+    return f"{text}{tokenizer.boi_token}{height}*{width}{tokenizer.image_wrapper_token}"
+
+
+def encode(processor, texts: list[str], height: int, width: int) -> list[list[int]]:
+    """The official image-generation prompt at the requested size (what the processor builds for its
+    default size), tokenised by the checkpoint's tokenizer."""
+    tok = processor.tokenizer
+    return [list(map(int, tok(template(t, height, width, tok))["input_ids"])) for t in texts]
+
+
+def negative(processor, count: int, height: int, width: int) -> list[list[int]]:
+    return encode(processor, [NEGATIVE] * count, height, width)

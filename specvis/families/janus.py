@@ -1,0 +1,86 @@
+"""Janus / Janus-Pro (DeepSeek) in the transformers layout (``model_type: janus``).
+
+A Llama text model; image codes are embedded by a separate table lifted by an MLP aligner and scored
+by a separate generation head over the VQ codebook (16,384 codes, 24x24 grid at 384 px for
+Janus-Pro). No structural tokens inside the image. CFG (``JanusForConditionalGeneration.generate``,
+image mode): the unconditional prompt is the conditional one with every token but BOS and
+begin-of-image replaced by the pad token, same length, attended; guided = u + s (c - u) on the raw
+generation-head logits, which is API.md's formula. A text prompt is the processor's chat template
+followed by begin-of-image (``JanusProcessor(..., generation_mode="image")``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from torch import nn
+
+from ..models.base import Layout
+from ..models.decoder import AlignedEmbedding, MLPHead, PromptDecoder
+from .hf import llama_config, read_json, read_tensors
+
+NAME = "janus"
+DEFAULT_SAMPLING = {"cfg_scale": 5.0, "temperature": 1.0}  # the official generation script
+ACTS = {"gelu": nn.GELU, "gelu_pytorch_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU, "relu": nn.ReLU}
+# checkpoint key -> our key (regex, applied in order)
+RENAMES = [
+    (r"^model\.language_model\.embed_tokens\.", "tok_embeddings."),
+    (r"^model\.language_model\.norm\.", "norm."),
+    (r"^model\.language_model\.layers\.", "hf_layers."),
+    (r"^model\.generation_embeddings\.", "image_embed.codes."),
+    (r"^model\.generation_aligner\.fc1\.", "image_embed.fc1."),
+    (r"^model\.generation_aligner\.hidden_layers\.", "image_embed.hidden."),
+    (r"^model\.generation_head\.", "head."),
+]
+KEEP = ("tok_embeddings.", "norm.", "hf_layers.", "image_embed.", "head.")
+
+
+def matches(config: dict) -> bool:
+    return config.get("model_type") == NAME
+
+
+def special_ids(directory: Path) -> dict[str, int]:
+    """BOS, pad and begin-of-image ids from generation_config.json (where the official generate reads them)."""
+    gen = read_json(directory / "generation_config.json")
+    kw = gen.get("generation_kwargs") or {}
+    try:
+        return {"bos": int(gen["bos_token_id"]), "pad": int(gen["pad_token_id"]), "boi": int(kw.get("boi_token_id", gen.get("boi_token_id")))}
+    except (KeyError, TypeError):
+        raise ValueError(f"{directory}/generation_config.json: needs bos_token_id, pad_token_id and "
+                         "generation_kwargs.boi_token_id") from None
+
+
+def native_grid(config: dict) -> tuple[int, int]:
+    n = int((config.get("vision_config") or {}).get("num_image_tokens", 576))
+    side = math.isqrt(n)
+    return side, side
+
+
+def build(directory: Path, config: dict, height: int | None = None, width: int | None = None) -> PromptDecoder:
+    where = str(directory)
+    cfg = llama_config(config.get("text_config") or {}, where)
+    vq = config.get("vq_config") or {}
+    H, W = native_grid(config) if height is None else (height, width)
+    try:
+        codes, code_dim, proj = int(vq["num_embeddings"]), int(vq["embed_dim"]), int(vq["projection_dim"])
+        depth, act = int(vq.get("num_hidden_layers", 2)), ACTS[vq.get("hidden_act", "gelu")]
+        head_in = int(vq.get("image_token_embed_dim", cfg.dim))
+    except KeyError as e:
+        raise ValueError(f"{where}: vq_config lacks or has an unsupported {e}") from None
+    ids = special_ids(directory)
+    model = PromptDecoder(cfg, Layout(H, W, codes), AlignedEmbedding(codes, code_dim, proj, depth, act()),
+                          MLPHead(head_in, proj, codes, act()), unconditional=("keep", (ids["bos"], ids["boi"]), ids["pad"]))
+    return model, read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
+
+
+def encode(processor, texts: list[str], height: int, width: int) -> list[list[int]]:
+    """The official image-generation prompt: the processor's chat template (a user turn, generation
+    prompt) then begin-of-image."""
+    prompts = []
+    for t in texts:
+        if getattr(processor, "chat_template", None):
+            t = processor.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": t}]}],
+                                              add_generation_prompt=True)
+        prompts.append(processor(text=t, generation_mode="image")["input_ids"][0])
+    return [list(map(int, p)) for p in prompts]

@@ -1,0 +1,358 @@
+"""The one Llama-shaped decoder behind every discrete family (gpt-fast style).
+
+Blocks: pre-norm RMSNorm, attention with a fused ``wqkv`` (optional bias, grouped KV heads) and
+rotary embeddings on interleaved pairs (x[2i], x[2i+1]), SwiGLU feed-forward. Families differ only in
+data: the RoPE angles of a position (LlamaGen: the 2D grid table; Llama text models: theta^(-2i/d)
+times the sequence position), the condition prefix (a class embedding or a token prompt), how an
+image token is embedded and which head scores the next one. Hugging Face checkpoints keep q and k
+in the rotate-half layout (pairs (x[i], x[i + d/2])); ``import_llama_layers`` permutes their rows into
+interleaved pairs, which leaves every attention score unchanged.
+
+``CachedStack`` is the cached half of ``CachedTokenModel`` (models/base.py) shared by the families: a
+static per-row KV cache, per-row prefix lengths, tree masks, in-place commits (captured rounds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import KVCache
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of x (B, T, H, D) by rope (B, T, D/2, 2) = (cos, sin)."""
+    xp = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]
+    out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+def rope_1d(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """Llama RoPE (B, T, head_dim/2, 2) at integer ``positions`` (B, T): angle_i = p * theta^(-2i/d)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float()[..., None] * inv
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        bias = getattr(cfg, "attention_bias", False)
+        self.wqkv = nn.Linear(cfg.dim, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, bias=bias)
+        self.wo = nn.Linear(cfg.n_head * cfg.head_dim, cfg.dim, bias=bias)
+        self.resid_dropout = nn.Dropout(cfg.resid_dropout_p)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None,
+                cache: KVCache | None = None, layer: int = 0, slots: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = apply_rope(q.view(B, T, self.n_head, self.head_dim), rope).transpose(1, 2)
+        k = apply_rope(k.view(B, T, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if cache is not None:
+            cache.write(layer, k, v, slots)
+            k, v = cache.k[layer], cache.v[layer]
+        gqa = self.n_kv_head != self.n_head
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(B, T, -1)))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.dim, bias=False)
+        self.ffn_dropout = nn.Dropout(cfg.ffn_dropout_p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn_dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.attention = Attention(cfg)
+        self.feed_forward = FeedForward(cfg)
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def forward(self, x, rope, mask, cache=None, layer=0, slots=None):
+        h = x + self.attention(self.attention_norm(x), rope, mask, cache, layer, slots)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class CachedStack:
+    """Cached decoding over ``self.layers`` / ``self.norm`` (mixed into a family's ``nn.Module``).
+
+    The family supplies ``head(h) -> logits``, ``rope_at(index) -> (R, n, d/2, 2)`` for absolute
+    sequence indices, ``cache_shape() -> (layers, kv_heads, head_dim)`` and ``max_prefix`` (the
+    longest prefix it accepts). Row r's
+    condition prefix fills slots 0 .. prefix_lengths[r] - 1; stream position j of its image tokens
+    sits at sequence index prefix_lengths[r] + j (its RoPE index and, when committed, its slot)."""
+
+    cache: KVCache | None = None
+    prefix_lengths: torch.Tensor | None = None
+
+    def setup_cache(self, rows: int, extra: int) -> None:
+        """Plan a cache for ``rows`` sequences with ``extra`` scratch slots; it is allocated by the
+        prefill, sized to the longest prefix of that call (plus the stream and ``extra``)."""
+        p = next(self.parameters())
+        self._plan = (rows, extra)
+        self.cache = None
+        self.prefix_lengths = torch.zeros(rows, dtype=torch.long, device=p.device)
+
+    def _allocate(self, prefix: int) -> KVCache:
+        rows, extra = self._plan
+        p = next(self.parameters())
+        layers, heads, head_dim = self.cache_shape()
+        self.cache = KVCache(layers, rows, heads, prefix + self.layout.stream_len + extra, head_dim, p.dtype, p.device)
+        return self.cache
+
+    def _run_cached(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None):
+        cache = self.cache
+        if cache is None:
+            raise RuntimeError("call setup_cache(rows, extra) before cached decoding")
+        n = x.shape[1]
+        slots = cache.block_slots(n)
+        mask = cache.attention_mask(n, tree_mask)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, mask, cache, i, slots)
+        h = self.norm(x)
+        return self.head(h).float(), h
+
+    def _prefill_embedded(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write prefixes x (R, P, D) with ``lengths`` (R,) into the cache; (logits, hidden) after each
+        row's last prefix token. Causal over each row's own prefix; padding is never attended later."""
+        R, P = x.shape[:2]
+        if P > self.max_prefix:
+            raise ValueError(f"prompt of {P} tokens is longer than the context allows ({self.max_prefix} "
+                             f"with a {self.layout.height}x{self.layout.width} image)")
+        if R != self._plan[0]:
+            raise ValueError(f"prefill of {R} rows into a cache planned for {self._plan[0]}")
+        self._allocate(P)
+        self.prefix_lengths.copy_(lengths)
+        rope = self.rope_at(torch.arange(P, device=x.device)[None].expand(R, -1))
+        logits, h = self._run_cached(x, rope, None)
+        self.cache.length.copy_(lengths)
+        last = (lengths - 1)[:, None, None]
+        return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0], h.gather(1, last.expand(-1, 1, h.shape[-1]))[:, 0]
+
+    def _forward_embedded(self, x: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None):
+        index = self.prefix_lengths[:, None] + positions.clamp(0, self.layout.stream_len - 1)
+        return self._run_cached(x, self.rope_at(index), tree_mask)
+
+    def set_committed(self, n_fed: torch.Tensor) -> None:
+        self.cache.length.copy_(n_fed + self.prefix_lengths)  # in place (captured rounds)
+
+    def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
+        self.cache.keep_block(index, count)
+
+    def compile_decoder(self) -> None:
+        """``torch.compile`` the cached block stack (one graph per block size; shapes are static)."""
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per block size
+        self._run_cached = torch.compile(self._run_cached, dynamic=False)
+
+
+# ---------------------------------------------------------------- Hugging Face Llama layers
+def interleave_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Reorder the output rows of a q/k projection from rotate-half pairs (i, i + d/2) to interleaved
+    pairs (2i, 2i + 1), per head."""
+    d = w.shape[0] // heads
+    idx = torch.arange(d).view(2, d // 2).t().reshape(-1)  # 0, d/2, 1, d/2 + 1, ...
+    return w.view(heads, d, *w.shape[1:])[:, idx].reshape(w.shape)
+
+
+def import_llama_layers(sd: dict[str, torch.Tensor], prefix: str, n_layer: int, n_head: int,
+                        n_kv_head: int) -> dict[str, torch.Tensor]:
+    """Our block keys from a Hugging Face Llama state dict under ``prefix`` (e.g. ``model.layers.``):
+    q/k/v fused into ``wqkv`` (q, k rows interleaved), o -> wo, gate/up/down -> w1/w3/w2, the two
+    layer norms -> attention_norm / ffn_norm. Missing keys raise KeyError naming the key."""
+    out = {}
+    for i in range(n_layer):
+        src, dst = f"{prefix}{i}.", f"layers.{i}."
+        a = src + "self_attn."
+        for kind in ("weight", "bias"):
+            if a + f"q_proj.{kind}" not in sd:
+                continue
+            q = interleave_rows(sd[a + f"q_proj.{kind}"], n_head)
+            k = interleave_rows(sd[a + f"k_proj.{kind}"], n_kv_head)
+            out[dst + f"attention.wqkv.{kind}"] = torch.cat([q, k, sd[a + f"v_proj.{kind}"]])
+            if a + f"o_proj.{kind}" in sd:
+                out[dst + f"attention.wo.{kind}"] = sd[a + f"o_proj.{kind}"]
+        if dst + "attention.wqkv.weight" not in out:
+            raise KeyError(a + "q_proj.weight")
+        for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            out[dst + f"feed_forward.{ours}.weight"] = sd[src + f"mlp.{theirs}.weight"]
+        out[dst + "attention_norm.weight"] = sd[src + "input_layernorm.weight"]
+        out[dst + "ffn_norm.weight"] = sd[src + "post_attention_layernorm.weight"]
+    return out
+
+
+# ---------------------------------------------------------------- the text-conditioned decoder
+@dataclass
+class DecoderConfig:
+    """A Llama-shaped text decoder: what ``TransformerBlock`` needs plus the text vocabulary and RoPE."""
+
+    dim: int
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    ffn_hidden: int
+    text_vocab_size: int
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+    max_positions: int = 4096
+    resid_dropout_p: float = 0.0
+    ffn_dropout_p: float = 0.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+
+class MappedEmbedding(nn.Module):
+    """Image and structural ids embedded through the text table: row ``token_map[id]`` of ``table``
+    (Emu3: visual tokens are text-vocabulary tokens)."""
+
+    def __init__(self, table: nn.Embedding, token_map: torch.Tensor) -> None:
+        super().__init__()
+        self.table = [table]  # shared with the decoder, not a second parameter
+        self.register_buffer("token_map", token_map.long(), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table[0](self.token_map[ids])
+
+
+class AlignedEmbedding(nn.Module):
+    """Janus: a code embedding (V, e) lifted to the model width by an MLP (Linear, then act + Linear)."""
+
+    def __init__(self, num_codes: int, code_dim: int, dim: int, depth: int, act: nn.Module) -> None:
+        super().__init__()
+        self.codes = nn.Embedding(num_codes, code_dim)
+        self.fc1 = nn.Linear(code_dim, dim)
+        self.hidden = nn.ModuleList(nn.Linear(dim, dim) for _ in range(depth - 1))
+        self.act = act
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.fc1(self.codes(ids))
+        for layer in self.hidden:
+            x = layer(self.act(x))
+        return x
+
+
+class MLPHead(nn.Module):
+    """Janus's generation head: Linear, act, Linear onto the codebook."""
+
+    def __init__(self, dim: int, hidden: int, num_codes: int, act: nn.Module) -> None:
+        super().__init__()
+        self.proj_out = nn.Linear(dim, hidden)
+        self.act = act
+        self.vision_head = nn.Linear(hidden, num_codes)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.vision_head(self.act(self.proj_out(h)))
+
+
+class PromptDecoder(CachedStack, nn.Module):
+    """A text-to-image Llama-shaped decoder implementing ``CachedTokenModel`` with prompt conditions.
+
+    The condition of a row is a token prompt (``Prompts``), embedded by the text table; the image
+    stream (``layout``: codes and forced structural ids) is embedded by ``image_embed`` and scored by
+    ``image_head`` over the image codes only (sampling is restricted to the image vocabulary).
+    ``unconditional`` holds the family's CFG convention as data: ``("keep", keep_ids, pad_id)``
+    replaces every prompt token not in ``keep_ids`` by ``pad_id`` (Janus), ``("fixed", ids)`` is one
+    fixed negative prompt (Emu3)."""
+
+    null_condition = None
+    num_conditions = None
+
+    def __init__(self, config: DecoderConfig, layout, image_embed: nn.Module, image_head: nn.Module,
+                 unconditional: tuple | None = None) -> None:
+        super().__init__()
+        self.config = cfg = config
+        self.layout = layout
+        self.max_prefix = cfg.max_positions - layout.stream_len
+        self.tok_embeddings = nn.Embedding(cfg.text_vocab_size, cfg.dim)
+        self.image_embed = image_embed
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.head = image_head
+        self.unconditional_rule = unconditional
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.dim
+
+    def set_grid(self, height: int, width: int) -> None:
+        """Generate ``height x width`` image tokens from now on (1D RoPE: any grid that fits the context)."""
+        from .base import Layout
+
+        for name, v in (("height", height), ("width", width)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1 (image tokens), got {v!r}")
+        layout = Layout(height, width, self.layout.vocab_size, self.layout.row_end)
+        if layout.stream_len >= self.config.max_positions:
+            raise ValueError(f"height x width = {height}x{width} does not fit the context of {self.config.max_positions} positions")
+        self.layout, self.max_prefix = layout, self.config.max_positions - layout.stream_len
+
+    def cache_shape(self) -> tuple[int, int, int]:
+        cfg = self.config
+        return cfg.n_layer, cfg.n_kv_head, cfg.head_dim
+
+    def rope_at(self, index: torch.Tensor) -> torch.Tensor:
+        return rope_1d(index, self.config.head_dim, self.config.rope_theta)
+
+    def unconditional(self, prompts):
+        """The family's unconditional prompts for CFG (see the class docstring)."""
+        from .base import Prompts
+
+        rule = self.unconditional_rule
+        if rule is None:
+            raise ValueError("this model has no default unconditional prompt: pass negative prompts")
+        if rule[0] == "keep":
+            keep = torch.isin(prompts.ids, torch.as_tensor(rule[1], device=prompts.ids.device))
+            return Prompts(torch.where(keep, prompts.ids, torch.full_like(prompts.ids, rule[2])), prompts.lengths)
+        return Prompts.of([list(rule[1])] * len(prompts), prompts.ids.device)
+
+    @torch.no_grad()
+    def prefill(self, prompts) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._prefill_embedded(self.tok_embeddings(prompts.ids), prompts.lengths)
+
+    @torch.no_grad()
+    def forward_tokens(self, tokens: torch.Tensor, positions: torch.Tensor,
+                       tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._forward_embedded(self.image_embed(tokens), positions, tree_mask)
+
+    def logits(self, prompts, tokens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced raw logits (B, t+1, V) after each row's prompt and each of its t stream
+        tokens: a plain causal forward per row, no cache (the reference the cached path must match)."""
+        out = []
+        for r in range(tokens.shape[0]):
+            p = prompts.ids[r, : int(prompts.lengths[r])]
+            x = torch.cat([self.tok_embeddings(p), self.image_embed(tokens[r])])[None]
+            rope = self.rope_at(torch.arange(x.shape[1], device=x.device)[None])
+            for layer in self.layers:
+                x = layer(x, rope, None)
+            out.append(self.head(self.norm(x))[0, len(p) - 1:].float())
+        return torch.stack(out)
