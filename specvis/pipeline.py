@@ -197,9 +197,9 @@ class TextPipeline(Pipeline):
     @property
     def decoder(self):
         if self.vq is None:
-            from .models.hf_vq import load_vq
+            from .models.hf_vq import load_hf_vq
 
-            self.vq = load_vq(self.directory)
+            self.vq = load_hf_vq(self.directory)
         return self.vq
 
     @property

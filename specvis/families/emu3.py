@@ -6,7 +6,7 @@ image is written row by row, each row followed by the end-of-line token ``<|extr
 ``Layout.row_end = 1``); after the last row the official stream goes on with end-of-frame and
 end-of-image, which no image token depends on, so specvis stops after the last row end. Sampling is
 restricted to the visual tokens (the official ``prefix_allowed_tokens_fn``). The prompt template is
-``text <|image start|>H*W<|image token|>`` (``Emu3Processor(..., return_for_image_generation=True)``);
+``<bos> text <|image start|>H*W<|image token|>`` (``Emu3Processor(..., return_for_image_generation=True)``);
 the native size is 720x720 px, i.e. 90x90 tokens. CFG: transformers' ``generate`` guides
 log-softmaxed logits, u' + s (c' - u') with c' = c - logsumexp(c); that is API.md's formula plus a
 per-row constant, which the softmax over the image vocabulary removes, so the law is API.md's.
@@ -78,7 +78,8 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
 
 
 def template(text: str, height: int, width: int, tokenizer) -> str:
-    return f"{text}{tokenizer.boi_token}{height}*{width}{tokenizer.image_wrapper_token}"
+    """BOS, the text, then begin-of-image, the size and the image wrapper (Emu3Processor)."""
+    return f"{tokenizer.bos_token}{text}{tokenizer.boi_token}{height}*{width}{tokenizer.image_wrapper_token}"
 
 
 def encode(processor, texts: list[str], height: int, width: int) -> list[list[int]]:
