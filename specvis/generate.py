@@ -80,3 +80,14 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     wall = timed(lambda: method.decode(ctx), device)
     draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
     return Generation(ctx.image_tokens().clone(), ctx.stats(wall, draft_forwards), latents=getattr(ctx, "latents", None))
+
+
+@torch.no_grad()
+def generate_latents(model, conditions: torch.Tensor, method=None, sampling: Sampling | None = None,
+                     seed: int = 0, draft=None) -> tuple[torch.Tensor, Stats]:
+    """Run ``method`` (default: target-only, ``CSpD(prefill=1.0)``) on a continuous model; returns the
+    tokens (B, L, C) and Stats (``generate(...).latents`` and ``.stats``)."""
+    from .methods.cspd import CSpD
+
+    out = generate(model, conditions, CSpD(prefill=1.0) if method is None else method, sampling, seed, draft=draft)
+    return out.latents, out.stats

@@ -31,6 +31,8 @@ Recorded acceptance (alpha = accepted / (accepted + rejected) draft tokens, prin
 
 from __future__ import annotations
 
+import importlib
+
 import copy
 import math
 
@@ -51,11 +53,14 @@ from specvis.diffusion import (
 )
 from specvis.methods import cspd as cspd_mod
 from specvis.methods.base import GuidedModel
-from specvis.methods.cspd import CSpD, GuidedContinuous, generate_latents
+from specvis.methods.cspd import CSpD, GuidedContinuous
+
 from specvis.bench.two_sample import energy_test
 from specvis.models.continuous import ContinuousAR, ContinuousARConfig, DiffusionHead
 from specvis.models.llamagen import rope_2d_table
 from specvis.registry import build_method
+
+generate_latents = importlib.import_module("specvis.generate").generate_latents  # the module, not sv.generate
 
 # ---------------------------------------------------------------- tiny models
 

@@ -61,7 +61,7 @@ import torch
 from ..diffusion import gaussian_log_density, residual_sample, transition_log_density
 from ..models.continuous import DiffusionHead, Trajectory
 from ..sampling import Sampling
-from .base import DecodeContext, GuidedModel, Stats
+from .base import DecodeContext, GuidedModel
 
 RATIOS = ("paper", "coupled", "trajectory")
 GREEDY_ATOL = 1e-4
@@ -384,14 +384,3 @@ class CSpD:
 
         zeros = torch.zeros(B, dtype=torch.long, device=drafts.device)
         return log_ratio, nxt, zeros, zeros.bool()
-
-
-@torch.no_grad()
-def generate_latents(model, conditions: torch.Tensor, method: CSpD | None = None, sampling: Sampling | None = None,
-                     seed: int = 0, draft=None) -> tuple[torch.Tensor, Stats]:
-    """Run ``method`` (default: target-only, ``CSpD(prefill=1.0)``) on a continuous model; returns the
-    tokens (B, L, C) and Stats (``specvis.generate(...).latents`` and ``.stats``)."""
-    from ..generate import generate
-
-    out = generate(model, conditions, CSpD(prefill=1.0) if method is None else method, sampling, seed, draft=draft)
-    return out.latents, out.stats
