@@ -188,18 +188,17 @@ class TextPipeline(Pipeline):
     def processor(self):
         if self._processor is None:
             try:
-                from transformers import AutoProcessor
+                import transformers
             except ImportError:
                 raise ValueError("text prompts need the checkpoint's processor: pip install specvis[hf]") from None
-            self._processor = AutoProcessor.from_pretrained(str(self.directory))
+            loader = getattr(transformers, getattr(self.family, "PROMPT_PROCESSOR", "AutoProcessor"))
+            self._processor = loader.from_pretrained(str(self.directory))
         return self._processor
 
     @property
     def decoder(self):
         if self.vq is None:
-            from .models.hf_vq import load_hf_vq
-
-            self.vq = load_hf_vq(self.directory)
+            self.vq = self.family.load_vq(self.directory)
         return self.vq
 
     @property
@@ -210,7 +209,7 @@ class TextPipeline(Pipeline):
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError(f"{what} must be a non-empty list of str or of token-id lists")
         texts = [p for p in prompts if isinstance(p, str)]
-        encoded = iter(self.family.encode(self.processor, texts, height, width) if texts else [])
+        encoded = iter(self.family.encode(self.processor, texts, height, width, self.target) if texts else [])
         out = []
         for p in prompts:
             if isinstance(p, str):
@@ -250,7 +249,7 @@ class TextPipeline(Pipeline):
         elif self.target.unconditional_rule is not None:
             uncond = self.target.unconditional(cond)
         else:
-            uncond = Prompts.of(self.family.negative(self.processor, len(cond), H, W), self.device)
+            uncond = Prompts.of(self.family.negative(self.processor, len(cond), H, W, self.target), self.device)
         if uncond is not None and len(uncond) != len(cond):
             raise ValueError(f"negative_prompts: {len(uncond)} given for {len(cond)} prompts")
         out = generate(self.target, Condition(cond, uncond), method, sampling, seed, draft=self.draft,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from ..models.checkpoint import load_strict
 from ..models.decoder import PromptDecoder, import_llama_layers
-from . import emu3, janus
+from . import chameleon, emu3, janus
 from .hf import read_json
 
-FAMILIES = (janus, emu3)
+FAMILIES = (janus, emu3, chameleon)
 
 
 def detect(directory: str | Path):
@@ -64,4 +64,4 @@ def load_pipeline(name: str | Path, draft: str | Path | None = None):
     family = target.family
     grid = (target.layout.height, target.layout.width)
     return TextPipeline(Path(directory).name, target, None, draft=draft_model, directory=directory,
-                        default_sampling=Sampling(**family.DEFAULT_SAMPLING), extras={"grid": grid, "family": family.NAME})
+                        default_sampling=Sampling(**getattr(target, "default_sampling", family.DEFAULT_SAMPLING)), extras={"grid": grid, "family": family.NAME})

@@ -82,12 +82,19 @@ def template(text: str, height: int, width: int, tokenizer) -> str:
     return f"{tokenizer.bos_token}{text}{tokenizer.boi_token}{height}*{width}{tokenizer.image_wrapper_token}"
 
 
-def encode(processor, texts: list[str], height: int, width: int) -> list[list[int]]:
+def encode(processor, texts: list[str], height: int, width: int, model=None) -> list[list[int]]:
     """The official image-generation prompt at the requested size (what the processor builds for its
     default size), tokenised by the checkpoint's tokenizer."""
     tok = processor.tokenizer
     return [list(map(int, tok(template(t, height, width, tok))["input_ids"])) for t in texts]
 
 
-def negative(processor, count: int, height: int, width: int) -> list[list[int]]:
+def negative(processor, count: int, height: int, width: int, model=None) -> list[list[int]]:
     return encode(processor, [NEGATIVE] * count, height, width)
+
+
+def load_vq(directory: Path):
+    """The image decoder of this checkpoint (``decode(codes, height, width)``, ``codebook``)."""
+    from ..models.hf_vq import load_hf_vq
+
+    return load_hf_vq(directory)

@@ -74,7 +74,7 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     return model, read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
 
 
-def encode(processor, texts: list[str], height: int, width: int) -> list[list[int]]:
+def encode(processor, texts: list[str], height: int, width: int, model=None) -> list[list[int]]:
     """The official image-generation prompt: the processor's chat template (a user turn, generation
     prompt) then begin-of-image."""
     prompts = []
@@ -84,3 +84,10 @@ def encode(processor, texts: list[str], height: int, width: int) -> list[list[in
                                               add_generation_prompt=True)
         prompts.append(processor(text=t, generation_mode="image")["input_ids"][0])
     return [list(map(int, p)) for p in prompts]
+
+
+def load_vq(directory: Path):
+    """The image decoder of this checkpoint (``decode(codes, height, width)``, ``codebook``)."""
+    from ..models.hf_vq import load_hf_vq
+
+    return load_hf_vq(directory)

@@ -49,6 +49,19 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
+class HeadLayerNorm(nn.Module):
+    """Chameleon's query/key norm: LayerNorm statistics over each head's vector (eps 1e-5, as the
+    official code hard-codes), then an affine weight and bias of its own per head: (heads, head_dim)."""
+
+    def __init__(self, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, heads, head_dim)
+        return F.layer_norm(x, x.shape[-1:], eps=1e-5) * self.weight + self.bias
+
+
 class Attention(nn.Module):
     def __init__(self, cfg) -> None:
         super().__init__()
@@ -57,14 +70,19 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(cfg.dim, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, bias=bias)
         self.wo = nn.Linear(cfg.n_head * cfg.head_dim, cfg.dim, bias=bias)
         self.resid_dropout = nn.Dropout(cfg.resid_dropout_p)
+        self.qk_norm = bool(getattr(cfg, "qk_norm", False))
+        if self.qk_norm:
+            self.q_norm, self.k_norm = HeadLayerNorm(cfg.n_head, cfg.head_dim), HeadLayerNorm(cfg.n_kv_head, cfg.head_dim)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None,
                 cache: KVCache | None = None, layer: int = 0, slots: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = apply_rope(q.view(B, T, self.n_head, self.head_dim), rope).transpose(1, 2)
-        k = apply_rope(k.view(B, T, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
+        q, k = q.view(B, T, self.n_head, self.head_dim), k.view(B, T, self.n_kv_head, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, rope).transpose(1, 2), apply_rope(k, rope).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if cache is not None:
             cache.write(layer, k, v, slots)
@@ -87,16 +105,41 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    """Pre-norm x + f(norm(x)); ``swin_norm`` (Chameleon 30B, Lumina-mGPT) normalises the output
+    instead: x + norm(f(x))."""
+
     def __init__(self, cfg) -> None:
         super().__init__()
         self.attention = Attention(cfg)
         self.feed_forward = FeedForward(cfg)
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.swin_norm = bool(getattr(cfg, "swin_norm", False))
 
     def forward(self, x, rope, mask, cache=None, layer=0, slots=None):
+        if self.swin_norm:
+            h = x + self.attention_norm(self.attention(x, rope, mask, cache, layer, slots))
+            return h + self.ffn_norm(self.feed_forward(h))
         h = x + self.attention(self.attention_norm(x), rope, mask, cache, layer, slots)
         return h + self.feed_forward(self.ffn_norm(h))
+
+
+@dataclass(frozen=True)
+class DrafterParts:
+    """What an EAGLE draft head (``models/drafter.py``) takes from its target, as data (no family
+    names in the drafter): ``head`` scores the next image code from a feature (frozen, never saved
+    with the head); ``embed`` embeds stream ids (image codes and structural ids); ``own_embed``: the
+    head keeps a trainable copy of ``embed``'s table (EAGLE/LANTERN files carry ``embed_tokens``)
+    instead of borrowing the module; ``positions``: ``"grid"`` (LlamaGen's 2D RoPE table indexed by
+    grid position) or ``"stream"`` (Llama 1D RoPE of the stream position with base ``rope_theta``);
+    ``block_size``: the stream positions a head must cover."""
+
+    head: nn.Module
+    embed: nn.Module
+    own_embed: bool
+    positions: str
+    rope_theta: float
+    block_size: int
 
 
 class CachedStack:
@@ -201,6 +244,11 @@ def import_llama_layers(sd: dict[str, torch.Tensor], prefix: str, n_layer: int, 
                 out[dst + f"attention.wo.{kind}"] = sd[a + f"o_proj.{kind}"]
         if dst + "attention.wqkv.weight" not in out:
             raise KeyError(a + "q_proj.weight")
+        for norm, heads in (("q_norm", n_head), ("k_norm", n_kv_head)):  # Chameleon: per-head affine, same pairing
+            for kind in ("weight", "bias"):
+                if a + f"{norm}.{kind}" in sd:
+                    w = sd[a + f"{norm}.{kind}"].reshape(heads, -1)
+                    out[dst + f"attention.{norm}.{kind}"] = interleave_rows(w.reshape(-1), heads).view(heads, -1)
         for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
             out[dst + f"feed_forward.{ours}.weight"] = sd[src + f"mlp.{theirs}.weight"]
         out[dst + "attention_norm.weight"] = sd[src + "input_layernorm.weight"]
@@ -222,6 +270,8 @@ class DecoderConfig:
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     attention_bias: bool = False
+    qk_norm: bool = False  # Chameleon
+    swin_norm: bool = False  # Chameleon 30B / Lumina-mGPT
     max_positions: int = 4096
     resid_dropout_p: float = 0.0
     ffn_dropout_p: float = 0.0
@@ -322,6 +372,11 @@ class PromptDecoder(CachedStack, nn.Module):
 
     def rope_at(self, index: torch.Tensor) -> torch.Tensor:
         return rope_1d(index, self.config.head_dim, self.config.rope_theta)
+
+    def drafter_parts(self) -> DrafterParts:
+        """An EAGLE head borrows the image embedding and head, and places stream tokens by 1D RoPE
+        (row ends included: they are stream positions like any other)."""
+        return DrafterParts(self.head, self.image_embed, False, "stream", self.config.rope_theta, self.layout.stream_len)
 
     def unconditional(self, prompts):
         """The family's unconditional prompts for CFG (see the class docstring)."""

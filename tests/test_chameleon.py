@@ -1,0 +1,146 @@
+"""Chameleon-family checkpoints (Anole, Lumina-mGPT) in the transformers layout, on tiny random models
+that transformers builds and saves: logits equal ChameleonModel + lm_head (query/key norms, swin norm),
+and greedy decoding with each layout's CFG equals a plain reference loop over transformers' forward
+(transformers itself cannot generate Chameleon images: its forward masks the image logits)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import specvis as sv  # noqa: E402
+from specvis.families import load_decoder  # noqa: E402
+from specvis.models.base import Condition, Prompts  # noqa: E402
+
+CODES = 16
+SPECIAL = ["<pad>", "<s>", "</s>", "<reserved08706>", "<racm3:break>", "<eoss>", "<reserved08799>"] + \
+          [f"<reserved{8800 + n:05d}>" for n in range(1, 5)]
+
+
+def img_name(code: int) -> str:
+    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z"
+
+
+def make_chameleon(path, lumina: bool, swin: bool = False, seed: int = 0):
+    """A tiny ChameleonForConditionalGeneration (Lumina-mGPT: architectures names the XLLMX class) with a
+    character tokenizer holding the family's special tokens and image tokens; weights re-drawn at unit
+    scale so greedy decoding is not degenerate."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)]
+    names = SPECIAL + [img_name(c) for c in range(CODES)] + chars
+    vocab = {n: i for i, n in enumerate(names)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.add_special_tokens({"additional_special_tokens": SPECIAL[3:]})
+    torch.manual_seed(seed)
+    cfg = ChameleonConfig(vocab_size=len(names), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, swin_norm=swin, rope_theta=700.0,
+                          rms_norm_eps=1e-6, max_position_embeddings=256, vocabulary_map=vocab, image_token_id=3,
+                          vq_config=dict(embed_dim=8, num_embeddings=CODES, base_channels=32, channel_multiplier=[1, 1],
+                                         num_res_blocks=1, attn_resolutions=[], resolution=32, latent_channels=8,
+                                         in_channels=3, out_channels=3, double_latent=False))
+    model = ChameleonForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "vqmodel" in name:
+                continue
+            if p.dim() > 1:
+                p.normal_(0, p.shape[1] ** -0.5 if "embed" not in name else 1.0)
+            else:
+                p.copy_((1.0 if "weight" in name else 0.0) + 0.1 * torch.randn_like(p))
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    if lumina:
+        import json
+
+        c = json.loads((path / "config.json").read_text())
+        c["architectures"] = ["ChameleonXLLMXForConditionalGeneration"]
+        (path / "config.json").write_text(json.dumps(c))
+    return path, model, fast
+
+
+@torch.no_grad()
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    """Raw logits (L, V) of ChameleonModel + lm_head over one unpadded sequence."""
+    h = model.model(input_ids=torch.tensor([ids]), use_cache=False).last_hidden_state
+    return model.lm_head(h)[0]
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chameleon")
+    return {"anole": make_chameleon(root / "anole", lumina=False),
+            "lumina": make_chameleon(root / "lumina", lumina=True, swin=True)}
+
+
+@pytest.mark.parametrize("name", ["anole", "lumina"])
+def test_logits_equal_transformers(dirs, name: str) -> None:
+    """Catches q/k norms not applied per head or not re-paired with the rotated rows, swin norm in the
+    wrong place, image rows of lm_head out of code order, a row-end id that is not <reserved08799>."""
+    path, hf, _ = dirs[name]
+    H, W = 2, 4
+    model = load_decoder(path, H, W)
+    g = torch.Generator().manual_seed(0)
+    prompts = [[1, 40, 41, 42, 3, 4], [1, 50, 3, 4]]
+    codes = torch.randint(0, CODES, (2, H * W), generator=g)
+    stream = model.layout.forced().expand(2, -1).clone()
+    stream[:, model.layout.image_index()] = codes
+    ids = model.image_embed.token_map[stream]  # the same stream as text-vocabulary ids
+    image_cols = model.image_embed.token_map[:CODES]
+    ours = model.logits(Prompts.of(prompts), stream[:, :-1])
+    for r, p in enumerate(prompts):
+        ref = hf_logits(hf, p + ids[r, :-1].tolist())[len(p) - 1:, image_cols]
+        assert (ours[r] - ref).abs().max() < 1e-4
+
+
+@torch.no_grad()
+def reference_greedy(hf, model, cond: list[int], uncond: list[int], H: int, W: int, cfg: float) -> list[int]:
+    """Greedy CFG decoding with full recomputation through transformers' forward: guided = u + s (c - u)
+    over the image tokens, the row-end token forced where the layout has one."""
+    lay = model.layout
+    forced = lay.forced()
+    cols = model.image_embed.token_map[:CODES]
+    c_ids, u_ids, codes = list(cond), list(uncond), []
+    for pos in range(lay.stream_len):
+        if forced[pos] >= 0:
+            tok = int(model.image_embed.token_map[forced[pos]])
+        else:
+            c, u = hf_logits(hf, c_ids)[-1, cols], hf_logits(hf, u_ids)[-1, cols]
+            code = int((u + cfg * (c - u)).argmax())
+            codes.append(code)
+            tok = int(cols[code])
+        c_ids.append(tok)
+        u_ids.append(tok)
+    return codes
+
+
+@pytest.mark.parametrize("name", ["anole", "lumina"])
+def test_greedy_methods_equal_reference(dirs, name: str) -> None:
+    """Text prompts through the layout's official template (tokenizer of the checkpoint) and its
+    unconditional prompt; greedy AR, SJD, Jacobi and Speculative (draft: the same checkpoint) give the
+    tokens of the reference loop over transformers' forward."""
+    path, hf, _ = dirs[name]
+    H, W = 2, 4
+    pipe = sv.load(str(path))
+    pipe.set_grid(H, W)  # the reference loop reads the layout from the model
+    greedy = sv.Sampling(temperature=0.0, cfg_scale=3.0)
+    texts = ["a red apple", "cat"]
+    cond = pipe.family.encode(pipe.processor, texts, H, W, pipe.target)
+    uncond = pipe.family.negative(pipe.processor, 2, H, W, pipe.target)
+    if name == "lumina":
+        assert cond[0][-3:] == uncond[0] and len(uncond[0]) == 3  # begin-image, h, w: no text, no BOS
+    else:
+        assert uncond[0] == [1, 4] and cond[0][0] == 1 and cond[0][-2:] == [3, 4]
+    ref = torch.tensor([reference_greedy(hf, pipe.target, c, u, H, W, 3.0) for c, u in zip(cond, uncond)])
+    for method in (sv.AR(), sv.SJD(window=3, init="vertical-sample"), sv.Jacobi(window=3)):
+        out = pipe(prompts=texts, method=method, sampling=greedy, decode=False, height=H, width=W)
+        assert torch.equal(out.tokens, ref), method
+    rows = Condition(Prompts.of(cond), Prompts.of(uncond))
+    spec = sv.generate(pipe.target, rows, sv.Speculative(gamma=2), greedy, draft=load_decoder(path, H, W))
+    assert torch.equal(spec.tokens, ref)
