@@ -51,7 +51,8 @@ def matches(config: dict) -> bool:
 
 
 def is_lumina(config: dict) -> bool:
-    return any("XLLMX" in a for a in config.get("architectures") or [])
+    """Lumina-mGPT's releases: ChameleonXLLMXConfig (model_type still chameleon) adds z_loss_weight."""
+    return "z_loss_weight" in config or any("XLLMX" in a for a in config.get("architectures") or [])
 
 
 def image_ids(config: dict, where: str) -> list[int]:

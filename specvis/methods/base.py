@@ -21,7 +21,9 @@ from .rounds import run_rounds
 @dataclass
 class Stats:
     """Per-call statistics (API.md). Forward counts are batched calls; the condition pass that
-    yields the first image token counts as a target forward, so AR has step_compression 1.0."""
+    yields the first image token counts as a target forward, so AR has step_compression 1.0 where
+    the layout has no structural tokens (with Emu3's row ends, W / (W + 1): a forced token costs AR
+    a forward but is not an image token)."""
 
     tokens: int
     target_forwards: int
