@@ -23,8 +23,7 @@ from the files of Meta's release, which Anole and Lumina-mGPT ship or ask for un
 :func:`load_chameleon_vq` finds these files from a checkpoint directory (:data:`TOKENIZER_PLACES`) and
 returns a :class:`ChameleonVQ` with the interface of ``specvis.models.hf_vq.HFVQDecoder``:
 ``decode(codes (B, h*w), height, width) -> (B, 3, f*h, f*w)`` in [-1, 1] (f = ``downsample``, 16 for
-  Chameleon), ``codebook`` (V, d),
-``codebook_size``, ``downsample``; plus ``encode(images) -> codes``.
+Chameleon), ``codebook`` (V, d), ``codebook_size``, ``downsample``; plus ``encode(images) -> codes``.
 
 The leaf blocks (residual block, single-head attention, down/up-samplers, nearest-code quantiser) are
 those of ``specvis.models.vq`` (the LlamaGen VQ shares them); only the module tree differs. GroupNorms
