@@ -146,6 +146,8 @@ def build_parser() -> Parser:
     b.add_argument("--methods", default="ar,speculative",
                    help="comma-separated method specs, options as name:key=value, e.g. sjd:window=8")
     b.add_argument("--prompts", help="text-to-image checkpoints: a file with one prompt a line (image i gets line i mod n)")
+    b.add_argument("--height", type=int, help="image height in tokens (text-to-image checkpoints; default native)")
+    b.add_argument("--width", type=int, help="image width in tokens (default native)")
     b.add_argument("--num", type=int, default=16)
     b.add_argument("--batch-size", type=int, default=1)
     b.add_argument("--seed", type=int, default=0)
@@ -209,17 +211,29 @@ def pipeline_for(pipe, names: list[str]):
     return pipe.continuous
 
 
+def _check_draft(pipe, names: list[str]) -> None:
+    """Text-to-image checkpoints have no draft unless ``--draft`` gives one: say so before running."""
+    from .pipeline import TextPipeline
+
+    if isinstance(pipe, TextPipeline) and pipe.draft is None and "speculative" in names:
+        raise ValueError(f"method speculative needs a draft model: give --draft DIR (or a Hub id), a smaller "
+                         f"checkpoint of the same family as {pipe.name} ({pipe.family.NAME})")
+
+
 def cmd_generate(a: argparse.Namespace) -> int:
     from .viz import contact_sheet, heatmaps
 
     method = _method(a)  # bad flags fail before the model loads
+    out_dir = Path(a.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir}: exists and is not a directory")
     pipe = pipeline_for(_load(a), [a.method])
+    _check_draft(pipe, [a.method])
     sampling = _sampling(a, pipe.default_sampling)
     if a.num is not None and a.num < 1:
         raise ValueError(f"--num must be >= 1, got {a.num}")
     from .pipeline import TextPipeline
 
-    out_dir = Path(a.out)
     if isinstance(pipe, TextPipeline):
         if a.classes:
             raise ValueError(f"model {a.model} is text-to-image: give --prompt, not --class")
@@ -232,22 +246,24 @@ def cmd_generate(a: argparse.Namespace) -> int:
             if len(negative) not in (1, len(a.prompts)):
                 raise ValueError(f"--negative-prompt: give one, or one per --prompt ({len(a.prompts)}), got {len(negative)}")
             negative = [negative[i % len(negative)] for i in range(num)]
-        out_dir.mkdir(parents=True, exist_ok=True)
         out = pipe(prompts=prompts, negative_prompts=negative, method=method, sampling=sampling, seed=a.seed,
                    height=a.height, width=a.width)
-        conditions = {"prompts": prompts}
+        layout = pipe.target.layout
+        conditions = {"prompts": prompts, "negative_prompts": negative, "height": layout.height, "width": layout.width,
+                      **({"draft": pipe.extras["draft"]} if "draft" in pipe.extras else {})}
     else:
-        if a.prompts or a.negative_prompts or a.height or a.width:
-            raise ValueError(f"model {a.model} is class-conditional: --prompt/--negative-prompt/--height/--width do not apply")
+        if a.prompts or a.negative_prompts or a.height is not None or a.width is not None:
+            raise ValueError(f"model {a.model} is class-conditional: --prompt/--negative-prompt/--height/--width "
+                             "do not apply (give --class N)")
         classes = a.classes or list(range(pipe.num_classes))
         num = a.num or (len(a.classes) if a.classes else 8)
         classes = [classes[i % len(classes)] for i in range(num)]
         bad = [c for c in classes if not 0 <= c < pipe.num_classes]
         if bad:
             raise ValueError(f"--class {bad[0]} is out of range; model {a.model} has classes 0..{pipe.num_classes - 1}")
-        out_dir.mkdir(parents=True, exist_ok=True)
         out = pipe(classes, method, sampling, seed=a.seed)
         conditions = {"classes": classes}
+    out_dir.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     for i, im in enumerate(out.images):
         _save_png(im, out_dir / f"{i:03d}.png")
     _save_png(contact_sheet(out.images), out_dir / "grid.png")
@@ -273,6 +289,8 @@ def read_prompts(path: str) -> list[str]:
     """One prompt a line (blank lines skipped)."""
     try:
         lines = [ln.strip() for ln in Path(path).read_text().splitlines()]
+    except FileNotFoundError:
+        raise ValueError(f"--prompts {path}: no such file (one prompt a line)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--prompts {path}: cannot read ({e.__class__.__name__})") from None
     prompts = [ln for ln in lines if ln]
@@ -293,7 +311,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
         specs = [s for s in a.methods.split(",") if s.strip()]
         for spec in specs:  # a bad spec fails before the model loads
             method_from_spec(spec, a.accept)
-        pipe = pipeline_for(_load(a), [parse_method_spec(s)[0] for s in specs])
+        names = [parse_method_spec(s)[0] for s in specs]
+        prompts = read_prompts(a.prompts) if a.prompts else None  # a bad file fails before the model loads
+        pipe = pipeline_for(_load(a), names)
+        _check_draft(pipe, names)
         class_names = pipe.class_names
         sampling = _sampling(a, pipe.default_sampling)
         metrics = None if a.metrics is None else [m.strip() for m in a.metrics.split(",") if m.strip() not in ("", "none")]
@@ -304,8 +325,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
                   + "".join(f"  {k} {v:.3f}" for k, v in run.get("quality", {}).items() if k in ("fid_proxy", "class_accuracy")),
                   flush=True)
 
-        prompts = read_prompts(a.prompts) if a.prompts else None
         report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept, prompts=prompts,
+                           height=a.height, width=a.width,
                            progress=sys.stderr.isatty(), on_run=show, json_path=a.json, shards=a.shards,
                            shard_index=a.shard_index, metrics=metrics, data_dir=a.data, warmup=a.warmup)  # writes --json
     if a.md:
@@ -327,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a = build_parser().parse_args(argv)
         return {"generate": cmd_generate, "bench": cmd_bench, "models": cmd_models}[a.command](a)
-    except (UsageError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+    except (UsageError, ValueError, OSError) as e:  # OSError: FileNotFoundError, PermissionError, disk full ...
         print(f"specvis: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ import torch
 
 from .generate import Generation, generate
 from .models.base import Condition, Prompts
+from .models.checkpoint import one_line
 from .sampling import Sampling
 from .viz import to_pil
 
@@ -185,20 +186,42 @@ class TextPipeline(Pipeline):
         return 0
 
     @property
+    def grid(self) -> tuple[int, int]:
+        """The checkpoint's native grid (rows, columns) in image tokens: what height/width default to."""
+        return tuple(self.extras["grid"])
+
+    def to(self, device: str | torch.device) -> "TextPipeline":
+        super().to(device)
+        if self.vq is not None:
+            self.vq.to(device)
+        return self
+
+    @property
     def processor(self):
         if self._processor is None:
             try:
                 import transformers
             except ImportError:
                 raise ValueError("text prompts need the checkpoint's processor: pip install specvis[hf]") from None
-            loader = getattr(transformers, getattr(self.family, "PROMPT_PROCESSOR", "AutoProcessor"))
-            self._processor = loader.from_pretrained(str(self.directory))
+            kind = getattr(self.family, "PROMPT_PROCESSOR", "AutoProcessor")
+            try:
+                self._processor = getattr(transformers, kind).from_pretrained(str(self.directory))
+            except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError ...
+                raise ValueError(f"{self.directory}: cannot load the checkpoint's {kind} for text prompts "
+                                 f"({one_line(exc)}); token-id prompts need none") from None
         return self._processor
 
     @property
     def decoder(self):
+        """The family's VQ image decoder (``decode(codes, height, width)``, ``codebook``), on the pipeline's device."""
         if self.vq is None:
-            self.vq = self.family.load_vq(self.directory)
+            try:
+                vq = self.family.load_vq(self.directory)
+            except ValueError:
+                raise
+            except (ImportError, OSError, RuntimeError, KeyError) as exc:
+                raise ValueError(f"{self.directory}: cannot load the image decoder ({one_line(exc)})") from None
+            self.vq = vq.to(self.device)
         return self.vq
 
     @property
@@ -224,12 +247,31 @@ class TextPipeline(Pipeline):
         return out
 
     def set_grid(self, height: int | None, width: int | None) -> tuple[int, int]:
-        native = self.extras["grid"]
+        """Generate ``height x width`` image tokens (None: the native grid's) with the target and draft."""
+        native = self.grid
         H, W = native[0] if height is None else height, native[1] if width is None else width
-        for m in (self.target, self.draft):
-            if m is not None:
-                m.set_grid(H, W)
+        try:
+            for m in (self.target, self.draft):
+                if m is not None:
+                    m.set_grid(H, W)
+        except ValueError as e:
+            if height is None and width is None:
+                raise ValueError(f"{e} (the checkpoint's native grid); pass height= and width= "
+                                 "(--height/--width) in image tokens for a smaller image") from None
+            raise
         return H, W
+
+    def _check_lengths(self, rows: list[list[int]], what: str) -> None:
+        """Each prefix must leave room for the image stream in every model's context (the draft's too)."""
+        for model, whose in ((self.target, f"model {self.name}"), (self.draft, "the draft")):
+            if model is None:
+                continue
+            i = max(range(len(rows)), key=lambda j: len(rows[j]))
+            if len(rows[i]) > model.max_prefix:
+                L = model.layout
+                raise ValueError(f"{what}[{i}] is {len(rows[i])} tokens, longer than {whose} allows with a "
+                                 f"{L.height}x{L.width} image: {model.config.max_positions} positions less the "
+                                 f"image's {L.stream_len} leave {model.max_prefix} for the prompt")
 
     @torch.no_grad()
     def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
@@ -240,24 +282,39 @@ class TextPipeline(Pipeline):
         if prompts is None:
             raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
         sampling = sampling or self.default_sampling
+        if (isinstance(prompts, (list, tuple)) and isinstance(negative_prompts, (list, tuple))
+                and len(negative_prompts) != len(prompts)):
+            raise ValueError(f"negative_prompts: {len(negative_prompts)} given for {len(prompts)} prompts; give one per prompt")
         H, W = self.set_grid(height, width)
-        cond = Prompts.of(self._ids(prompts, "prompts", H, W), self.device)
+        rows = self._ids(prompts, "prompts", H, W)
+        self._check_lengths(rows, "prompts")
+        cond = Prompts.of(rows, self.device)
+        uncond = None
         if negative_prompts is not None:
-            uncond = Prompts.of(self._ids(negative_prompts, "negative_prompts", H, W), self.device)
+            neg = self._ids(negative_prompts, "negative_prompts", H, W)
         elif not sampling.uses_cfg:
-            uncond = None
-        elif self.target.unconditional_rule is not None:
-            uncond = self.target.unconditional(cond)
-        else:
-            uncond = Prompts.of(self.family.negative(self.processor, len(cond), H, W, self.target), self.device)
+            neg = None
+        elif self.target.unconditional_rule is not None:  # Janus: the prompt with its text replaced by pad
+            neg, uncond = None, self.target.unconditional(cond)
+        else:  # Emu3: the official negative prompt through the same template
+            neg = self.family.negative(self.processor, len(cond), H, W, self.target)
+        if neg is not None:
+            self._check_lengths(neg, "negative_prompts")
+            uncond = Prompts.of(neg, self.device)
         if uncond is not None and len(uncond) != len(cond):
             raise ValueError(f"negative_prompts: {len(uncond)} given for {len(cond)} prompts")
         out = generate(self.target, Condition(cond, uncond), method, sampling, seed, draft=self.draft,
                        drafter=self.drafter, codebook=self.codebook if _needs_codebook(method) else None,
                        graphs=self.graphs)
         if decode:
-            out.images = to_pil(self.decoder.decode(out.tokens, H, W))
+            out.images = self.to_images(out.tokens)
         return out
+
+    @torch.no_grad()
+    def to_images(self, tokens: torch.Tensor):
+        """PIL images of codes (B, H*W) on the grid last generated (the native one before any call)."""
+        L = self.target.layout
+        return to_pil(self.decoder.decode(tokens, L.height, L.width))
 
 
 def _needs_codebook(method) -> bool:

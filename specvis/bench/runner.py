@@ -67,15 +67,18 @@ def _accept_maps(per_batch: list[tuple[int, Any]], work: Work) -> tuple[dict[str
 WARMUPS = ("batch", "row", "none")
 
 
-def _run(pipe, conds: list[int], method, sampling: Sampling, seed: int, prompts: list | None):
-    """One batch: class ids, or for a text-to-image pipeline prompt indices into ``prompts``."""
+def _run(pipe, conds: list[int], method, sampling: Sampling, seed: int, prompts: list | None,
+         grid: tuple[int | None, int | None] = (None, None)):
+    """One batch: class ids, or for a text-to-image pipeline prompt indices into ``prompts`` (on ``grid``)."""
     if prompts is None:
         return pipe(conds, method, sampling, seed=seed, decode=False)
-    return pipe(prompts=[prompts[c] for c in conds], method=method, sampling=sampling, seed=seed, decode=False)
+    return pipe(prompts=[prompts[c] for c in conds], method=method, sampling=sampling, seed=seed, decode=False,
+                height=grid[0], width=grid[1])
 
 
 def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress: bool = False,
-            bar: tqdm | None = None, warmup: str = "batch", prompts: list | None = None) -> dict[str, Any]:
+            bar: tqdm | None = None, warmup: str = "batch", prompts: list | None = None,
+            grid: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
     """Run ``method`` over ``work`` ``repeats`` times after one untimed warm-up (the first batch; with
     ``warmup="row"`` its first sample only: every code path, a fraction of the cost; ``"none"``: the
     first timed batch pays any one-time cost, for runs where a warm-up would cost as much as the
@@ -83,12 +86,12 @@ def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress
     wall-clock is the median."""
     if warmup != "none":
         classes = work[0][0] if warmup == "batch" else work[0][0][:1]
-        _run(pipe, classes, method, sampling, work[0][1], prompts)  # warm-up, not timed
+        _run(pipe, classes, method, sampling, work[0][1], prompts, grid)  # warm-up, not timed
     walls, first = [], None
     for _ in range(repeats):
         wall, per_batch = 0.0, []
         for classes, seed in tqdm(work, disable=not progress or bar is not None, leave=False, desc=method.name):
-            out = _run(pipe, classes, method, sampling, seed, prompts)
+            out = _run(pipe, classes, method, sampling, seed, prompts, grid)
             wall += out.stats.wall_s
             per_batch.append((len(classes), out))
             if bar is not None:
@@ -139,8 +142,13 @@ def observe(pipe, metrics: list[Metric], per_batch: list[tuple[int, Any]], work:
     return {k: np.concatenate(v) for k, v in obs.items()}
 
 
-def _load_previous(json_path: Path | None) -> tuple[dict[str, dict], dict, dict]:
-    """Completed runs of an earlier report at ``json_path`` by key, and its observation file."""
+# report fields of text-to-image runs that, besides report.KEY_FIELDS, a resumed run must share
+TEXT_FIELDS = ("prompts", "height", "width", "draft")
+
+
+def _load_previous(json_path: Path | None, report: dict[str, Any]) -> tuple[dict[str, dict], dict, dict]:
+    """Completed runs of an earlier report at ``json_path`` by key, and its observation file (none when
+    it was run on other prompts, grid or draft)."""
     if json_path is None or not json_path.exists():
         return {}, {}, {}
     try:
@@ -148,6 +156,10 @@ def _load_previous(json_path: Path | None) -> tuple[dict[str, dict], dict, dict]
         done = {run_key(old, r): r for r in old.get("runs", [])}
     except (OSError, ValueError, KeyError, TypeError):
         print(f"specvis: {json_path} is not a bench report; starting afresh", file=sys.stderr)
+        return {}, {}, {}
+    changed = [k for k in TEXT_FIELDS if old.get(k) != report.get(k)]
+    if changed and done:
+        print(f"specvis: {json_path} was run with other {', '.join(changed)}; starting afresh", file=sys.stderr)
         return {}, {}, {}
     refs, obs = load_observations(side_path(json_path))
     return done, refs, obs
@@ -158,14 +170,15 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
               on_run: Callable[[dict], None] | None = None, *, json_path: str | Path | None = None,
               shards: int = 1, shard_index: int = 0, metrics: list[str] | None = None,
               data_dir: str | Path | None = None, quality_groups: int = 4, warmup: str = "batch",
-              prompts: list | None = None) -> dict[str, Any]:
+              prompts: list | None = None, height: int | None = None, width: int | None = None) -> dict[str, Any]:
     """Benchmark ``specs`` (method specs such as ``"sjd:window=16"``) on ``pipe``; ``ar`` always runs first.
 
     ``step_compression`` and ``mean_accepted_length`` are per-image averages (tokens of an image over
     the batched target forwards it took); ``target_forwards`` counts batched calls. ``metrics``: quality
     metric names (None: the bundle's classifier proxy when present; [] for none). ``json_path``: write
     the report (and ``*.quality.npz`` observations) after every run and resume from it. ``prompts``
-    (text-to-image pipelines): image i gets prompt i mod len(prompts).
+    (text-to-image pipelines): image i gets prompt i mod len(prompts); ``height``/``width``: their grid
+    in image tokens (default native). The report records the prompts, grid and draft.
     """
     if num < 1 or batch_size < 1 or repeats < 1:
         raise ValueError("--num, --batch-size and --repeats must be >= 1")
@@ -175,6 +188,13 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     if (prompts is None) == (pipe.num_classes == 0):
         raise ValueError(f"model {pipe.name}: " + ("text-to-image, give --prompts FILE" if prompts is None
                                                    else "class-conditional, --prompts does not apply"))
+    if prompts is not None:
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError(f"model {pipe.name}: no prompts given")
+        grid = pipe.set_grid(height, width)  # a grid that does not fit fails before any run
+    elif height is not None or width is not None:
+        raise ValueError(f"model {pipe.name} is class-conditional: --height/--width do not apply")
     parsed = [parse_method_spec(s) for s in specs]
     if not parsed or parsed[0][0] != "ar":
         parsed = [("ar", {})] + [p for p in parsed if p != ("ar", {})]
@@ -191,12 +211,13 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         "batch_size": batch_size, "num_images": num, "seed": seed,
         "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "cfg_scale": sampling.cfg_scale},
-        **({"prompts": list(prompts)} if prompts else {}),
+        **({"prompts": prompts, "height": grid[0], "width": grid[1], "draft": (pipe.extras or {}).get("draft")}
+           if prompts else {}),
         "repeats": repeats, "warmup": warmup, "shards": shards, "shard_index": shard_index,
         "n_images": sum(len(c) for c, _ in work), "quality_groups": quality_groups, "runs": [],
     }
     json_path = Path(json_path) if json_path is not None else None
-    done, refs, all_obs = _load_previous(json_path)
+    done, refs, all_obs = _load_previous(json_path, report)
     keep_obs: dict[str, dict[str, np.ndarray]] = {}
     todo = []
     for method in methods:
@@ -215,7 +236,8 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
             tqdm.write(f"reusing {run['method']} {json.dumps(run['config'])} from {json_path}", file=sys.stderr)
         else:
             bar.set_description(method.name)
-            run = measure(pipe, method, work, sampling, repeats, progress, bar=bar, warmup=warmup, prompts=prompts)
+            run = measure(pipe, method, work, sampling, repeats, progress, bar=bar, warmup=warmup, prompts=prompts,
+                          grid=(report.get("height"), report.get("width")))
             outputs = run.pop("_outputs")
             if quality is None:  # built on first need: resumed runs never load the classifier
                 quality = build_metrics(metrics, QualitySource(pipe, Path(data_dir) if data_dir else None))

@@ -59,9 +59,34 @@ def load_pipeline(name: str | Path, draft: str | Path | None = None):
     if draft is not None:
         draft_dir = resolve_model_dir(str(draft))
         draft_model = load_decoder(draft_dir)
-        if draft_model.family is not target.family or draft_model.layout != target.layout:
-            raise ValueError(f"draft {draft_dir}: not the same family and image vocabulary as {directory}")
+        check_draft(draft_model, target, draft_dir, directory)
     family = target.family
     grid = (target.layout.height, target.layout.width)
-    return TextPipeline(Path(directory).name, target, None, draft=draft_model, directory=directory,
-                        default_sampling=Sampling(**getattr(target, "default_sampling", family.DEFAULT_SAMPLING)), extras={"grid": grid, "family": family.NAME})
+    extras = {"grid": grid, "family": family.NAME, "directory": str(directory)}
+    if draft is not None:
+        extras["draft"] = _display_name(draft, draft_dir)
+    return TextPipeline(_display_name(name, directory), target, None, draft=draft_model, directory=directory,
+                        default_sampling=Sampling(**getattr(target, "default_sampling", family.DEFAULT_SAMPLING)),
+                        extras=extras)
+
+
+def _display_name(name: str | Path, directory: Path) -> str:
+    """How reports name a checkpoint: its Hub id when it came from the cache (the snapshot directory is
+    a commit hash), else the directory's name."""
+    return Path(directory).name if Path(str(name)).expanduser().is_dir() else str(name)
+
+
+def check_draft(draft, target, draft_dir, directory) -> None:
+    """A draft must be the target's family with the same text vocabulary (it reads the same prompt
+    ids) and the same image vocabulary and structural tokens (it proposes the target's tokens). Its
+    native grid may differ: the pipeline sets both to the requested grid."""
+    if draft.family is not target.family:
+        raise ValueError(f"draft {draft_dir} ({draft.family.NAME}) is not of the family of {directory} "
+                         f"({target.family.NAME}): the draft must be a checkpoint of the target's family")
+    d, t = draft.layout, target.layout
+    if (d.vocab_size, d.row_end) != (t.vocab_size, t.row_end):
+        raise ValueError(f"draft {draft_dir}: image vocabulary of {d.vocab_size} codes (row ends {d.row_end}) "
+                         f"differs from {directory}'s {t.vocab_size} (row ends {t.row_end})")
+    if draft.config.text_vocab_size != target.config.text_vocab_size:
+        raise ValueError(f"draft {draft_dir}: text vocabulary of {draft.config.text_vocab_size} tokens differs from "
+                         f"{directory}'s {target.config.text_vocab_size}: the draft must share the target's tokenizer")

@@ -38,7 +38,8 @@ RENAMES = [
     (r"^model\.text_model\.layers\.", "hf_layers."),
 ]
 KEEP = ("tok_embeddings.", "norm.", "hf_layers.", "lm_head.")
-AREA, DOWNSAMPLE = 720 * 720, 8
+# Emu3Processor's class defaults (ratio "W:H", image_area in pixels) and its fixed downsample_ratio
+RATIO, AREA, DOWNSAMPLE = "1:1", 518400, 8
 
 
 def matches(config: dict) -> bool:
@@ -54,12 +55,40 @@ def visual_ids(config: dict, where: str) -> tuple[list[int], int]:
     return [codes[i] for i in range(len(codes))], int(vocab[EOL])
 
 
+def generation_defaults(directory: Path) -> tuple[str, int]:
+    """(ratio, image_area) the checkpoint's processor generates at by default: from processor_config.json
+    (top level, or its image_processor entry), else preprocessor_config.json, else config.json (the
+    original BAAI layout keeps image_area there), else Emu3Processor's class defaults (1:1, 518400)."""
+    ratio, area = None, None
+    for name in ("processor_config.json", "preprocessor_config.json", "config.json"):
+        if not (directory / name).exists():
+            continue
+        data = read_json(directory / name)
+        for d in (data, data.get("image_processor") if isinstance(data.get("image_processor"), dict) else {}):
+            ratio = d.get("ratio") if ratio is None else ratio
+            area = d.get("image_area") if area is None else area
+    return (RATIO if ratio is None else ratio), (AREA if area is None else area)
+
+
 def native_grid(directory: Path) -> tuple[int, int]:
-    """The processor's default square size (image_area, downsample 8), in tokens."""
-    proc = directory / "processor_config.json"
-    area = int(read_json(proc).get("image_area", AREA)) if proc.exists() else AREA
-    side = int(round(math.sqrt(area) / DOWNSAMPLE))
-    return side, side
+    """The processor's default image size in tokens (rows, columns), computed as
+    ``Emu3Processor.calculate_generate_size(ratio, image_area, 8)`` does: for ratio "W:H", scale
+    s = sqrt(image_area / (W * H)), rows round(H * s / 8), columns round(W * s / 8)."""
+    ratio, area = generation_defaults(directory)
+    try:
+        w, h = (int(v) for v in str(ratio).split(":"))
+        area = float(area)
+        if w < 1 or h < 1 or not area > 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"{directory}: processor defaults ratio {ratio!r} (\"W:H\") and image_area {area!r} "
+                         "(pixels > 0) are not usable") from None
+    scale = math.sqrt(area / (w * h))
+    rows, cols = int(round(h * scale / DOWNSAMPLE)), int(round(w * scale / DOWNSAMPLE))
+    if rows < 1 or cols < 1:
+        raise ValueError(f"{directory}: processor defaults ratio {ratio} and image_area {area:g} give a "
+                         f"{rows}x{cols} token grid")
+    return rows, cols
 
 
 def build(directory: Path, config: dict, height: int | None = None, width: int | None = None):

@@ -93,9 +93,15 @@ def read_vq_state_dict(path: str | Path, prefixes: tuple[str, ...] = VQ_PREFIXES
         by_file.setdefault(weight_map[key], []).append(key)
     out: dict[str, torch.Tensor] = {}
     for fname, names in by_file.items():
-        with safe_open(str(path / fname), framework="pt") as f:
-            for key in names:
-                out[key[len(prefix):]] = f.get_tensor(key)
+        if not (path / fname).is_file():
+            raise ValueError(f"{path}: the index names {fname}, which holds VQ weights and is missing")
+        try:
+            with safe_open(str(path / fname), framework="pt") as f:
+                for key in names:
+                    out[key[len(prefix):]] = f.get_tensor(key)
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise ValueError(f"{path / fname}: unreadable safetensors ({first})") from None
     return out
 
 
