@@ -107,6 +107,15 @@ MUTANTS = [
     Mutant("janus: the unconditional prompt keeps every token", "specvis/models/decoder.py",
            "keep = torch.isin(prompts.ids, torch.as_tensor(rule[1], device=prompts.ids.device))",
            "keep = torch.ones_like(prompts.ids, dtype=torch.bool)", (PROMPT, "-k", "janus")),
+    Mutant("import: Hugging Face q/k rows not re-paired for interleaved RoPE", "specvis/models/decoder.py",
+           "idx = torch.arange(d).view(2, d // 2).t().reshape(-1)", "idx = torch.arange(d)",
+           ("tests/test_families.py", "-k", "logits")),
+    Mutant("emu3: head rows are the first V text tokens, not the visual tokens", "specvis/families/emu3.py",
+           'sd["head.weight"] = sd.pop("lm_head.weight")[torch.tensor(codes)]', 'sd["head.weight"] = sd.pop("lm_head.weight")[: len(codes)]',
+           ("tests/test_families.py", "-k", "logits")),
+    Mutant("chameleon: q/k norm affine not re-paired with the rotated rows", "specvis/models/decoder.py",
+           'out[dst + f"attention.{norm}.{kind}"] = interleave_rows(w.reshape(-1), heads).view(heads, -1)',
+           'out[dst + f"attention.{norm}.{kind}"] = w', ("tests/test_chameleon.py", "-k", "logits")),
 ]
 
 
