@@ -106,34 +106,92 @@ class Prompts:
 
 
 @dataclass(frozen=True)
+class Captions:
+    """Caption embeddings, one caption per row (LlamaGen t2i: flan-t5 encoder states): ``embeddings``
+    (R, P, C) with each row's ``lengths[r]`` >= 1 valid tokens first and padding after (the padding is
+    never attended), in the text encoder's order. ``null`` (R,) bool, optional: the row is the model's
+    own unconditional caption of ``lengths[r]`` tokens (its learnt null embedding), so a target and a
+    draft each use their own; the row's ``embeddings`` are then ignored."""
+
+    embeddings: torch.Tensor
+    lengths: torch.Tensor
+    null: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.embeddings.ndim != 3 or self.lengths.shape != self.embeddings.shape[:1]:
+            raise ValueError(f"Captions: embeddings must be (R, P, C) and lengths (R,), got "
+                             f"{tuple(self.embeddings.shape)} and {tuple(self.lengths.shape)}")
+        if self.lengths.numel() and not bool(((self.lengths >= 1) & (self.lengths <= self.embeddings.shape[1])).all()):
+            raise ValueError(f"Captions: lengths must be in 1..{self.embeddings.shape[1]}, got {self.lengths.tolist()}")
+
+    @classmethod
+    def of(cls, rows: list[torch.Tensor]) -> "Captions":
+        """From per-row valid embeddings (n_r, C), padded with zeros to one width."""
+        if not rows or any(r.ndim != 2 or r.shape[0] == 0 for r in rows):
+            raise ValueError("captions must be non-empty (tokens, channels) tensors")
+        P = max(r.shape[0] for r in rows)
+        emb = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, P - r.shape[0])) for r in rows])
+        return cls(emb, torch.tensor([r.shape[0] for r in rows], device=emb.device))
+
+    @classmethod
+    def null_rows(cls, lengths: torch.Tensor, channels: int, dtype: torch.dtype = torch.float32) -> "Captions":
+        """Unconditional rows of ``lengths`` tokens: each model fills in its own null caption."""
+        P = max(int(lengths.max()), 1) if lengths.numel() else 1
+        emb = torch.zeros(len(lengths), P, channels, dtype=dtype, device=lengths.device)
+        return cls(emb, lengths.clone(), torch.ones(len(lengths), dtype=torch.bool, device=lengths.device))
+
+    def __len__(self) -> int:
+        return self.embeddings.shape[0]
+
+    def null_mask(self) -> torch.Tensor:
+        """(R,) bool: rows that are the model's own unconditional caption."""
+        if self.null is None:
+            return torch.zeros(len(self), dtype=torch.bool, device=self.embeddings.device)
+        return self.null
+
+    def cat(self, other: "Captions") -> "Captions":
+        """Rows of ``self`` then ``other`` (the CFG halves), padded to one width."""
+        P = max(self.embeddings.shape[1], other.embeddings.shape[1])
+        pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, P - t.shape[1]))
+        emb = torch.cat([pad(self.embeddings), pad(other.embeddings).to(self.embeddings.dtype)])
+        null = None if self.null is None and other.null is None else torch.cat([self.null_mask(), other.null_mask()])
+        return Captions(emb, torch.cat([self.lengths, other.lengths]), null)
+
+    def to(self, device: torch.device | str) -> "Captions":
+        return Captions(self.embeddings.to(device), self.lengths.to(device),
+                        None if self.null is None else self.null.to(device))
+
+
+@dataclass(frozen=True)
 class Condition:
-    """What a model's prefill consumes for B samples: the conditional rows ``cond`` (class ids (B,) or
-    ``Prompts``) and, for classifier-free guidance, the unconditional rows ``uncond`` of the same kind.
+    """What a model's prefill consumes for B samples: the conditional rows ``cond`` (class ids (B,),
+    ``Prompts`` or ``Captions``) and, for classifier-free guidance, the unconditional rows ``uncond`` of
+    the same kind.
     Methods never look inside; ``GuidedModel`` hands ``rows(cfg)`` to the model."""
 
-    cond: "torch.Tensor | Prompts"
-    uncond: "torch.Tensor | Prompts | None" = None
+    cond: "torch.Tensor | Prompts | Captions"
+    uncond: "torch.Tensor | Prompts | Captions | None" = None
 
     @property
     def batch(self) -> int:
         return len(self.cond)
 
-    def rows(self, cfg: bool) -> "torch.Tensor | Prompts":
+    def rows(self, cfg: bool) -> "torch.Tensor | Prompts | Captions":
         if not cfg:
             return self.cond
         if self.uncond is None:
             raise ValueError("cfg_scale != 1 needs unconditional rows (negative prompts)")
-        if isinstance(self.cond, Prompts):
+        if isinstance(self.cond, (Prompts, Captions)):
             return self.cond.cat(self.uncond)
         return torch.cat([self.cond, self.uncond])
 
     @classmethod
     def of(cls, model, conditions, negative=None) -> "Condition":
-        """From class ids (the model's null class is the unconditional row) or ``Prompts`` (negative
-        prompts given, else the model's own ``unconditional(prompts)`` convention)."""
+        """From class ids (the model's null class is the unconditional row) or ``Prompts``/``Captions``
+        (negative rows given, else the model's own ``unconditional(rows)`` convention)."""
         if isinstance(conditions, Condition):
             return conditions
-        if isinstance(conditions, Prompts):
+        if isinstance(conditions, (Prompts, Captions)):
             if negative is None and hasattr(model, "unconditional"):
                 negative = model.unconditional(conditions)
             if negative is not None and len(negative) != len(conditions):

@@ -149,7 +149,8 @@ class CachedStack:
     sequence indices, ``cache_shape() -> (layers, kv_heads, head_dim)`` and ``max_prefix`` (the
     longest prefix it accepts). Row r's
     condition prefix fills slots 0 .. prefix_lengths[r] - 1; stream position j of its image tokens
-    sits at sequence index prefix_lengths[r] + j (its RoPE index and, when committed, its slot)."""
+    sits at sequence index prefix_lengths[r] + j (its slot when committed, and its RoPE index unless
+    the family overrides ``stream_rope_index``)."""
 
     cache: KVCache | None = None
     prefix_lengths: torch.Tensor | None = None
@@ -198,9 +199,14 @@ class CachedStack:
         last = (lengths - 1)[:, None, None]
         return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0], h.gather(1, last.expand(-1, 1, h.shape[-1]))[:, 0]
 
+    def stream_rope_index(self, positions: torch.Tensor) -> torch.Tensor:
+        """The ``rope_at`` index of stream positions (R, n): by default the sequence index, each row's
+        prefix length + position. A family whose official table places the stream at a fixed offset
+        whatever the row's prefix (LlamaGen t2i: cls_token_num + grid position) overrides this."""
+        return self.prefix_lengths[:, None] + positions.clamp(0, self.layout.stream_len - 1)
+
     def _forward_embedded(self, x: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None):
-        index = self.prefix_lengths[:, None] + positions.clamp(0, self.layout.stream_len - 1)
-        return self._run_cached(x, self.rope_at(index), tree_mask)
+        return self._run_cached(x, self.rope_at(self.stream_rope_index(positions)), tree_mask)
 
     def set_committed(self, n_fed: torch.Tensor) -> None:
         self.cache.length.copy_(n_fed + self.prefix_lengths)  # in place (captured rounds)
