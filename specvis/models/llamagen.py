@@ -1,10 +1,15 @@
-"""LlamaGen class-conditional GPT (Sun et al. 2024), compatible with the official c2i checkpoints.
+"""LlamaGen GPT (Sun et al. 2024), compatible with the official c2i and t2i checkpoints.
 
 Llama blocks (RMSNorm, fused wqkv, SwiGLU) with the official 2D RoPE: per head, the first half of
 the rotary pairs rotates with the grid row, the second half with the column, pairs interleaved
 (x[2i], x[2i+1]), frequencies base^(-4i/head_dim). The condition prefix has cos = sin = 0, so its
-queries and keys are zeroed: official checkpoints were trained that way. The condition is a class
-embedding; row ``num_classes`` of the table is the null class used for CFG.
+queries and keys are zeroed: official checkpoints were trained that way.
+
+- ``LlamaGen`` (c2i): the condition is a class embedding; row ``num_classes`` of the table is the
+  null class used for CFG.
+- ``LlamaGenT2I`` (t2i): the condition is a caption of up to ``cls_token_num`` (120) flan-t5 encoder
+  states projected by an MLP; the learnt ``uncond_embedding`` is the null caption (see its docstring
+  for the official layout and why specvis's per-row prefix computes the same logits).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .base import Layout
+from .base import Captions, Layout
 from .checkpoint import load_strict, read_pretrained, read_state_dict, save_pretrained
 from .decoder import CachedStack, RMSNorm, TransformerBlock, apply_rope  # noqa: F401 (re-exported)
 
@@ -78,14 +83,36 @@ class LlamaGenConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("vocab_size", "block_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"LlamaGenConfig.{name} must be >= 1, got {getattr(self, name)}")
-        side = math.isqrt(self.block_size)
-        if side * side != self.block_size:
-            raise ValueError(f"LlamaGenConfig.block_size must be a square grid size, got {self.block_size}")
+        self._check_stream()
         if self.cls_token_num != 1:
             raise ValueError(f"LlamaGenConfig.cls_token_num must be 1 for class conditioning, got {self.cls_token_num}")
+
+
+    def _check_stream(self) -> None:
+        name = type(self).__name__
+        for field_name in ("vocab_size", "block_size"):
+            if getattr(self, field_name) < 1:
+                raise ValueError(f"{name}.{field_name} must be >= 1, got {getattr(self, field_name)}")
+        side = math.isqrt(self.block_size)
+        if side * side != self.block_size:
+            raise ValueError(f"{name}.block_size must be a square grid size, got {self.block_size}")
+
+
+@dataclass
+class LlamaGenT2IConfig(LlamaGenConfig):
+    """LlamaGen t2i: a caption prefix of up to ``cls_token_num`` text-encoder states of width
+    ``caption_dim`` (flan-t5-xl: 120 x 2048). ``num_classes``/``class_dropout_prob`` are unused."""
+
+    caption_dim: int = 2048
+    cls_token_num: int = 120
+
+    def __post_init__(self) -> None:
+        TransformerConfig.__post_init__(self)
+        self._check_stream()
+        for field_name in ("caption_dim", "cls_token_num"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LlamaGenT2IConfig.{field_name} must be an integer >= 1, got {value!r}")
 
 
 def rope_2d_table(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
@@ -112,8 +139,27 @@ class LabelEmbedder(nn.Module):
         return self.embedding_table(labels)
 
 
+class CaptionEmbedder(nn.Module):
+    """LlamaGen t2i's condition: ``cap_proj`` (Linear, tanh-GELU, Linear; no biases) from the text
+    encoder's width to the model's, and ``uncond_embedding`` (cls_token_num, caption_dim), the learnt
+    null caption (a persistent buffer in the official files)."""
+
+    def __init__(self, caption_dim: int, dim: int, token_num: int) -> None:
+        super().__init__()
+        self.cap_proj = nn.Sequential()
+        self.cap_proj.add_module("fc1", nn.Linear(caption_dim, dim, bias=False))
+        self.cap_proj.add_module("act", nn.GELU(approximate="tanh"))
+        self.cap_proj.add_module("fc2", nn.Linear(dim, dim, bias=False))
+        self.register_buffer("uncond_embedding", torch.randn(token_num, caption_dim) / caption_dim ** 0.5)
+
+    def forward(self, captions: torch.Tensor) -> torch.Tensor:
+        return self.cap_proj(captions)
+
+
 class LlamaGen(CachedStack, nn.Module):
     """Class-conditional LlamaGen GPT implementing ``CachedTokenModel`` (see models/base.py)."""
+
+    config_class = LlamaGenConfig
 
     def __init__(self, config: LlamaGenConfig) -> None:
         super().__init__()
@@ -123,7 +169,7 @@ class LlamaGen(CachedStack, nn.Module):
         self.null_condition = cfg.num_classes
         self.num_conditions = cfg.num_classes
         self.prefix_len = self.max_prefix = cfg.cls_token_num
-        self.cls_embedding = LabelEmbedder(cfg.num_classes, cfg.dim, cfg.class_dropout_prob)
+        self.cls_embedding = self.make_condition_embedder(cfg)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.tok_dropout = nn.Dropout(cfg.token_dropout_p)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
@@ -131,6 +177,10 @@ class LlamaGen(CachedStack, nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.register_buffer("rope", rope_2d_table(side, cfg.head_dim, cfg.rope_base, self.prefix_len), persistent=False)
         self.apply(self._init_weights)
+
+    def make_condition_embedder(self, cfg: LlamaGenConfig) -> nn.Module:
+        """``cls_embedding``: the class table (c2i)."""
+        return LabelEmbedder(cfg.num_classes, cfg.dim, cfg.class_dropout_prob)
 
     def _init_weights(self, m: nn.Module) -> None:
         if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -193,6 +243,9 @@ class LlamaGen(CachedStack, nn.Module):
             qkv = sd["layers.0.attention.wqkv.weight"].shape[0]
             table = sd["cls_embedding.embedding_table.weight"].shape[0]
         except (KeyError, ValueError) as e:
+            if "cls_embedding.cap_proj.fc1.weight" in sd:
+                raise ValueError(f"{path}: a LlamaGen t2i checkpoint, not c2i: load it with LlamaGenT2I.from_checkpoint "
+                                 "or sv.load(its directory)") from None
             raise ValueError(f"{path}: not a LlamaGen c2i checkpoint (missing or malformed key {e})") from None
         n_head = overrides.pop("n_head", 32 if dim == 3200 else max(dim // 64, 1))
         head_dim = dim // n_head
@@ -217,8 +270,8 @@ class LlamaGen(CachedStack, nn.Module):
 
     @classmethod
     def from_config_dict(cls, d: dict) -> "LlamaGen":
-        names = {f.name for f in fields(LlamaGenConfig)}
-        return cls(LlamaGenConfig(**{k: v for k, v in d.items() if k in names}))
+        names = {f.name for f in fields(cls.config_class)}
+        return cls(cls.config_class(**{k: v for k, v in d.items() if k in names}))
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype | None = None) -> None:
         """``config.json`` + ``model.safetensors`` (e.g. fp16 for the shipped bundle)."""
@@ -229,4 +282,134 @@ class LlamaGen(CachedStack, nn.Module):
         config, tensors = read_pretrained(directory)
         model = cls.from_config_dict(config)
         load_strict(model, tensors, str(directory))
+        return model.eval()
+
+
+class LlamaGenT2I(LlamaGen):
+    """Text-conditioned LlamaGen (official t2i checkpoints: GPT-XL stage I at 256 px, stage II at 512 px)
+    implementing ``CachedTokenModel`` with ``Captions`` conditions (flan-t5 encoder states).
+
+    The official layout (``sample_t2i.py`` and ``generate.py``): a caption of n valid T5 states out of
+    T = ``cls_token_num`` (120) is moved to the end of the prefix (sequence positions T-n .. T-1, zeros
+    before), and the mask is causal AND "key is a valid caption token", with the diagonal forced on (a
+    padding query sees only itself). Image token j sits at sequence position T + j with RoPE row T + j
+    of the table (grid position j). The unconditional row is ``uncond_embedding`` (T, C) under the
+    same mask, so its last n rows are attended.
+
+    specvis puts the n valid states first, in slots 0 .. n-1 of its per-row cache (prefix length n),
+    and image token j in slot n + j, but keeps RoPE index T + j (``stream_rope_index``). The logits are
+    the official ones because:
+
+    1. Prefix rows of the RoPE table are cos = sin = 0, so every caption query and key is the zero
+       vector: the score between any query and a caption key is 0 whatever their positions, and a
+       caption token's slot carries no information except through the mask.
+    2. Under both masks the k-th valid caption token attends to exactly caption tokens 0..k, and image
+       token j to all n caption tokens and image tokens 0..j, with the same scores (image RoPE index
+       T + j in both). Attention is a softmax over a set of (score, value) pairs, blind to where the
+       pairs sit, and every other step is per token, so by induction over layers every hidden state
+       is the same. Image token 0 follows the last valid caption token: official position T-1,
+       specvis slot n-1.
+    3. Padding is never attended: official padding keys are masked for every other query; specvis's
+       padding slots lie past the row's committed length (and image tokens overwrite them).
+
+    Unconditional rows (``Captions.null``) take the last n rows of this model's own
+    ``uncond_embedding``, n being the conditional row's length, as the official CFG does."""
+
+    config_class = LlamaGenT2IConfig
+    null_condition = None
+    num_conditions = None
+
+    def __init__(self, config: LlamaGenT2IConfig) -> None:
+        super().__init__(config)
+        self.null_condition = self.num_conditions = None  # text-conditioned: no class ids
+
+    def make_condition_embedder(self, cfg: LlamaGenT2IConfig) -> nn.Module:
+        """``cls_embedding``: the caption projection and the null caption (t2i)."""
+        return CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.cls_token_num)
+
+    def _check_captions(self, captions) -> None:
+        if not isinstance(captions, Captions):
+            raise ValueError(f"LlamaGen t2i is conditioned on Captions (text-encoder states), got {type(captions).__name__}")
+        C = captions.embeddings.shape[-1]
+        if C != self.config.caption_dim:
+            raise ValueError(f"caption embeddings are {C} wide; this model takes {self.config.caption_dim} (its text encoder's width)")
+        if captions.embeddings.shape[1] > self.config.cls_token_num:
+            raise ValueError(f"captions of {captions.embeddings.shape[1]} tokens; this model takes at most {self.config.cls_token_num}")
+
+    def embed_captions(self, captions: Captions) -> torch.Tensor:
+        """(R, P, dim): ``cap_proj`` of each row's states; null rows use the last ``lengths[r]`` rows of
+        ``uncond_embedding`` (the rows the official left-padded mask keeps)."""
+        self._check_captions(captions)
+        table = self.cls_embedding.uncond_embedding
+        T, P = table.shape[0], captions.embeddings.shape[1]
+        lengths = captions.lengths.to(table.device)
+        idx = (T - lengths[:, None] + torch.arange(P, device=table.device)).clamp(0, T - 1)
+        null = captions.null_mask().to(table.device)[:, None, None]
+        emb = torch.where(null, table[idx], captions.embeddings.to(device=table.device, dtype=table.dtype))
+        return self.cls_embedding(emb.to(self.cls_embedding.cap_proj.fc1.weight.dtype))
+
+    def unconditional(self, captions: Captions) -> Captions:
+        """The official CFG row of each caption: the null caption with the caption's valid length."""
+        return Captions.null_rows(captions.lengths, self.config.caption_dim)
+
+    def stream_rope_index(self, positions: torch.Tensor) -> torch.Tensor:
+        """The official table row of image token j: cls_token_num + j, whatever the caption length."""
+        return self.prefix_len + positions.clamp(0, self.layout.stream_len - 1)
+
+    @torch.no_grad()
+    def prefill(self, captions: Captions) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._prefill_embedded(self.embed_captions(captions), captions.lengths.to(self.prefix_lengths.device))
+
+    def forward_train(self, captions: Captions, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal forward of each row over [its n valid caption states, tokens] (no cache): logits
+        (B, t+1, V) and hidden (B, t+1, D) after the last caption state and after each token."""
+        x_all = self.embed_captions(captions)
+        logits, hidden = [], []
+        t = tokens.shape[1]
+        for r in range(tokens.shape[0]):
+            n = int(captions.lengths[r])
+            x = torch.cat([x_all[r, :n], self.tok_embeddings(tokens[r])])[None]
+            x = self.tok_dropout(x)
+            rope = torch.cat([self.rope.new_zeros(n, *self.rope.shape[1:]), self.rope[self.prefix_len: self.prefix_len + t]])
+            for layer in self.layers:
+                x = layer(x, rope[None], None)
+            h = self.norm(x)[0, n - 1:]
+            logits.append(self.output(h).float())
+            hidden.append(h)
+        return torch.stack(logits), torch.stack(hidden)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, **overrides) -> "LlamaGenT2I":
+        """Load an official LlamaGen t2i checkpoint (``{"model": sd}`` as released, ``{"ema": sd}`` or a
+        bare state dict). Sizes come from the weight shapes (``caption_dim`` from ``cap_proj.fc1``,
+        ``cls_token_num`` from ``uncond_embedding``); ``n_head`` defaults to dim // 64 (GPT-XL: 20).
+        The file does not say the grid: pass ``block_size`` (256 px: 16x16 = 256; 512 px: 1024); a
+        stored ``freqs_cis`` is used as a hint, else 256."""
+        sd = read_state_dict(path)
+        try:
+            vocab, dim = sd["tok_embeddings.weight"].shape
+            n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
+            hidden = sd["layers.0.feed_forward.w1.weight"].shape[0]
+            qkv = sd["layers.0.attention.wqkv.weight"].shape[0]
+            proj_dim, caption_dim = sd["cls_embedding.cap_proj.fc1.weight"].shape
+            token_num = sd["cls_embedding.uncond_embedding"].shape[0]
+        except (KeyError, ValueError) as e:
+            if "cls_embedding.embedding_table.weight" in sd:
+                raise ValueError(f"{path}: a LlamaGen c2i (class-conditional) checkpoint, not t2i") from None
+            raise ValueError(f"{path}: not a LlamaGen t2i checkpoint (missing or malformed key {e})") from None
+        if proj_dim != dim:
+            raise ValueError(f"{path}: cls_embedding.cap_proj.fc1 maps to {proj_dim}, not the model width {dim}")
+        n_head = overrides.pop("n_head", 32 if dim == 3200 else max(dim // 64, 1))
+        head_dim = dim // n_head
+        block_size = 256
+        if "freqs_cis" in sd:  # not saved by the official code; a hint for the grid when present
+            block_size = sd["freqs_cis"].shape[0] - overrides.get("cls_token_num", token_num)
+        kw = dict(vocab_size=vocab, dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=(qkv // head_dim - n_head) // 2,
+                  caption_dim=caption_dim, cls_token_num=token_num, block_size=block_size, multiple_of=hidden)
+        kw.update(overrides)
+        cfg = LlamaGenT2IConfig(**kw)
+        if cfg.ffn_hidden != hidden:
+            raise ValueError(f"{path}: feed-forward width {hidden} does not follow from dim {dim}; pass multiple_of/ffn_dim_multiplier")
+        model = cls(cfg)
+        load_strict(model, {k: v for k, v in sd.items() if k != "freqs_cis"}, str(path))
         return model.eval()
