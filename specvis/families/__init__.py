@@ -12,10 +12,10 @@ from pathlib import Path
 
 from ..models.checkpoint import load_strict
 from ..models.decoder import PromptDecoder, import_llama_layers
-from . import chameleon, emu3, janus
+from . import chameleon, emu3, janus, llamagen_t2i
 from .hf import read_json
 
-FAMILIES = (janus, emu3, chameleon)
+FAMILIES = (janus, emu3, chameleon, llamagen_t2i)
 
 
 def detect(directory: str | Path):
@@ -23,6 +23,9 @@ def detect(directory: str | Path):
     d = Path(directory)
     if not d.is_dir():
         raise ValueError(f"{d}: not a directory")
+    for family in FAMILIES:  # releases without a config.json (LlamaGen t2i: .pt files), by their files
+        if hasattr(family, "matches_dir") and family.matches_dir(d):
+            return family, None
     config = read_json(d / "config.json")
     for family in FAMILIES:
         if family.matches(config):
@@ -34,6 +37,10 @@ def detect(directory: str | Path):
 def load_decoder(directory: str | Path, height: int | None = None, width: int | None = None) -> PromptDecoder:
     """The checkpoint's text-to-image decoder with its weights, in eval mode (fp32 unless cast later)."""
     family, config = detect(directory)
+    if hasattr(family, "load_decoder"):  # a family with its own model class and file format
+        model = family.load_decoder(Path(directory), height, width)
+        model.family = family
+        return model
     model, sd = family.build(Path(directory), config, height, width)
     cfg = model.config
     try:
@@ -54,6 +61,9 @@ def load_pipeline(name: str | Path, draft: str | Path | None = None):
     from ..hub import resolve_model_dir
 
     directory = resolve_model_dir(str(name))
+    family, _ = detect(directory)
+    if hasattr(family, "load_pipeline"):  # its own pipeline (LlamaGen t2i: captions from flan-t5)
+        return family.load_pipeline(name, Path(directory), draft=draft)
     target = load_decoder(directory)
     draft_model = None
     if draft is not None:

@@ -1,0 +1,354 @@
+"""LlamaGen text-to-image (FoundationVision/LlamaGen t2i) from its official release files.
+
+The release has no ``config.json``: a GPT checkpoint (``t2i_XL_stage1_256.pt``: GPT-XL at 256 px, a
+16x16 grid; ``t2i_XL_stage2_512.pt``: 512 px, 32x32), a VQ tokenizer (``vq_ds16_t2i.pt``) and the
+text encoder, ``google/flan-t5-xl`` in the Hugging Face layout. A directory loads when it holds:
+
+    DIR/
+      t2i_<anything>_<image size>.pt   the GPT, ``{"model": state dict}`` (exactly one ``t2i_*.pt``)
+      vq_ds16_t2i.pt                   the VQ (else exactly one ``vq_*.pt``)
+      t5-ckpt/flan-t5-xl/              flan-t5 (config.json, tokenizer, weights); also ``flan-t5-xl/``
+                                       or ``t5-ckpt/`` itself, the official scripts' ``--t5-path``
+      specvis.json                     optional: {"gpt": "file.pt", "vq": "file.pt", "t5": "dir",
+                                       "image_size": 256, "downsample": 16}, paths relative to DIR
+
+i.e. the official ``pretrained_models/`` folder with one t2i GPT in it (or a specvis.json naming
+one). The grid is image_size / downsample: ``image_size`` from specvis.json, else the number that
+ends the GPT's file name; ``downsample`` 16 (the ds16 VQ) unless specvis.json says otherwise. A draft
+directory (``sv.load(dir, draft=...)``) needs only its GPT file: captions are encoded once, by the
+target's flan-t5 (the draft must take the same caption width and length), and each model's
+unconditional rows are its own null caption.
+
+Prompts follow ``language/t5.py`` and ``autoregressive/sample/sample_t2i.py``: the text is cleaned,
+tokenised to at most ``cls_token_num`` (120) tokens with ``</s>``, padded to 120, and the last hidden
+state of ``T5EncoderModel`` is the caption; its valid tokens condition the GPT (``LlamaGenT2I``
+explains why specvis's valid-first prefix gives the official left-padded logits). A ``list[int]``
+prompt is flan-t5 input ids (``</s>`` included), encoded the same way. Text cleaning: the official
+``clean_caption`` (ftfy, BeautifulSoup, ~40 regular expressions for URLs, HTML, ids, file names) is not
+reproduced; specvis lower-cases, strips and collapses white space, which is what it does to plain
+prose. CFG: the unconditional row is the model's ``uncond_embedding`` under the caption's mask, guided =
+u + s (c - u) on raw logits (API.md's formula); official defaults cfg 7.5, top-k 1000, temperature 1.
+The text encoder runs in the GPT's dtype (fp32 unless the pipeline is configured otherwise; the
+official script runs both in bf16).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from ..models.base import Captions, Condition
+from ..models.checkpoint import one_line
+from ..pipeline import TextPipeline, _needs_codebook
+from ..generate import generate
+from ..sampling import Sampling
+from ..viz import to_pil
+
+NAME = "llamagen-t2i"
+DEFAULT_SAMPLING = {"cfg_scale": 7.5, "top_k": 1000, "temperature": 1.0}  # sample_t2i.py
+MANIFEST = "specvis.json"
+VQ_NAME = "vq_ds16_t2i.pt"
+T5_DIRS = ("t5-ckpt/flan-t5-xl", "flan-t5-xl", "t5-ckpt")
+DOWNSAMPLE = 16
+
+
+def matches(config: dict) -> bool:
+    return False  # no config.json: recognised by its files (matches_dir)
+
+
+def matches_dir(directory: Path) -> bool:
+    """A specvis.json naming this family or a GPT file, or a ``t2i_*.pt`` file with no config.json."""
+    if (directory / MANIFEST).is_file():
+        m = _manifest(directory)
+        return m.get("family", NAME) == NAME and ("gpt" in m or bool(_gpt_candidates(directory)))
+    return not (directory / "config.json").exists() and bool(_gpt_candidates(directory))
+
+
+def _manifest(directory: Path) -> dict:
+    path = directory / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"{path}: unreadable JSON ({one_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must hold a JSON object")
+    return data
+
+
+def _gpt_candidates(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("t2i_*.pt") if p.is_file())
+
+
+def _named(directory: Path, manifest: dict, key: str) -> Path | None:
+    if key not in manifest:
+        return None
+    if not isinstance(manifest[key], str) or not manifest[key]:
+        raise ValueError(f"{directory / MANIFEST}: {key!r} must be a path relative to {directory}")
+    path = directory / manifest[key]
+    if not path.exists():
+        raise ValueError(f"{directory / MANIFEST} names {key} {manifest[key]!r}, which does not exist in {directory}")
+    return path
+
+
+def gpt_file(directory: Path) -> Path:
+    """The GPT checkpoint: specvis.json's ``gpt``, else the one ``t2i_*.pt`` file."""
+    named = _named(directory, _manifest(directory), "gpt")
+    if named is not None:
+        return named
+    found = _gpt_candidates(directory)
+    if len(found) != 1:
+        what = "no t2i_*.pt GPT file" if not found else f"{len(found)} t2i GPT files ({', '.join(p.name for p in found)})"
+        raise ValueError(f"{directory}: {what}; name the one to load in {MANIFEST}: {{\"gpt\": \"t2i_XL_stage1_256.pt\"}}")
+    return found[0]
+
+
+def vq_file(directory: Path) -> Path:
+    """The VQ checkpoint: specvis.json's ``vq``, else ``vq_ds16_t2i.pt``, else the one ``vq_*.pt`` file."""
+    named = _named(directory, _manifest(directory), "vq")
+    if named is not None:
+        return named
+    if (directory / VQ_NAME).is_file():
+        return directory / VQ_NAME
+    found = sorted(directory.glob("vq_*.pt"))
+    if len(found) != 1:
+        raise ValueError(f"{directory}: missing the VQ tokenizer {VQ_NAME} (or name it in {MANIFEST}: {{\"vq\": \"file.pt\"}})")
+    return found[0]
+
+
+def t5_dir(directory: Path) -> Path:
+    """The flan-t5 directory (Hugging Face layout): specvis.json's ``t5``, else t5-ckpt/flan-t5-xl,
+    flan-t5-xl or t5-ckpt."""
+    named = _named(directory, _manifest(directory), "t5")
+    candidates = [named] if named is not None else [directory / d for d in T5_DIRS]
+    for d in candidates:
+        if (d / "config.json").is_file():
+            return d
+    where = named if named is not None else directory / T5_DIRS[0]
+    raise ValueError(f"{directory}: missing the flan-t5 text encoder ({where}/config.json); put google/flan-t5-xl "
+                     f"there in the Hugging Face layout (or name its directory in {MANIFEST}: {{\"t5\": \"dir\"}})")
+
+
+def native_grid(directory: Path, gpt: Path) -> tuple[int, int]:
+    m = _manifest(directory)
+    size = m.get("image_size")
+    if size is None:
+        found = re.search(r"_(\d+)\.pt$", gpt.name)
+        if not found:
+            raise ValueError(f"{gpt}: cannot tell the image size (official names end in _256.pt or _512.pt); "
+                             f"give it in {directory / MANIFEST}: {{\"image_size\": 256}}")
+        size = int(found.group(1))
+    down = m.get("downsample", DOWNSAMPLE)
+    for key, v in (("image_size", size), ("downsample", down)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{directory}: {key} must be a positive integer, got {v!r}")
+    if size % down:
+        raise ValueError(f"{directory}: image size {size} is not a multiple of the VQ downsampling {down}")
+    return size // down, size // down
+
+
+def load_decoder(directory: Path, height: int | None = None, width: int | None = None):
+    """The t2i GPT of ``directory`` (``LlamaGenT2I``, fp32, eval) on its native grid."""
+    from ..models.llamagen import LlamaGenT2I
+
+    gpt = gpt_file(directory)
+    H, W = native_grid(directory, gpt)
+    if (height is not None and height != H) or (width is not None and width != W):
+        raise ValueError(f"{directory}: LlamaGen t2i has a fixed {H}x{W} grid (its 2D RoPE table), got {height}x{width}")
+    return LlamaGenT2I.from_checkpoint(gpt, block_size=H * W).float().eval()
+
+
+def load_pipeline(name, directory: Path, draft=None, drafter=None) -> "CaptionPipeline":
+    """A ``CaptionPipeline``: the target's GPT now; flan-t5 and the VQ checked now, loaded on first use."""
+    from . import detect
+    from . import llamagen_t2i as module
+    from ..hub import resolve_model_dir
+
+    directory = Path(directory)
+    target = load_decoder(directory)
+    t5_dir(directory)  # flan-t5 and the VQ present, or a one-line error before any generation
+    vq_file(directory)
+    target.family = module
+    draft_model = draft_dir = None
+    if draft is not None:
+        draft_dir = Path(resolve_model_dir(str(draft)))
+        family, _ = detect(draft_dir)
+        if family is not module:
+            raise ValueError(f"draft {draft_dir} ({family.NAME}) is not of the family of {directory} ({NAME}): "
+                             "the draft must be a LlamaGen t2i checkpoint")
+        draft_model = load_decoder(draft_dir)
+        draft_model.family = module
+        check_draft(draft_model, target, draft_dir, directory)
+    drafter_model = None
+    if drafter is not None:
+        from ..models.drafter import load_drafter
+
+        drafter_model = load_drafter(resolve_model_dir(str(drafter)), target)
+    grid = (target.layout.height, target.layout.width)
+    extras = {"grid": grid, "family": NAME, "directory": str(directory)}
+    if draft is not None:
+        extras["draft"] = _display_name(draft, draft_dir)
+    return CaptionPipeline(_display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
+                           directory=directory, default_sampling=Sampling(**DEFAULT_SAMPLING), extras=extras)
+
+
+def _display_name(name, directory: Path) -> str:
+    """A Hub id when the checkpoint came from the cache (its snapshot directory is a hash), else the
+    directory's name."""
+    return Path(directory).name if Path(str(name)).expanduser().is_dir() else str(name)
+
+
+def check_draft(draft, target, draft_dir, directory) -> None:
+    """The draft reads the target's captions and proposes its image tokens: same caption width and
+    length, same codebook, same grid."""
+    d, t = draft.config, target.config
+    if (d.caption_dim, d.cls_token_num) != (t.caption_dim, t.cls_token_num):
+        raise ValueError(f"draft {draft_dir}: captions of {d.cls_token_num} x {d.caption_dim} differ from {directory}'s "
+                         f"{t.cls_token_num} x {t.caption_dim}: the draft must take the same text encoder's states")
+    if draft.layout != target.layout:
+        raise ValueError(f"draft {draft_dir}: {draft.layout.height}x{draft.layout.width} grid of {draft.layout.vocab_size} "
+                         f"codes differs from {directory}'s {target.layout.height}x{target.layout.width} of {target.layout.vocab_size}")
+
+
+def load_vq(directory: Path):
+    """The t2i VQ (``VQModel.from_checkpoint``: LlamaGen's VQ file format)."""
+    from ..models.vq import VQModel
+
+    return VQModel.from_checkpoint(vq_file(Path(directory)))
+
+
+def clean_text(text: str) -> str:
+    """Lower case, stripped, white space collapsed (what the official cleaning does to plain prose)."""
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+class CaptionEncoder:
+    """The flan-t5 tokenizer and encoder (transformers, imported here) turning prompts into ``Captions``
+    as ``language/t5.py`` does: at most ``max_length`` tokens with ``</s>``, padded to ``max_length``,
+    attention mask over the valid tokens, last hidden state."""
+
+    def __init__(self, directory: Path, max_length: int) -> None:
+        try:
+            from transformers import AutoTokenizer, T5EncoderModel
+        except ImportError:
+            raise ValueError("text prompts need transformers: pip install specvis[hf]") from None
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
+            self.model = T5EncoderModel.from_pretrained(str(directory)).eval()
+        except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError ...
+            raise ValueError(f"{directory}: cannot load the flan-t5 text encoder ({one_line(exc)})") from None
+        self.max_length = max_length
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def ids(self, texts: list[str]) -> list[list[int]]:
+        out = self.tokenizer([clean_text(t) for t in texts], max_length=self.max_length, truncation=True,
+                             add_special_tokens=True)["input_ids"]
+        return [list(map(int, r)) for r in out]
+
+    @torch.no_grad()
+    def encode(self, rows: list[list[int]], device: torch.device, dtype: torch.dtype) -> Captions:
+        R, T = len(rows), self.max_length
+        ids = torch.full((R, T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(R, T, dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = torch.tensor(row)
+            mask[r, : len(row)] = 1
+        self.model.to(device=device, dtype=dtype)
+        h = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+        return Captions.of([h[r, : len(row)] for r, row in enumerate(rows)])
+
+
+class CaptionPipeline(TextPipeline):
+    """``pipe(prompts=[...])`` for LlamaGen t2i: prompts (str, or flan-t5 input ids) become ``Captions``
+    through the checkpoint's flan-t5; the grid is the checkpoint's (``height``/``width`` may only name it)."""
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The checkpoint's grid (rows, columns) in image tokens."""
+        return tuple(self.extras["grid"])
+
+    def to(self, device: str | torch.device) -> "CaptionPipeline":
+        super().to(device)
+        if self.vq is not None:
+            self.vq.to(device)
+        return self
+
+    @property
+    def decoder(self):
+        """The VQ image decoder on the pipeline's device, loaded on first use."""
+        if self.vq is None:
+            try:
+                vq = load_vq(Path(self.directory))
+            except (OSError, RuntimeError, KeyError) as exc:
+                raise ValueError(f"{self.directory}: cannot load the image decoder ({one_line(exc)})") from None
+            self.vq = vq.to(self.device)
+        return self.vq
+
+    @property
+    def processor(self) -> CaptionEncoder:
+        if self._processor is None:
+            self._processor = CaptionEncoder(t5_dir(Path(self.directory)), self.target.config.cls_token_num)
+        return self._processor
+
+    def set_grid(self, height: int | None, width: int | None) -> tuple[int, int]:
+        H, W = self.grid
+        if (height is not None and height != H) or (width is not None and width != W):
+            raise ValueError(f"model {self.name}: LlamaGen t2i generates its native {H}x{W} grid only "
+                             f"(its 2D RoPE table), got height={height} width={width}")
+        return H, W
+
+    def captions(self, prompts, what: str = "prompts") -> Captions:
+        """``Captions`` of prompts (each a str or a list of flan-t5 input ids) on the pipeline's device."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError(f"{what} must be a non-empty list of str or of token-id lists")
+        for p in prompts:
+            ok_ids = isinstance(p, (list, tuple)) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+            if not (isinstance(p, str) or ok_ids):
+                raise ValueError(f"{what}: each entry must be a str or a non-empty list of token ids, got {p!r:.60}")
+        enc = self.processor
+        texts = [p for p in prompts if isinstance(p, str)]
+        encoded = iter(enc.ids(texts) if texts else [])
+        rows = [next(encoded) if isinstance(p, str) else list(p) for p in prompts]
+        for i, row in enumerate(rows):
+            if len(row) > enc.max_length:
+                raise ValueError(f"{what}[{i}] is {len(row)} flan-t5 tokens; the model takes at most {enc.max_length}")
+            if not all(0 <= t < enc.vocab_size for t in row):
+                raise ValueError(f"{what}[{i}]: token ids must be in 0..{enc.vocab_size - 1}")
+        return enc.encode(rows, self.device, self.dtype)
+
+    @torch.no_grad()
+    def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
+                 decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
+                 width: int | None = None):
+        if classes is not None:
+            raise ValueError(f"model {self.name} is text-conditioned: give prompts=, not classes=")
+        if prompts is None:
+            raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
+        sampling = sampling or self.default_sampling
+        self.set_grid(height, width)
+        cond = self.captions(prompts, "prompts")
+        if negative_prompts is not None:
+            uncond = self.captions(negative_prompts, "negative_prompts")
+            if len(uncond) != len(cond):
+                raise ValueError(f"negative_prompts: {len(uncond)} given for {len(cond)} prompts; give one per prompt")
+        else:  # the official null caption, same valid length (each model uses its own table)
+            uncond = self.target.unconditional(cond) if sampling.uses_cfg else None
+        out = generate(self.target, Condition(cond, uncond), method, sampling, seed, draft=self.draft,
+                       drafter=self.drafter, codebook=self.codebook if _needs_codebook(method) else None,
+                       graphs=self.graphs)
+        if decode:
+            out.images = self.to_images(out.tokens)
+        return out
+
+    @torch.no_grad()
+    def to_images(self, tokens: torch.Tensor):
+        L = self.target.layout
+        return to_pil(self.decoder.decode(tokens.to(self.device), (L.height, L.width)))
