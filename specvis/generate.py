@@ -8,7 +8,7 @@ import torch
 
 from .methods.ar import AR
 from .methods.base import DecodeContext, GuidedModel, Stats, timed
-from .models.base import Condition, Prompts
+from .models.base import Captions, Condition, Prompts
 from .sampling import Sampling, make_generator
 
 
@@ -21,9 +21,9 @@ class Generation:
 
 
 def check_conditions(model, conditions) -> None:
-    """Class ids for class-conditional models, ``Prompts`` (or a ``Condition``) for prompt-conditioned ones."""
+    """Class ids for class-conditional models, ``Prompts``/``Captions`` (or a ``Condition``) for text-conditioned ones."""
     n = getattr(model, "num_conditions", None)
-    if isinstance(conditions, (Prompts, Condition)):
+    if isinstance(conditions, (Prompts, Captions, Condition)):
         if n is not None:
             raise ValueError("this model is class-conditional: give classes, not prompts")
         return
@@ -60,7 +60,7 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     method = AR() if method is None else method
     sampling = Sampling() if sampling is None else sampling
     device = next(model.parameters()).device
-    if isinstance(conditions, Prompts):
+    if isinstance(conditions, (Prompts, Captions)):
         conditions = conditions.to(device)
     elif not isinstance(conditions, Condition):
         conditions = torch.as_tensor(conditions, device=device)
