@@ -30,12 +30,14 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-graphs", dest="graphs", action="store_false", default=None,
                    help="run rounds eagerly on CUDA (default: captured CUDA graphs; no effect on CPU)")
     p.add_argument("--draft", help="checkpoint directory or Hub id of a smaller model of the same family (speculative)")
+    p.add_argument("--drafter", help="EAGLE head directory trained for the checkpoint (eagle, adt, static-tree; "
+                                     "specvis train-drafter --model ... --out DIR)")
 
 
 def _load(a: argparse.Namespace):
     from .zoo import load
 
-    return load(a.model, a.device, a.dtype, a.compile, a.graphs, draft=a.draft)
+    return load(a.model, a.device, a.dtype, a.compile, a.graphs, draft=a.draft, drafter=a.drafter)
 
 
 def _device_line(pipe) -> str:

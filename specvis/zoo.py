@@ -108,18 +108,22 @@ BUNDLES = {
 
 
 def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
-         compile: bool = False, graphs: bool | None = None, draft: str | None = None) -> Pipeline:
+         compile: bool = False, graphs: bool | None = None, draft: str | None = None,
+         drafter: str | None = None) -> Pipeline:
     """Load a bundle by name, offline, or a real checkpoint: a directory or Hugging Face Hub id
-    (``specvis.families``; ``draft``: a smaller checkpoint of the same family). ``dtype``,
+    (``specvis.families``; ``draft``: a smaller checkpoint of the same family; ``drafter``: an EAGLE
+    head directory trained for it, ``specvis train-drafter --model``). ``dtype``,
     ``compile``, ``graphs``: see ``Pipeline.configure``."""
     if name in BUNDLES:
         if draft is not None:
             raise ValueError(f"draft= is for checkpoint directories; bundle {name!r} ships its own draft")
+        if drafter is not None:
+            raise ValueError(f"drafter= is for checkpoint directories; bundle {name!r} ships its own drafter")
         pipe = BUNDLES[name][1]()
     elif Path(name).is_dir() or "/" in str(name):
         from .families import load_pipeline
 
-        pipe = load_pipeline(name, draft=draft)
+        pipe = load_pipeline(name, draft=draft, drafter=drafter)
     else:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(BUNDLES)}, a checkpoint directory or a Hub id")
     return pipe.to(device).configure(dtype, compile, graphs)

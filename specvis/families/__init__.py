@@ -53,9 +53,11 @@ def load_decoder(directory: str | Path, height: int | None = None, width: int | 
     return model.float().eval()
 
 
-def load_pipeline(name: str | Path, draft: str | Path | None = None):
+def load_pipeline(name: str | Path, draft: str | Path | None = None, drafter: str | Path | None = None):
     """A ``TextPipeline`` for a checkpoint directory or Hugging Face Hub id (``specvis.hub``), with an
-    optional draft checkpoint of the same family (same tokenizer, same image vocabulary)."""
+    optional draft checkpoint of the same family (same tokenizer, same image vocabulary) and an
+    optional EAGLE head trained for this checkpoint (``specvis train-drafter --model``: its ``--out``
+    directory or the ``final/`` head in it; a Hub id works too)."""
     from ..pipeline import TextPipeline
     from ..sampling import Sampling
     from ..hub import resolve_model_dir
@@ -70,12 +72,18 @@ def load_pipeline(name: str | Path, draft: str | Path | None = None):
         draft_dir = resolve_model_dir(str(draft))
         draft_model = load_decoder(draft_dir)
         check_draft(draft_model, target, draft_dir, directory)
+    drafter_model = None
+    if drafter is not None:
+        from ..models.drafter import load_drafter
+
+        drafter_model = load_drafter(resolve_model_dir(str(drafter)), target)
     family = target.family
     grid = (target.layout.height, target.layout.width)
     extras = {"grid": grid, "family": family.NAME, "directory": str(directory)}
     if draft is not None:
         extras["draft"] = _display_name(draft, draft_dir)
-    return TextPipeline(_display_name(name, directory), target, None, draft=draft_model, directory=directory,
+    return TextPipeline(_display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
+                        directory=directory,
                         default_sampling=Sampling(**getattr(target, "default_sampling", family.DEFAULT_SAMPLING)),
                         extras=extras)
 

@@ -9,7 +9,10 @@ steps (each a plain function over batched tensors):
    drafter logits) join a candidate pool scored by cumulative log-probability; the top-k candidates
    of each depth are expanded by one drafter forward over that depth (tree mask). The pool is
    reranked and the best ``total_tokens - 1`` nodes form the tree. A stable sort on the pool laid out
-   depth by depth keeps every parent ahead of its children, so the tree is ancestor-closed.
+   depth by depth keeps every parent ahead of its children, so the tree is ancestor-closed. Positions
+   are stream positions: the drafter scores the image codes only, and at a forced position (a row
+   end) the only candidate is its structural id with log-probability 0 (``_log_draft``), so a tree
+   runs across row ends at no cost in its ranking and the target's point mass accepts it.
 2. One target forward over root + tree with the tree mask and per-node grid positions, then
    ``verify_tree`` with the rule's ``sibling(p, x, soft=...)``: at a node, children are tried in
    draft-rank order, each accepted with the rule's alpha against the current residual (Exact: p(x);
@@ -238,7 +241,7 @@ class Tree:
     """One round's draft tree; position 0 is the root (the last committed token), 1.. the nodes."""
 
     tokens: torch.Tensor  # (B, T)
-    positions: torch.Tensor  # (B, T) grid positions (root: n - 1, node at depth j: n - 1 + j)
+    positions: torch.Tensor  # (B, T) stream positions (root: n - 1, node at depth j: n - 1 + j)
     mask: torch.Tensor  # (B, T, T) bool, node attends to itself and its ancestors
     children: torch.Tensor  # (B, T, K) tree positions of each node's children by draft rank, -1 none
     depth: torch.Tensor  # (B,) deepest selected node (the drafted tree's depth)

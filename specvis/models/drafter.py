@@ -1,10 +1,18 @@
-"""EAGLE draft head (Li et al. 2024) for LlamaGen targets, as LANTERN trains it for image tokens.
+"""EAGLE draft head (Li et al. 2024) for image-token targets, as LANTERN trains it for LlamaGen.
 
 The head predicts the target's next last-hidden-state ("feature") from the current token and the
 current feature: ``fc(concat(embed(x_i), h_{i-1})) -> decoder layer(s) -> f_i``; the target's frozen
 output head turns ``f_i`` into logits for token i+1. Here ``h_{i-1}`` is the target's (post-norm) last
 hidden state that predicted ``x_i`` (the condition position for ``x_0``), so the drafter sequence is
-exactly the image tokens at grid positions 0, 1, ..., with LlamaGen's 2D RoPE and no prefix.
+exactly the image stream at positions 0, 1, ..., with no prefix.
+
+What the head takes from its target is data, ``target.drafter_parts()`` (``models.decoder.DrafterParts``),
+recorded in the head's config: LlamaGen targets lend their ``output`` head, the head keeps its own
+copy of the token table (``embed_tokens``, saved) and places tokens by the 2D grid RoPE table
+(``positions="grid"``); text-to-image targets (``PromptDecoder``) lend their ``head`` and their
+``image_embed`` (frozen, never saved: ``own_embeddings=False``; it also embeds structural ids such
+as Emu3's row ends) and tokens sit at their stream positions with 1D RoPE of the target's base
+(``positions="stream"``).
 
 Caching follows ``models.base``: a static per-row ``KVCache`` over the committed image tokens; a
 forward writes a block after the committed slots at offset ``start`` and attends to the committed
@@ -30,6 +38,7 @@ from torch import nn
 
 from .base import KVCache
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_tensors, one_line, read_state_dict
+from .decoder import rope_1d
 from .llamagen import LlamaGenConfig, TransformerBlock, rope_2d_table
 
 BIN_NAME = "pytorch_model.bin"
@@ -47,9 +56,11 @@ class DrafterConfig:
     num_hidden_layers: int = 1
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    block_size: int = 256  # image tokens (square grid)
+    block_size: int = 256  # image tokens (square grid); stream positions for positions="stream"
     fc_bias: bool = True
     first_input_norm: bool = False  # EAGLE: layer 0 has no input_layernorm
+    positions: str = "grid"  # "grid": LlamaGen 2D RoPE table; "stream": 1D RoPE of the stream position
+    own_embeddings: bool = True  # False: stream ids are embedded by the target's module (not saved)
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -57,8 +68,10 @@ class DrafterConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DrafterConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.positions not in ROPES:
+            raise ValueError(f"DrafterConfig.positions must be one of {', '.join(ROPES)}, got {self.positions!r}")
         side = math.isqrt(self.block_size)
-        if side * side != self.block_size:
+        if self.positions == "grid" and side * side != self.block_size:
             raise ValueError(f"DrafterConfig.block_size must be a square grid size, got {self.block_size}")
 
     def block_config(self) -> LlamaGenConfig:
@@ -67,7 +80,8 @@ class DrafterConfig:
         cfg = LlamaGenConfig(vocab_size=self.vocab_size, dim=self.hidden_size, n_layer=self.num_hidden_layers,
                              n_head=self.num_attention_heads, n_kv_head=self.num_key_value_heads,
                              multiple_of=self.intermediate_size, ffn_dim_multiplier=self.intermediate_size / base,
-                             rope_base=self.rope_theta, norm_eps=self.rms_norm_eps, block_size=self.block_size)
+                             rope_base=self.rope_theta, norm_eps=self.rms_norm_eps,
+                             block_size=self.block_size if self.positions == "grid" else 1)  # the block never reads it
         if cfg.ffn_hidden != self.intermediate_size:
             raise ValueError(f"DrafterConfig.intermediate_size {self.intermediate_size} is not representable")
         return cfg
@@ -75,7 +89,7 @@ class DrafterConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d.update(architectures=["EagleDrafter"], model_type="llama", hidden_act="silu",
-                 max_position_embeddings=self.block_size, input_type="c2i")
+                 max_position_embeddings=self.block_size, input_type="c2i" if self.positions == "grid" else "t2i")
         return d
 
     @classmethod
@@ -90,6 +104,15 @@ class DrafterConfig:
         return cls(**kw)
 
 
+def _grid_rope(cfg: DrafterConfig, head_dim: int) -> torch.Tensor:
+    """LlamaGen's 2D table over the square grid (row i of the table: grid position i)."""
+    return rope_2d_table(math.isqrt(cfg.block_size), head_dim, cfg.rope_theta, 0)
+
+
+# positions -> a precomputed RoPE table (indexed by position), or None: computed per call (1D, any length)
+ROPES = {"grid": _grid_rope, "stream": lambda cfg, head_dim: None}
+
+
 class EagleDrafter(nn.Module):
     """EAGLE feature-regression head with its own static KV cache (see module docstring)."""
 
@@ -97,48 +120,62 @@ class EagleDrafter(nn.Module):
         super().__init__()
         self.config = cfg = config
         block = cfg.block_config()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.head_dim = block.head_dim
+        if cfg.own_embeddings:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
         self.layers = nn.ModuleList(TransformerBlock(block) for _ in range(cfg.num_hidden_layers))
         if not cfg.first_input_norm:
             self.layers[0].attention_norm = nn.Identity()
-        side = math.isqrt(cfg.block_size)
-        self.register_buffer("rope", rope_2d_table(side, block.head_dim, cfg.rope_theta, 0), persistent=False)
+        self.register_buffer("rope", ROPES[cfg.positions](cfg, block.head_dim), persistent=False)
         self.cache: KVCache | None = None
         self.__dict__["head"] = None  # the target's output layer: used, never owned or saved
+        self.__dict__["borrowed_embed"] = None  # the target's stream embedding (own_embeddings=False)
+        self.__dict__["stream_len"] = cfg.block_size  # stream positions of the attached target
 
     # ---- construction ----
     @classmethod
     def from_target(cls, target: nn.Module, num_hidden_layers: int = 1, seed: int | None = None) -> EagleDrafter:
-        """A fresh head shaped like one ``target`` layer, embeddings copied from the target, head attached."""
-        tc = target.config
-        cfg = DrafterConfig(vocab_size=tc.vocab_size, hidden_size=tc.dim, intermediate_size=tc.ffn_hidden,
-                            num_attention_heads=tc.n_head, num_key_value_heads=tc.n_kv_head,
-                            num_hidden_layers=num_hidden_layers, rms_norm_eps=tc.norm_eps, rope_theta=tc.rope_base,
-                            block_size=tc.block_size)
+        """A fresh head shaped like one ``target`` layer, what it takes from the target as
+        ``target.drafter_parts()`` says (an own embedding table starts as a copy of the target's)."""
+        tc, parts = target.config, target.drafter_parts()
+        cfg = DrafterConfig(vocab_size=target.layout.vocab_size, hidden_size=target.hidden_size,
+                            intermediate_size=tc.ffn_hidden, num_attention_heads=tc.n_head,
+                            num_key_value_heads=tc.n_kv_head, num_hidden_layers=num_hidden_layers,
+                            rms_norm_eps=tc.norm_eps, rope_theta=parts.rope_theta, block_size=parts.block_size,
+                            positions=parts.positions, own_embeddings=parts.own_embed)
         if seed is not None:
             torch.manual_seed(seed)
         model = cls(cfg)
         for m in model.modules():
             if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=tc.initializer_range)
+                nn.init.normal_(m.weight, std=getattr(tc, "initializer_range", 0.02))
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
         p = next(target.parameters())
         model = model.to(device=p.device, dtype=p.dtype)
-        with torch.no_grad():
-            model.embed_tokens.weight.copy_(target.tok_embeddings.weight)
+        if cfg.own_embeddings:
+            with torch.no_grad():
+                model.embed_tokens.weight.copy_(parts.embed.weight)
         return model.attach(target)
 
     def attach(self, target: nn.Module) -> EagleDrafter:
-        """Use ``target.output`` (frozen, not part of this module's state) as the output head."""
-        head = target.output
-        if head.weight.shape != (self.config.vocab_size, self.config.hidden_size):
-            raise ValueError(f"drafter (vocab {self.config.vocab_size}, width {self.config.hidden_size}) does not fit "
-                             f"the target head {tuple(head.weight.shape)}")
-        if getattr(target, "layout", None) is not None and target.layout.num_tokens > self.config.block_size:
-            raise ValueError(f"drafter grid {self.config.block_size} is smaller than the target's {target.layout.num_tokens}")
-        self.__dict__["head"] = head
+        """Use the target's output head (and, for ``own_embeddings=False``, its stream embedding) as
+        ``target.drafter_parts()`` names them: frozen, not part of this module's state."""
+        parts, cfg = target.drafter_parts(), self.config
+        if parts.positions != cfg.positions or parts.own_embed != cfg.own_embeddings:
+            raise ValueError(f"drafter made for {cfg.positions} positions ({'own' if cfg.own_embeddings else 'borrowed'} "
+                             f"embeddings) does not fit a target with {parts.positions} positions "
+                             f"({'own' if parts.own_embed else 'borrowed'} embeddings)")
+        width, vocab = getattr(target, "hidden_size", None), target.layout.vocab_size
+        if (vocab, width) != (cfg.vocab_size, cfg.hidden_size):
+            raise ValueError(f"drafter (vocab {cfg.vocab_size}, width {cfg.hidden_size}) does not fit "
+                             f"the target head {(vocab, width)}")
+        if cfg.positions == "grid" and target.layout.num_tokens > cfg.block_size:
+            raise ValueError(f"drafter grid {cfg.block_size} is smaller than the target's {target.layout.num_tokens}")
+        self.__dict__["head"] = parts.head
+        self.__dict__["borrowed_embed"] = None if cfg.own_embeddings else parts.embed
+        self.__dict__["stream_len"] = max(cfg.block_size, target.layout.stream_len)
         return self
 
     # ---- teacher-forced (training, tests) ----
@@ -152,31 +189,51 @@ class EagleDrafter(nn.Module):
             raise RuntimeError("attach(target) the drafter to its target before asking for logits")
         return self.head(features).float()
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Stream ids (codes, and structural ids where the target has them) -> (.., hidden_size)."""
+        if self.config.own_embeddings:
+            return self.embed_tokens(tokens)
+        if self.borrowed_embed is None:
+            raise RuntimeError("attach(target) the drafter to its target before feeding it tokens")
+        with torch.no_grad():  # the target's module: frozen
+            return self.borrowed_embed(tokens)
+
+    def rope_at(self, positions: torch.Tensor) -> torch.Tensor:
+        """RoPE (.., head_dim/2, 2) of stream positions: the grid table, or 1D RoPE at any position."""
+        if self.rope is not None:
+            return self.rope[positions.clamp(0, self.rope.shape[0] - 1)]
+        return rope_1d(positions, self.head_dim, self.config.rope_theta)
+
+    def _input(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        dt = self.fc.weight.dtype
+        return self.fc(torch.cat([self.embed(tokens).to(dt), hidden.to(dt)], dim=-1))
+
     def forward_train(self, tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Causal forward over image tokens 0..t-1 (B, t) with ``hidden[:, i]`` the target feature that
+        """Causal forward over stream tokens 0..t-1 (B, t) with ``hidden[:, i]`` the target feature that
         predicted token i; returns (logits (B, t, V) for tokens 1..t, predicted features (B, t, D))."""
-        x = self.fc(torch.cat([self.embed_tokens(tokens), hidden.to(self.fc.weight.dtype)], dim=-1))
-        rope = self.rope[: tokens.shape[1]][None].expand(tokens.shape[0], -1, -1, -1)
+        x = self._input(tokens, hidden)
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        rope = self.rope_at(positions)[None].expand(tokens.shape[0], -1, -1, -1)
         f = self._layers(x, rope, None, None)
         return self.logits(f), f
 
     # ---- cached decoding ----
     def setup_cache(self, rows: int, extra: int) -> None:
-        """Room for the whole grid plus ``extra`` uncommitted slots per row; committed length 0."""
+        """Room for the whole stream plus ``extra`` uncommitted slots per row; committed length 0."""
         p = self.fc.weight
         blk = self.layers[0].attention
-        self.cache = KVCache(len(self.layers), rows, blk.n_kv_head, self.config.block_size + extra,
+        self.cache = KVCache(len(self.layers), rows, blk.n_kv_head, self.stream_len + extra,
                              blk.head_dim, p.dtype, p.device)
 
     @property
     def length(self) -> torch.Tensor:
-        """Committed image tokens per row."""
+        """Committed stream tokens per row."""
         return self.cache.length
 
     @torch.no_grad()
     def forward_tokens(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                        tree_mask: torch.Tensor | None = None, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed n nodes per row (token, input feature, grid position) into slots ``length + start + j``.
+        """Feed n nodes per row (token, input feature, stream position) into slots ``length + start + j``.
 
         Node j attends to the committed slots and, inside the uncommitted region ``[length, length +
         start + n)``, to slot i where ``tree_mask[r, j, i]`` (default: causal within this block, nothing
@@ -198,9 +255,8 @@ class EagleDrafter(nn.Module):
         gathered = torch.gather(tree_mask, 2, offset.clamp(0, start + n - 1)[:, None, :].expand(-1, n, -1))
         mask = (committed[:, None, :] | (pending[:, None, :] & gathered))[:, None]
         slots = (cache.length[:, None] + start + j).clamp_max(cache.slots - 1)
-        x = self.fc(torch.cat([self.embed_tokens(tokens), hidden.to(self.fc.weight.dtype)], dim=-1))
-        rope = self.rope[positions.clamp(0, self.config.block_size - 1)]
-        f = self._layers(x, rope, mask, slots)
+        x = self._input(tokens, hidden)
+        f = self._layers(x, self.rope_at(positions), mask, slots)
         return self.logits(f), f
 
     def commit(self, count: torch.Tensor) -> None:
@@ -213,8 +269,10 @@ class EagleDrafter(nn.Module):
 
     # ---- EAGLE / LANTERN files ----
     def eagle_state_dict(self) -> dict[str, torch.Tensor]:
-        """Weights under the EAGLE key names (q/k/v split, Llama MLP names)."""
-        sd = {"embed_tokens.weight": self.embed_tokens.weight, "fc.weight": self.fc.weight}
+        """Weights under the EAGLE key names (q/k/v split, Llama MLP names); ``embed_tokens`` only
+        when the head owns its table."""
+        sd = {"embed_tokens.weight": self.embed_tokens.weight} if self.config.own_embeddings else {}
+        sd["fc.weight"] = self.fc.weight
         if self.fc.bias is not None:
             sd["fc.bias"] = self.fc.bias
         for i, layer in enumerate(self.layers):
@@ -235,7 +293,8 @@ class EagleDrafter(nn.Module):
         own = self.eagle_state_dict()
         check_tensors(own, sd, where)
         with torch.no_grad():
-            self.embed_tokens.weight.copy_(sd["embed_tokens.weight"])
+            if self.config.own_embeddings:
+                self.embed_tokens.weight.copy_(sd["embed_tokens.weight"])
             self.fc.weight.copy_(sd["fc.weight"])
             if self.fc.bias is not None:
                 self.fc.bias.copy_(sd["fc.bias"])
@@ -286,7 +345,9 @@ class EagleDrafter(nn.Module):
         else:
             raise ValueError(f"{d}: no {WEIGHTS_NAME} or {BIN_NAME}")
         if target is not None and "block_size" not in raw and "block_size" not in overrides and raw.get("input_type") != "c2i":
-            overrides["block_size"] = target.config.block_size
+            overrides["block_size"] = target.drafter_parts().block_size
+        if "own_embeddings" not in raw:  # EAGLE/LANTERN files: the table is there or it is not
+            overrides.setdefault("own_embeddings", "embed_tokens.weight" in sd)
         overrides.setdefault("fc_bias", "fc.bias" in sd)
         overrides.setdefault("first_input_norm", "layers.0.input_layernorm.weight" in sd)
         model = cls(DrafterConfig.from_json(raw, **overrides))
@@ -298,6 +359,10 @@ class EagleDrafter(nn.Module):
 
 
 def load_drafter(directory: str | Path, target: nn.Module) -> EagleDrafter:
-    """``EagleDrafter.from_pretrained(directory, target)``."""
-    return EagleDrafter.from_pretrained(directory, target)
+    """``EagleDrafter.from_pretrained(directory, target)``; a training run directory (``train-drafter
+    --out``) stands for its ``final/`` head."""
+    d = Path(directory)
+    if not (d / CONFIG_NAME).exists() and (d / "final" / CONFIG_NAME).exists():
+        d = d / "final"
+    return EagleDrafter.from_pretrained(d, target)
 

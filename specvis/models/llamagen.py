@@ -23,7 +23,7 @@ from torch import nn
 
 from .base import Captions, Layout
 from .checkpoint import load_strict, read_pretrained, read_state_dict, save_pretrained
-from .decoder import CachedStack, RMSNorm, TransformerBlock, apply_rope  # noqa: F401 (re-exported)
+from .decoder import CachedStack, DrafterParts, RMSNorm, TransformerBlock, apply_rope  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -215,6 +215,12 @@ class LlamaGen(CachedStack, nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self.output(h)
+
+    def drafter_parts(self) -> DrafterParts:
+        """An EAGLE head scores with ``output``, keeps its own copy of the token table (EAGLE/LANTERN
+        files carry it) and places tokens on the 2D grid table."""
+        cfg = self.config
+        return DrafterParts(self.output, self.tok_embeddings, True, "grid", cfg.rope_base, cfg.block_size)
 
     @torch.no_grad()
     def prefill(self, conditions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
