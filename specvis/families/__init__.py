@@ -65,7 +65,7 @@ def load_pipeline(name: str | Path, draft: str | Path | None = None, drafter: st
     directory = resolve_model_dir(str(name))
     family, _ = detect(directory)
     if hasattr(family, "load_pipeline"):  # its own pipeline (LlamaGen t2i: captions from flan-t5)
-        return family.load_pipeline(name, Path(directory), draft=draft)
+        return family.load_pipeline(name, Path(directory), draft=draft, drafter=drafter)
     target = load_decoder(directory)
     draft_model = None
     if draft is not None:
