@@ -144,3 +144,27 @@ def test_greedy_methods_equal_reference(dirs, name: str) -> None:
     rows = Condition(Prompts.of(cond), Prompts.of(uncond))
     spec = sv.generate(pipe.target, rows, sv.Speculative(gamma=2), greedy, draft=load_decoder(path, H, W))
     assert torch.equal(spec.tokens, ref)
+
+
+@pytest.mark.parametrize("name", ["anole", "lumina"])
+def test_trees_lantern_and_images(dirs, name: str) -> None:
+    """The rest of the methods on a Chameleon checkpoint with Meta's VQGAN files beside it: greedy
+    EagleTree and ADTTree (a fresh EAGLE head on the target) give greedy AR's tokens (Lumina's row ends
+    included), SJD with LANTERN over the VQGAN codebook runs, and images decode through the VQGAN."""
+    from test_chameleon_vq import tiny_model, write_release
+
+    path, _, _ = dirs[name]
+    write_release(path / "tokenizer", tiny_model())
+    H, W = 2, 4
+    pipe = sv.load(str(path))
+    pipe.set_grid(H, W)
+    pipe.drafter = sv.models.EagleDrafter.from_target(pipe.target, seed=1).eval()
+    greedy = sv.Sampling(temperature=0.0, cfg_scale=3.0)
+    texts = ["a red apple", "cat"]
+    ar = pipe(prompts=texts, method=sv.AR(), sampling=greedy, decode=False, height=H, width=W).tokens
+    for method in (sv.EagleTree(depth=3, top_k=2, total_tokens=6), sv.ADTTree(total_tokens=6)):
+        assert torch.equal(pipe(prompts=texts, method=method, sampling=greedy, decode=False, height=H, width=W).tokens, ar)
+    out = pipe(prompts=texts, method=sv.SJD(window=3, acceptance=sv.Lantern(k=3, delta=0.1)),
+               sampling=sv.Sampling(cfg_scale=3.0), height=H, width=W)
+    f = pipe.decoder.downsample  # pixels per token (16 in Meta's VQGAN, 2 in the tiny one)
+    assert out.tokens.shape == (2, H * W) and [im.size for im in out.images] == [(f * W, f * H)] * 2
