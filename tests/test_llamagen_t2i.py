@@ -255,7 +255,9 @@ def test_methods_equal_official_greedy_cfg(files):
     ref = official_greedy(files["target"], caps, emb_mask, 4.0, GRID * GRID)
     assert len(set(ref[0].tolist())) > 8  # not a degenerate constant image
     sampling = sv.Sampling(temperature=0, cfg_scale=4)
-    for method in (sv.AR(), sv.SJD(window=8), sv.Jacobi(window=8), sv.Speculative(gamma=3)):
+    pipe.drafter = sv.models.EagleDrafter.from_target(pipe.target, seed=1).eval()  # a fresh head: trees stay exact
+    for method in (sv.AR(), sv.SJD(window=8), sv.Jacobi(window=8), sv.Speculative(gamma=3),
+                   sv.EagleTree(depth=3, top_k=2, total_tokens=6), sv.ADTTree(total_tokens=6)):
         out = pipe(prompts=PROMPTS, method=method, sampling=sampling, decode=False)
         assert torch.equal(out.tokens, ref), type(method).__name__
     out = pipe(prompts=PROMPTS, method=sv.AR(), sampling=sampling)  # VQ decode of the t2i tokenizer file
