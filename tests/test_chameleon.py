@@ -168,3 +168,19 @@ def test_trees_lantern_and_images(dirs, name: str) -> None:
                sampling=sv.Sampling(cfg_scale=3.0), height=H, width=W)
     f = pipe.decoder.downsample  # pixels per token (16 in Meta's VQGAN, 2 in the tiny one)
     assert out.tokens.shape == (2, H * W) and [im.size for im in out.images] == [(f * W, f * H)] * 2
+
+
+def test_cli_generate_on_a_chameleon_checkpoint(dirs, tmp_path) -> None:
+    """`specvis generate --model DIR --prompt ...` on the Lumina-mGPT layout writes images, grid,
+    heatmap and stats; a classes flag is refused with exit 2."""
+    from test_chameleon_vq import tiny_model, write_release
+
+    from specvis.cli import main
+
+    path, _, _ = dirs["lumina"]
+    write_release(path / "tokenizer", tiny_model())
+    out = tmp_path / "out"
+    assert main(["generate", "--model", str(path), "--prompt", "a red apple", "--prompt", "cat", "--height", "2",
+                 "--width", "4", "--method", "sjd", "--window", "3", "--out", str(out)]) == 0
+    assert {"000.png", "001.png", "grid.png", "heatmap.png", "stats.json"} <= {p.name for p in out.iterdir()}
+    assert main(["generate", "--model", str(path), "--class", "1", "--out", str(tmp_path / "x")]) == 2
