@@ -271,28 +271,6 @@ class CaptionPipeline(TextPipeline):
     through the checkpoint's flan-t5; the grid is the checkpoint's (``height``/``width`` may only name it)."""
 
     @property
-    def grid(self) -> tuple[int, int]:
-        """The checkpoint's grid (rows, columns) in image tokens."""
-        return tuple(self.extras["grid"])
-
-    def to(self, device: str | torch.device) -> "CaptionPipeline":
-        super().to(device)
-        if self.vq is not None:
-            self.vq.to(device)
-        return self
-
-    @property
-    def decoder(self):
-        """The VQ image decoder on the pipeline's device, loaded on first use."""
-        if self.vq is None:
-            try:
-                vq = load_vq(Path(self.directory))
-            except (OSError, RuntimeError, KeyError) as exc:
-                raise ValueError(f"{self.directory}: cannot load the image decoder ({one_line(exc)})") from None
-            self.vq = vq.to(self.device)
-        return self.vq
-
-    @property
     def processor(self) -> CaptionEncoder:
         if self._processor is None:
             self._processor = CaptionEncoder(t5_dir(Path(self.directory)), self.target.config.cls_token_num)

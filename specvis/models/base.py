@@ -24,6 +24,7 @@ Rows advance independently: a length per row, no lock-step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -71,6 +72,20 @@ class Layout:
     def image_index(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """(num_tokens,) stream positions of the image tokens, row-major."""
         return (self.forced(device) < 0).nonzero().squeeze(1)
+
+
+def code_grid(n: int, height: int | None, width: int | None, default: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(height, width) of n row-major codes: as given (both or neither), else ``default``, else a square."""
+    if height is None and width is None:
+        if default is not None:
+            return default
+        side = math.isqrt(n)
+        if side * side != n:
+            raise ValueError(f"codes length {n} is not a square; pass height and width")
+        return side, side
+    if height is None or width is None:
+        raise ValueError("pass both height and width, or neither")
+    return int(height), int(width)
 
 
 @dataclass(frozen=True)

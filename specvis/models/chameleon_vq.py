@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .base import code_grid
 from .checkpoint import load_strict, one_line
 from .vq import VQConfig, _AttnBlock, _Downsample, _norm, _Quantizer, _ResBlock, _swish, _Upsample
 
@@ -325,18 +326,6 @@ class ChameleonVQ(nn.Module):
         z = self.quant_conv(self.encoder(images.to(weight.device, weight.dtype)))
         return self.quantize.lookup(self.quantize.prepare(z)).flatten(1)
 
-    def _grid_of(self, n: int, height: int | None, width: int | None) -> tuple[int, int]:
-        if height is None and width is None:
-            if self.grid is not None:
-                return self.grid
-            side = int(n ** 0.5 + 0.5)
-            if side * side != n:
-                raise ValueError(f"codes length {n} is not a square; pass height and width")
-            return side, side
-        if height is None or width is None:
-            raise ValueError("pass both height and width, or neither")
-        return int(height), int(width)
-
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, height: int | None = None, width: int | None = None) -> torch.Tensor:
         """Codes (B, height*width), row-major, in [0, codebook_size) -> images (B, out_ch, height*f,
@@ -347,7 +336,7 @@ class ChameleonVQ(nn.Module):
             shape = tuple(codes.shape) if isinstance(codes, torch.Tensor) else type(codes).__name__
             raise ValueError(f"codes must be an integer tensor (B, h*w), got {shape}")
         B, n = codes.shape
-        h, w = self._grid_of(n, height, width)
+        h, w = code_grid(n, height, width, self.grid)
         if h < 1 or w < 1 or h * w != n:
             raise ValueError(f"grid {h}x{w} does not match codes length {n}")
         emb = self.quantize.embedding.weight

@@ -21,12 +21,13 @@ transformers is imported lazily: specvis itself does not depend on it (``pip ins
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .base import code_grid
 
 __all__ = ["HFVQDecoder", "load_hf_vq", "read_vq_state_dict", "VQ_PREFIXES"]
 
@@ -131,18 +132,6 @@ class HFVQDecoder(nn.Module):
         weight = self.vq.quantize.embedding.weight.detach()
         return F.normalize(weight, p=2, dim=-1) if self.family == "janus" else weight
 
-    def _grid_of(self, n: int, height: int | None, width: int | None) -> tuple[int, int]:
-        if height is None and width is None:
-            if self.grid is not None:
-                return self.grid
-            side = math.isqrt(n)
-            if side * side != n:
-                raise ValueError(f"codes length {n} is not a square; pass height and width")
-            return side, side
-        if height is None or width is None:
-            raise ValueError("pass both height and width, or neither")
-        return int(height), int(width)
-
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, height: int | None = None, width: int | None = None) -> torch.Tensor:
         """Codes (B, height*width), row-major, in [0, codebook_size) -> images (B, 3, height*f, width*f)
@@ -151,7 +140,7 @@ class HFVQDecoder(nn.Module):
             shape = tuple(codes.shape) if isinstance(codes, torch.Tensor) else type(codes).__name__
             raise ValueError(f"codes must be an integer tensor (B, h*w), got {shape}")
         B, n = codes.shape
-        h, w = self._grid_of(n, height, width)
+        h, w = code_grid(n, height, width, self.grid)
         if h < 1 or w < 1 or h * w != n:
             raise ValueError(f"grid {h}x{w} does not match codes length {n}")
         emb = self.vq.quantize.embedding.weight
