@@ -39,6 +39,17 @@ class Exact:
         alpha = p.gather(-1, x[..., None]).squeeze(-1)
         return alpha, p.scatter(-1, x[..., None], 0.0)
 
+    def sibling_q(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+                  soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Multi-draft recursive rejection (SpecInfer; sampling without replacement): sibling x was
+        drawn from q, the normalised law p is the current target residual. Accept with
+        min(1, p(x)/q(x)); on rejection the next sibling is tried against normalise(max(0, p - q))
+        (returned unnormalised, like ``sibling``) and was drawn from q with x removed and
+        renormalised (``without``), the third value. ``soft`` is ignored. Proof of exactness:
+        ``specvis.methods.static_tree``."""
+        alpha, residual = self(p, q, x)
+        return alpha, residual, without(q, x)
+
     def config(self) -> dict:
         return {}
 
@@ -47,6 +58,12 @@ def normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """residual / sum(residual); where the residual has no mass (p == q up to rounding) use ``fallback``."""
     mass = residual.sum(-1, keepdim=True)
     return torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), fallback)
+
+
+def without(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The law of the next draw without replacement: q (..., V) with token x (...) removed and
+    renormalised; where x carried all of q's mass (nothing left to draw) q itself."""
+    return normalise(q.scatter(-1, x[..., None], 0.0), q)
 
 
 def verify_chain(rule, p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,

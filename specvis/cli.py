@@ -79,6 +79,9 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
         g.add_argument("--tree-top-k", type=int, help="eagle: frontier width per depth (field top_k, "
                                                       "bench key top_k; --top-k is the sampling top-k)"),
         g.add_argument("--total-tokens", type=int, help="eagle/adt: tree size"),
+        g.add_argument("--tree", help="static-tree: topology, a preset name of the official LANTERN code "
+                                       "(mc_sim_7b_63 (default), mc_sim_7b_63_balanced, naive_extend_57, medusa_2_7b_63, "
+                                       "reverse_balanced_25, chain)"),
         g.add_argument("--beta", type=float, help="adt: acceptance-rate threshold"),
         g.add_argument("--prefill", type=float, help="cspd: fraction of tokens pre-filled by the target"),
         g.add_argument("--ratio", help="cspd: paper (Eq. 5), coupled or trajectory (both exact)"),

@@ -19,6 +19,7 @@ METHODS = {  # CLI name -> "module:Class"
     "sjd": "specvis.methods.sjd:SJD",
     "eagle": "specvis.methods.tree:EagleTree",
     "adt": "specvis.methods.tree:ADTTree",
+    "static-tree": "specvis.methods.static_tree:StaticTree",
     "cspd": "specvis.methods.cspd:CSpD",
 }
 

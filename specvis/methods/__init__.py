@@ -5,6 +5,7 @@ from .base import Stats
 from .cspd import CSpD
 from .sjd import SJD, Jacobi
 from .speculative import Speculative
+from .static_tree import StaticTree
 from .tree import ADTTree, EagleTree
 
-__all__ = ["ADTTree", "AR", "CSpD", "EagleTree", "SJD", "Jacobi", "Speculative", "Stats"]
+__all__ = ["ADTTree", "AR", "CSpD", "EagleTree", "SJD", "Jacobi", "Speculative", "StaticTree", "Stats"]

@@ -247,6 +247,8 @@ class Tree:
     depth: torch.Tensor  # (B,) deepest selected node (the drafted tree's depth)
     levels: int  # D, the deepest level any row may reach (path length bound)
     forwards: int  # drafter forwards spent
+    laws: torch.Tensor | None = None  # (B, T, V) sampled trees (StaticTree): the draft law q each node's
+    # children were drawn from without replacement; None: deterministic candidates (EAGLE-2, ADT)
 
 
 @dataclass
@@ -256,6 +258,22 @@ class Verdict:
     accepted: torch.Tensor  # (B,) accepted draft tokens (bonus excluded)
     path: torch.Tensor  # (B, D) tree positions of the accepted nodes (0 beyond)
     block: torch.Tensor  # (B, D + 1) accepted tokens then the residual / bonus token
+
+
+def catch_up(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One drafter forward over the ``count`` tokens committed last round (target features ``pending``),
+    committed to the drafter cache; returns the root's predicted feature (R, 1, Dm), which predicts
+    depth 1, and the draft log-law of depth 1 (B, V) (``_log_draft``)."""
+    drafter, dev, n = ctx.drafter, ctx.device, ctx.n
+    V, Dm = ctx.layout.vocab_size, pending.shape[-1]  # the drafter scores image codes
+    m = pending.shape[1]
+    pos = (n - count)[:, None] + torch.arange(m, device=dev)
+    toks = ctx.tokens.gather(1, pos.clamp_max(ctx.tokens.shape[1] - 1))
+    logits, feats = drafter.forward_tokens(_rows(ctx, toks), pending, _rows(ctx, pos))
+    drafter.commit(_rows(ctx, count))
+    last = _rows(ctx, (count - 1).clamp_min(0))[:, None, None]
+    root_feat = feats.gather(1, last.expand(-1, 1, Dm))
+    return root_feat, _log_draft(logits.gather(1, last.expand(-1, 1, V)), ctx, n[:, None])[:, 0]
 
 
 def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d_row: torch.Tensor,
@@ -268,16 +286,8 @@ def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d
     n = ctx.n
     Dm = pending.shape[-1]
 
-    # drafter catch-up on the last committed tokens; the root's feature predicts depth 1
-    m = pending.shape[1]
-    pos = (n - count)[:, None] + torch.arange(m, device=dev)
-    toks = ctx.tokens.gather(1, pos.clamp_max(ctx.tokens.shape[1] - 1))
-    logits, feats = drafter.forward_tokens(_rows(ctx, toks), pending, _rows(ctx, pos))
-    drafter.commit(_rows(ctx, count))
+    root_feat, root_lp = catch_up(ctx, pending, count)
     forwards = 1
-    last = _rows(ctx, (count - 1).clamp_min(0))[:, None, None]
-    root_feat = feats.gather(1, last.expand(-1, 1, Dm))  # (R, 1, Dm)
-    root_lp = _log_draft(logits.gather(1, last.expand(-1, 1, V)), ctx, n[:, None])[:, 0]  # (B, V)
 
     # candidates pool, depth by depth
     rank = torch.arange(K, device=dev)
@@ -350,6 +360,9 @@ def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | 
                 soft: torch.Tensor | None = None) -> Verdict:
     """Multi-candidate verification (EAGLE-2 / SpecInfer): the sibling walk of every node in
     parallel against the target laws ``p`` (B, T, V) of the tree nodes, then the accepted path.
+    Deterministic candidates (``tree.laws`` None) use ``rule.sibling(p, x)``; children sampled from
+    ``tree.laws`` without replacement (StaticTree) use ``rule.sibling_q(p, q, x)``, which also returns
+    the law the next sibling was drawn from.
     ``soft`` (B, T, V), the temperature-1 target laws of the same nodes for rules that need them
     (greedy LANTERN), goes unchanged to every sibling try. Draws: one uniform (B, T) per rank, then
     one sample of the residuals."""
@@ -359,12 +372,19 @@ def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | 
     c_tok = tree.tokens.gather(1, children.clamp_min(0).flatten(1)).view(B, T, K)
     c_ok = children >= 0
     outcome = torch.full((B, T), -1, dtype=torch.long, device=p.device)
+    q = tree.laws
     for r in range(K):
-        alpha, residual = rule.sibling(p, c_tok[..., r], **kw)
+        if q is None:
+            alpha, residual = rule.sibling(p, c_tok[..., r], **kw)
+        else:  # children sampled from q without replacement: the rule updates q too (Exact.sibling_q)
+            alpha, residual, q_next = rule.sibling_q(p, q, c_tok[..., r], **kw)
         live = c_ok[..., r] & (outcome < 0)
         acc = live & (uniform((B, T), p, generator) < alpha)
         outcome = torch.where(acc, r, outcome)
-        p = torch.where((live & ~acc)[..., None], normalise(residual, p), p)
+        rejected = (live & ~acc)[..., None]
+        p = torch.where(rejected, normalise(residual, p), p)
+        if q is not None:
+            q = torch.where(rejected, q_next, q)
     final = sample(p, generator)  # (B, T): residual draw at every node (p itself at a leaf)
     acc_child = torch.where(outcome >= 0, children.gather(2, outcome.clamp_min(0)[..., None]).squeeze(-1),
                             torch.full_like(outcome, -1))
@@ -394,16 +414,20 @@ def compact(ctx: DecodeContext, verdict: Verdict) -> tuple[torch.Tensor, torch.T
     return count, pending
 
 
-def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape) -> None:
+def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape, build=None, drafter_extra: int | None = None) -> None:
+    """The round loop of every tree method. ``build(ctx, pending, count, d_row, k_row, D, K, total_tokens)``
+    makes the round's ``Tree`` (default ``build_tree``); ``drafter_extra``: uncommitted drafter cache
+    slots it needs (default: the EAGLE-2 pool's)."""
     drafter, target, rule, gen = ctx.drafter, ctx.target, ctx.rule, ctx.generator
     if drafter is None:
         raise ValueError(f"method {name} needs an EAGLE drafter (drafter=...)")
-    if not hasattr(rule, "sibling"):
+    if build is None and not hasattr(rule, "sibling"):
         raise ValueError(f"acceptance rule {getattr(rule, 'name', rule)!r} has no sibling rule for draft trees")
     drafter.attach(target.model)
     dev, V, L = ctx.device, ctx.V, ctx.L
     Dmax, Kmax = shape.max_depth, min(shape.max_top_k, V)
-    drafter.setup_cache(2 * target.batch if target.cfg else target.batch, extra=Dmax + 2 + Dmax * Kmax)
+    extra = Dmax + 2 + Dmax * Kmax if drafter_extra is None else drafter_extra
+    drafter.setup_cache(2 * target.batch if target.cfg else target.batch, extra=extra)
     drafts = Counter()  # drafter forwards (a round runner adds them per replay)
     ctx.counted.append(drafts)
     depth_sum = torch.zeros((), dtype=torch.long, device=dev)
@@ -419,7 +443,7 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape) -> No
                D: int, K: int) -> tuple[torch.Tensor, ...]:
         active = ctx.n < L
         n_old = ctx.n.clone()
-        tree = build_tree(ctx, pending, count, d_row, k_row, D, K, total_tokens)
+        tree = (build or build_tree)(ctx, pending, count, d_row, k_row, D, K, total_tokens)
         drafts.forwards += tree.forwards
         depth_sum.add_((tree.depth * active).sum())
         sched_sum.add_((d_row * active).sum())
