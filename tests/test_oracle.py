@@ -29,6 +29,8 @@ METHODS = {
     "sjd_greedy": (sv.SJD(window=4, init="vertical-repeat"), GREEDY),
     "eagle": (sv.EagleTree(depth=3, top_k=3, total_tokens=7), SAMPLING),
     "eagle_greedy": (sv.EagleTree(depth=3, top_k=2, total_tokens=5), GREEDY),
+    "static_tree": (sv.StaticTree(tree=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]), SAMPLING),
+    "static_tree_greedy": (sv.StaticTree(tree="reverse_balanced_25"), GREEDY),
     **{f"adt_{init}": (sv.ADTTree(init=init, total_tokens=8), SAMPLING) for init in ("horizontal", "vertical", "random")},
 }
 

@@ -18,7 +18,8 @@ def models():
     return target, tiny_llamagen(1, vocab=8, grid=4, dim=16, n_layer=1), EagleDrafter.from_target(target, seed=1).eval()
 
 
-@pytest.mark.parametrize("name", ["ar", "speculative_g3", "jacobi_w4", "sjd_vertical-sample", "eagle", "adt_horizontal"])
+@pytest.mark.parametrize("name", ["ar", "speculative_g3", "jacobi_w4", "sjd_vertical-sample", "eagle", "adt_horizontal",
+                                  "static_tree"])
 def test_cache_state_is_updated_in_place(models, name, monkeypatch):
     """The committed length tensors of the target, draft and drafter caches are the ones set up
     before decoding (by ``setup_cache``, or by the prefill that sizes the cache to the prompt): same
