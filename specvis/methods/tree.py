@@ -282,7 +282,7 @@ def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d
     then the EAGLE-2 tree of per-row depth ``d_row`` <= D and width ``k_row`` <= K, reranked to
     ``total_tokens - 1`` nodes (EAGLE-2, Sec. 4: expand by top-k, rerank by cumulative draft log-prob)."""
     drafter, dev = ctx.drafter, ctx.device
-    B, V = ctx.n.shape[0], ctx.layout.vocab_size  # the drafter scores image codes
+    B = ctx.n.shape[0]
     n = ctx.n
     Dm = pending.shape[-1]
 
