@@ -167,7 +167,8 @@ class StaticTree(_TreeMethod):
     """LANTERN++ static tree (see the module docstring): ``tree`` a preset name of the official code
     (``PRESETS``; default its default, mc_sim_7b_63) or a list of paths; children sampled from the
     drafter's law without replacement and verified by the rule's ``sibling_q`` (``Exact``: lossless).
-    Needs ``drafter=`` (an EagleDrafter). Rules without ``sibling_q`` (the relaxed ones) are refused."""
+    Needs ``drafter=`` (an EagleDrafter). ``acceptance=Lantern(budget="relative", lam=...)`` is LANTERN++
+    (its bound: ``BoundLantern.sibling_q``); rules without ``sibling_q`` (GSD) are refused."""
 
     tree: object = "mc_sim_7b_63"
     acceptance: object = field(default_factory=Exact)
@@ -192,7 +193,7 @@ class StaticTree(_TreeMethod):
         rule = ctx.rule
         if not hasattr(rule, "sibling_q"):
             raise ValueError(f"acceptance rule {getattr(rule, 'name', rule)!r} is not supported with StaticTree: "
-                             "it has no sibling_q(p, q, x) rule for children sampled without replacement (use exact)")
+                             "it has no sibling_q(p, q, x) rule for children sampled without replacement (use exact or lantern)")
         topo = _Topology(self._paths, ctx.device)
 
         def build(ctx, pending, count, d_row, k_row, D, K, total_tokens):
