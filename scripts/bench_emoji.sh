@@ -49,6 +49,21 @@ case "${1:-main}" in
     esac
     specvis bench --model emoji --methods "$specs" --num $num --batch-size $2 --warmup $warm \
       --json $out/emoji-cspd-b$2.json --md $out/emoji-cspd-b$2.md ;;
+  successors) # the SJD successors (MC-SJD coupling, GSD, StaticTree, LANTERN++) at batch 1 or 8 ("successors 1",
+              # "successors 8": one core each), 64 images, seed 777 (no other table uses it); batch 1 has one
+              # timed repeat (64 one-image batches), batch 8 three
+    specs="ar"
+    for w in 4 8 16; do for c in none maximal gumbel; do specs+=",sjd:window=$w:init=vertical-sample:coupling=$c"; done; done
+    for g in 3 8 16; do specs+=",sjd:window=16:init=vertical-sample:accept=gsd:group=$g"; done
+    specs+=",sjd:window=16:init=vertical-sample:coupling=maximal:accept=gsd:group=8"
+    for g in 3 8; do specs+=",speculative:gamma=4:accept=gsd:group=$g"; done
+    specs+=",static-tree:tree=chain,eagle:depth=5:top_k=8:total_tokens=6"
+    specs+=",static-tree:tree=mc_sim_7b_63,eagle:depth=5:top_k=8:total_tokens=26"
+    specs+=",static-tree:tree=mc_sim_7b_63:accept=lantern:budget=relative:k=10:lam=5"
+    specs+=",static-tree:tree=mc_sim_7b_63:accept=lantern:k=50:delta=0.2,eagle:depth=5:top_k=8:total_tokens=26:accept=lantern:k=50:delta=0.2"
+    repeats=3; [ "${2:-1}" = 1 ] && repeats=1
+    taskset -c "${CORE:-0}" specvis bench --model emoji --methods "$specs" --num 64 --batch-size "${2:-1}" --seed 777 \
+      --repeats $repeats --json $out/emoji-successors-b${2:-1}.json --md $out/emoji-successors-b${2:-1}.md ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
       --num 16 --batch-size 8 --temperature 0 --json $out/emoji-cpu-greedy.json --md $out/emoji-cpu-greedy.md ;;
