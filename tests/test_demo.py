@@ -65,6 +65,23 @@ def test_conditions_and_errors():
     assert "\n" not in demo.error_line(ValueError("two\nlines"))
 
 
+def test_text_model(tmp_path):
+    """A text-to-image checkpoint directory (tiny random Janus-Pro): a prompt, no classes."""
+    pytest.importorskip("transformers")
+    from hf_tiny import make_janus
+
+    path = str(make_janus(tmp_path / "janus"))
+    models = demo.Models()
+    pipe = models.get(path)
+    assert demo.class_choices(pipe) == []
+    assert demo.parse_condition(pipe, " a red apple ") == {"prompts": ["a red apple"]}
+    with pytest.raises(ValueError, match="text-to-image: type a text prompt"):
+        demo.parse_condition(pipe, " ")
+    r = demo.compare(models, path, "a red apple", "sjd", "window=4", "exact", 0)
+    assert r.ar_image.size == r.method_image.size
+    assert r.ar_stats.mean_accepted_length == 1.0 and r.method_stats.mean_accepted_length >= 1.0
+
+
 def _browser():
     """(chromium, chromedriver) paths, or a skip naming what is missing."""
     missing = [m for m in ("gradio", "selenium") if importlib.util.find_spec(m) is None]
