@@ -23,32 +23,12 @@ from tqdm import tqdm
 from .. import __version__
 from ..registry import build_method, describe, parse_method_spec
 from ..sampling import Sampling
+from ..shards import Work, batches, shard_work  # the one work split, shared with specvis sample
 from .quality import Metric, QualitySource, build_metrics, seed_groups, summarize
 from .report import (key_id, load_observations, markdown_table, run_key, save_observations, set_speedups,
                      side_path, write_report)
 
 __all__ = ["batches", "shard_work", "measure", "run_bench", "markdown_table"]
-
-Work = list[tuple[list[int], int]]
-
-
-def batches(num: int, batch_size: int, num_classes: int, seed: int) -> Work:
-    """Deterministic work list: image i has class i % num_classes; batch j uses seed + j."""
-    out = []
-    for j, start in enumerate(range(0, num, batch_size)):
-        out.append(([i % num_classes for i in range(start, min(start + batch_size, num))], seed + j))
-    return out
-
-
-def shard_work(work: Work, shards: int = 1, shard_index: int = 0) -> tuple[list[int], Work]:
-    """(batch indices, batches) of one shard: batches j with j % shards == shard_index."""
-    if shards < 1 or not 0 <= shard_index < shards:
-        raise ValueError(f"--shard-index must be in 0..{shards - 1} and --shards >= 1, got {shard_index} of {shards}")
-    idx = list(range(shard_index, len(work), shards))
-    if not idx:
-        raise ValueError(f"shard {shard_index} of {shards} has no batches ({len(work)} batches in all)")
-    return idx, [work[j] for j in idx]
-
 
 def _accept_maps(per_batch: list[tuple[int, Any]], work: Work) -> tuple[dict[str, list], dict[str, int]]:
     """Per-class mean accept maps (rounded to 1e-4) and image counts."""

@@ -1,0 +1,281 @@
+"""``specvis sample``: many images, one process or ``torchrun --nproc_per_node N`` ranks, for FID.
+
+The work list and its split are ``specvis.shards`` (the same as ``specvis bench --shards``): image i
+has condition i mod len(conditions), batch j holds images j*batch_size .. and runs with seed + j,
+and rank r takes the batches j with j % N == r. So image i gets the same condition, batch and
+seed whatever N is, and the images are identical for every N (same device, dtype and threads).
+
+Layout of ``out``:
+- ``images/000123.png``: image 123, written atomically (temp name, then ``os.replace``);
+- ``stats/rank000.json``: per-batch stats of the batches rank 0 owns, rewritten atomically after
+  every batch (and carried over from earlier runs for batches that are skipped);
+- ``config.json``: what the images depend on (model, method, sampling, seed, batch size, number,
+  conditions); a rerun with other values into the same directory is an error;
+- ``samples.npz`` (key ``arr_0``, uint8 N x H x W x 3: the ADM / LlamaGen FID evaluator layout)
+  and ``stats.json`` (merged), written by rank 0 after a barrier, atomically.
+
+A rerun (after a crash or kill) skips every batch whose PNGs all exist and regenerates the others
+(the whole batch, since a batch's images depend on each other's randomness), writing only the
+missing PNGs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import zipfile
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .io import atomic_write, write_text
+from .registry import describe
+from .shards import batches, shard_work
+
+__all__ = ["Dist", "init_distributed", "sample", "image_path", "write_npz"]
+
+
+@dataclasses.dataclass
+class Dist:
+    """This process's place: rank, world size, local rank, and a barrier (no-op for one process)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if self.backend == "nccl":
+                dist.barrier(device_ids=[self.local_rank])
+            else:
+                dist.barrier()
+
+    def close(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def init_distributed(device: str) -> tuple[Dist, str]:
+    """(Dist, device of this rank). Under torchrun (``WORLD_SIZE`` set): joins the process group,
+    gloo on CPU, nccl on CUDA, and ``--device cuda`` becomes ``cuda:LOCAL_RANK``. Otherwise one
+    process, no process group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist(), device
+    import torch
+    import torch.distributed as dist
+
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = device.startswith("cuda")
+    if cuda:
+        if device == "cuda":
+            device = f"cuda:{local}"
+        torch.cuda.set_device(torch.device(device))
+    backend = "nccl" if cuda else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(hours=2))  # a slow last batch must not time out
+    return Dist(rank, world, local, backend), device
+
+
+def image_path(out: Path, i: int) -> Path:
+    return out / "images" / f"{i:06d}.png"
+
+
+def _asdict(x) -> dict[str, Any]:
+    return dataclasses.asdict(x) if dataclasses.is_dataclass(x) else dict(vars(x))
+
+
+def _rank_file(out: Path, rank: int) -> Path:
+    return out / "stats" / f"rank{rank:03d}.json"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_rank(out: Path, dist: Dist, record: dict[int, dict]) -> None:
+    write_text(_rank_file(out, dist.rank), json.dumps({"rank": dist.rank, "world": dist.world,
+                                                       "batches": {str(k): record[k] for k in sorted(record)}}))
+
+
+def _check_config(out: Path, config: dict[str, Any], dist: Dist) -> None:
+    """``config.json`` of the directory must match ``config`` (rank 0 writes it when absent)."""
+    path = out / "config.json"
+    old = _read_json(path) if path.exists() else None
+    if old is None:
+        if dist.rank == 0:
+            write_text(path, json.dumps(config, indent=1))
+        return
+    changed = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
+    if changed:
+        raise ValueError(f"--out {out} holds samples made with other {', '.join(changed)}; "
+                         "use another --out, or the same settings to resume")
+
+
+def _batch_stats(out, ids: list[int], seed: int) -> dict[str, Any]:
+    s = out.stats
+    return {"images": ids, "seed": seed, "tokens": s.tokens, "target_forwards": s.target_forwards,
+            "draft_forwards": s.draft_forwards, "step_compression": s.step_compression,
+            "mean_accepted_length": s.mean_accepted_length, "wall_s": s.wall_s}
+
+
+def sample(pipe, method, sampling, out_dir: str | Path, *, num: int, batch_size: int, seed: int = 0,
+           classes: list[int] | None = None, prompts: list | None = None, height: int | None = None,
+           width: int | None = None, dist: Dist | None = None, model: str | None = None,
+           progress: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """Generate ``num`` images into ``out_dir`` (module docstring); this rank's share only. Returns
+    the merged stats on rank 0, None on the other ranks. ``classes`` (class-conditional) or
+    ``prompts`` (text-to-image): image i gets entry i mod len; classes default to every class."""
+    dist = dist or Dist()
+    log = log or (lambda line: print(line, flush=True))
+    if num < 1:
+        raise ValueError(f"--num must be >= 1, got {num}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    text = pipe.num_classes == 0
+    if text:
+        if classes:
+            raise ValueError(f"model {pipe.name} is text-to-image: give --prompts FILE, not --class")
+        if not prompts:
+            raise ValueError(f"model {pipe.name} is text-to-image: give --prompts FILE (one prompt a line)")
+        conditions: list = list(prompts)
+        grid = pipe.set_grid(height, width)
+    else:
+        if prompts:
+            raise ValueError(f"model {pipe.name} is class-conditional: give --class N ..., not --prompts")
+        if height is not None or width is not None:
+            raise ValueError(f"model {pipe.name} is class-conditional: --height/--width do not apply")
+        conditions = list(range(pipe.num_classes)) if not classes else list(classes)
+        bad = [c for c in conditions if not 0 <= c < pipe.num_classes]
+        if bad:
+            raise ValueError(f"--class {bad[0]} is out of range; model {pipe.name} has classes 0..{pipe.num_classes - 1}")
+        grid = None
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a directory")
+    name, method_config, rule = describe(method)
+    config = {"model": model or pipe.name, "method": name, "config": method_config, "acceptance": rule,
+              "lossless": bool(method.lossless), "sampling": _asdict(sampling), "seed": seed,
+              "batch_size": batch_size, "num": num, "dtype": str(pipe.dtype).removeprefix("torch."),
+              **({"prompts": conditions, "height": grid[0], "width": grid[1]} if text else {"classes": conditions})}
+    work = batches(num, batch_size, len(conditions), seed)
+    mine, my_work = shard_work(work, dist.world, dist.rank, allow_empty=True)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    (out / "stats").mkdir(parents=True, exist_ok=True)
+    _check_config(out, config, dist)
+
+    # stats of my batches from earlier runs (any number of ranks), for the batches skipped now
+    old: dict[int, dict] = {}
+    for f in sorted((out / "stats").glob("rank*.json")):
+        for j, st in ((_read_json(f) or {}).get("batches") or {}).items():
+            old.setdefault(int(j), st)
+    mine_set = set(mine)
+    record = {j: st for j, st in old.items() if j in mine_set}
+    generated = skipped = 0
+    from tqdm import tqdm
+
+    for j, (conds, s) in tqdm(list(zip(mine, my_work)), disable=not progress or dist.rank != 0,
+                              desc=f"sample rank {dist.rank}", leave=False):
+        first = j * batch_size
+        ids = list(range(first, first + len(conds)))
+        missing = [i for i in ids if not image_path(out, i).exists()]
+        if not missing:
+            skipped += len(ids)
+            continue
+        if text:
+            gen = pipe(prompts=[conditions[c] for c in conds], method=method, sampling=sampling, seed=s,
+                       height=grid[0], width=grid[1])
+        else:
+            gen = pipe([conditions[c] for c in conds], method, sampling, seed=s)
+        for i in missing:
+            im = gen.images[i - first]
+            atomic_write(image_path(out, i), lambda tmp, im=im: im.save(tmp, format="PNG"))
+        generated += len(missing)
+        record[j] = _batch_stats(gen, ids, s)
+        _write_rank(out, dist, record)
+    # always leave this rank's file (carried-over stats too) for the merge, even with nothing to do
+    _write_rank(out, dist, record)
+    dist.barrier()
+    if dist.rank != 0:
+        return None
+    merged = _merge(out, config, len(work), dist.world, generated_here=generated, skipped_here=skipped)
+    write_npz(out / "samples.npz", [image_path(out, i) for i in range(num)])
+    write_text(out / "stats.json", json.dumps(merged, indent=1))
+    _clean_temps(out)
+    return merged
+
+
+def _merge(out: Path, config: dict[str, Any], n_batches: int, world: int, **counts) -> dict[str, Any]:
+    """Stats of every batch, from the rank files of this run (which carry earlier runs' stats)."""
+    per_batch: dict[int, dict] = {}
+    per_rank = {}
+    for r in range(world):
+        data = _read_json(_rank_file(out, r)) or {}
+        got = {int(j): st for j, st in (data.get("batches") or {}).items()}
+        per_batch.update(got)
+        per_rank[str(r)] = {"batches": len(got), "images": sum(len(st["images"]) for st in got.values()),
+                            "wall_s": sum(st["wall_s"] for st in got.values())}
+    sts = [per_batch[j] for j in sorted(per_batch)]
+    n = sum(len(st["images"]) for st in sts)
+
+    def mean(key: str) -> float:
+        return sum(len(st["images"]) * st[key] for st in sts) / n if n else float("nan")
+
+    wall = sum(st["wall_s"] for st in sts)
+    return {**config, "world_size": world, "n_images": config["num"], "n_batches": n_batches,
+            "batches_with_stats": len(sts), "tokens": sts[0]["tokens"] if sts else None,
+            "target_forwards": sum(st["target_forwards"] for st in sts),
+            "draft_forwards": sum(st["draft_forwards"] for st in sts),
+            "step_compression": mean("step_compression"), "mean_accepted_length": mean("mean_accepted_length"),
+            "wall_s": wall, "images_per_s": n / wall if wall > 0 else float("nan"),
+            "per_rank": per_rank, **{f"rank0_{k}": v for k, v in counts.items()}, "batches": sts}
+
+
+def write_npz(path: Path, pngs: list[Path]) -> tuple[int, ...]:
+    """``pngs`` as one uint8 (N, H, W, 3) array ``arr_0`` in an npz (what ``np.savez`` writes),
+    streamed one image at a time into a temp file, then renamed onto ``path``."""
+    from PIL import Image
+
+    def rgb(p: Path) -> np.ndarray:
+        with Image.open(p) as im:
+            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+
+    first = rgb(pngs[0])
+    shape = (len(pngs), *first.shape)
+
+    def write(tmp: str) -> None:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            with zf.open("arr_0.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)),
+                                                         "fortran_order": False, "shape": shape})
+                for p in pngs:
+                    a = first if p == pngs[0] else rgb(p)
+                    if a.shape != first.shape:
+                        raise ValueError(f"{p}: image is {a.shape[1]}x{a.shape[0]}, the first is "
+                                         f"{first.shape[1]}x{first.shape[0]}")
+                    f.write(np.ascontiguousarray(a).tobytes())
+
+    atomic_write(path, write)
+    return shape
+
+
+def _clean_temps(out: Path) -> None:
+    """Temp files left by a killed run (``io.atomic_write`` names: ``.NAME.PID.HEX.tmp``)."""
+    for d in (out, out / "images", out / "stats"):
+        for p in d.glob(".*.tmp"):
+            try:
+                p.unlink()
+            except OSError as e:
+                print(f"specvis: cannot remove stale {p} ({e.__class__.__name__})", file=sys.stderr)
