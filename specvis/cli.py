@@ -1,4 +1,4 @@
-"""Command line: ``specvis generate | bench | models``. Bad input exits 2 with one line, no traceback."""
+"""Command line: ``specvis generate | sample | bench | models``. Bad input exits 2 with one line, no traceback."""
 
 from __future__ import annotations
 
@@ -15,6 +15,26 @@ from .sampling import Sampling
 
 class UsageError(Exception):
     pass
+
+
+# ``--method``'s default (generate, sample): the best lossless method for the model, as a bench spec.
+# One line per model; "discrete" is every other discrete-token model (vertical-sample needs only
+# the token grid, which every discrete layout has), "continuous" the continuous-token ones: they keep
+# plain AR, their default so far (cspd with the paper ratio is not exact).
+DEFAULT_METHODS = {
+    "emoji": "sjd:window=16:init=vertical-sample:coupling=maximal",
+    "discrete": "sjd:window=16:init=vertical-sample:coupling=maximal",
+    "continuous": "ar",
+}
+
+
+def default_method_spec(pipe=None) -> str:
+    """The spec of ``DEFAULT_METHODS`` for ``pipe`` (None: the discrete-model default)."""
+    from .pipeline import ContinuousPipeline
+
+    if isinstance(pipe, ContinuousPipeline):
+        return DEFAULT_METHODS["continuous"]
+    return DEFAULT_METHODS.get(getattr(pipe, "name", None), DEFAULT_METHODS["discrete"])
 
 
 class Parser(argparse.ArgumentParser):
@@ -48,10 +68,10 @@ def _device_line(pipe) -> str:
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling (defaults: the model's)")
-    g.add_argument("--temperature", type=float, help="0 = greedy")
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--cfg-scale", type=float)
+    g.add_argument("--temperature", type=float, help="softmax temperature; 0 = greedy")
+    g.add_argument("--top-k", type=int, help="keep the k most likely image tokens (0 = no top-k)")
+    g.add_argument("--top-p", type=float, help="nucleus: keep the smallest set of mass >= p (1 = off)")
+    g.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale (1 = no guidance)")
 
 
 # flag dest -> the API field it sets, where the flag name differs (--top-k is the sampling top-k)
@@ -105,15 +125,21 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
     ])
 
 
-def _method(a: argparse.Namespace):
-    """The method of ``--method`` with the method flags the user set (None = not set)."""
+def _method_name(a: argparse.Namespace, pipe=None) -> str:
+    return a.method or parse_method_spec(default_method_spec(pipe))[0]
+
+
+def _method(a: argparse.Namespace, pipe=None):
+    """The method of ``--method`` with the method flags the user set (None = not set); without
+    ``--method``, the model's default (``default_method_spec(pipe)``) with those flags on top."""
     flags = {RENAMED.get(f.dest, f.dest): f for f in a.method_flags}
-    options = {name: getattr(a, f.dest) for name, f in flags.items()}
+    name, options = (a.method, {}) if a.method else parse_method_spec(default_method_spec(pipe))
+    options.update({key: getattr(a, f.dest) for key, f in flags.items() if getattr(a, f.dest) is not None})
 
-    def flag(name: str) -> str | None:  # how errors write an option: as its flag
-        return flags[name].option_strings[0] if name in flags else None
+    def flag(key: str) -> str | None:  # how errors write an option: as its flag
+        return flags[key].option_strings[0] if key in flags else None
 
-    return build_method(a.method, options, spell=flag)
+    return build_method(name, options, spell=flag)
 
 
 def _sampling(a: argparse.Namespace, default: Sampling) -> Sampling:
@@ -125,14 +151,41 @@ def _sampling(a: argparse.Namespace, default: Sampling) -> Sampling:
     )
 
 
+def _add_sample_parser(sub, model_help: str, method_help: str) -> None:
+    s = sub.add_parser("sample", help="generate many images, one process or torchrun --nproc_per_node N -m specvis.cli "
+                                      "-- sample ...: PNGs, samples.npz for FID evaluators, stats.json")
+    s.add_argument("--model", default="emoji", help=model_help)
+    s.add_argument("--method", help=method_help)
+    s.add_argument("--class", "--classes", dest="classes", type=int, nargs="+", action="extend",
+                   help="class ids; image i gets class i mod their number (default: every class)")
+    s.add_argument("--prompts", help="text-to-image checkpoints: a file with one prompt a line (image i gets line i mod n)")
+    s.add_argument("--height", type=int, help="image height in tokens (text-to-image checkpoints; default native)")
+    s.add_argument("--width", type=int, help="image width in tokens (default native)")
+    s.add_argument("-n", "--num", type=int, required=True,
+                   help="number of images in all, over every rank (under torchrun write -n, or put -- before "
+                        "sample: torchrun takes --num for its --numa-binding)")
+    s.add_argument("--batch-size", type=int, default=8, help="images per batch (default 8); the images depend on it, "
+                                                             "not on the number of ranks")
+    s.add_argument("--seed", type=int, default=0, help="batch j runs with seed + j (default 0)")
+    s.add_argument("--out", default="samples", help="output directory: images/NNNNNN.png, samples.npz, stats.json; "
+                                                    "rerunning into it skips the images already there")
+    _add_device(s)
+    _add_sampling(s)
+    _add_method_options(s)
+
+
 def build_parser() -> Parser:
     p = Parser(prog="specvis", description="Speculative decoding for autoregressive image generators.")
     p.add_argument("--version", action="version", version=f"specvis {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
+    model_help = "bundle name (specvis models), checkpoint directory or Hugging Face Hub id (default emoji)"
+    method_help = (f"one of {', '.join(METHODS)} (default: the best lossless method for the model, "
+                   f"{DEFAULT_METHODS['discrete']} for discrete-token models, ar for continuous ones; "
+                   "--method ar for plain AR)")
     g = sub.add_parser("generate", help="generate images with one method")
-    g.add_argument("--model", default="emoji")
-    g.add_argument("--method", default="ar", help=f"one of {', '.join(METHODS)}")
+    g.add_argument("--model", default="emoji", help=model_help)
+    g.add_argument("--method", help=method_help)
     g.add_argument("--class", dest="classes", type=int, nargs="+", action="extend", help="class ids (class-conditional models)")
     g.add_argument("--prompt", dest="prompts", action="append", help="text prompt (text-to-image checkpoints); repeat for more")
     g.add_argument("--negative-prompt", dest="negative_prompts", action="append",
@@ -140,23 +193,27 @@ def build_parser() -> Parser:
     g.add_argument("--height", type=int, help="image height in tokens (text-to-image checkpoints; default native)")
     g.add_argument("--width", type=int, help="image width in tokens (default native)")
     g.add_argument("--num", type=int, help="number of images (default: one per --class, else 8)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="random seed of the batch (default 0)")
     g.add_argument("--out", default="out", help="output directory")
+    g.add_argument("--compare-ar", action="store_true",
+                   help="also run plain AR on the same conditions and seed (after an untimed one-image warm-up "
+                        "of each) and print the wall-clock speedup; only the method's images are written")
     _add_device(g)
     _add_sampling(g)
     _add_method_options(g)
 
     b = sub.add_parser("bench", help="benchmark methods against AR (JSON of API.md)")
-    b.add_argument("--model", default="emoji")
+    b.add_argument("--model", default="emoji", help=model_help)
     b.add_argument("--methods", default="ar,speculative",
                    help="comma-separated method specs, options as name:key=value, e.g. sjd:window=8")
     b.add_argument("--prompts", help="text-to-image checkpoints: a file with one prompt a line (image i gets line i mod n)")
     b.add_argument("--height", type=int, help="image height in tokens (text-to-image checkpoints; default native)")
     b.add_argument("--width", type=int, help="image width in tokens (default native)")
-    b.add_argument("--num", type=int, default=16)
-    b.add_argument("--batch-size", type=int, default=1)
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--num", type=int, default=16, help="number of images per method (default 16)")
+    b.add_argument("--batch-size", type=int, default=1, help="images per batch (default 1)")
+    b.add_argument("--seed", type=int, default=0, help="batch j runs with seed + j (default 0)")
+    b.add_argument("--repeats", type=int, default=1, help="timed repeats per method; the median wall-clock is "
+                                                          "reported (default 1)")
     b.add_argument("--warmup", default="batch", help="untimed warm-up before each method: batch (the first batch), row "
                                                      "(its first sample: same code paths, less time) or none")
     b.add_argument("--json", help="write the report JSON here (after every run); rerunning resumes from it")
@@ -165,13 +222,16 @@ def build_parser() -> Parser:
     b.add_argument("--metrics", help="quality metrics, comma-separated: proxy (default when the model ships a "
                                      "classifier), fid, clip (torchmetrics, weights already on disk), none")
     b.add_argument("--data", default="data/emoji", help="dataset directory with eval.npz (reference images for fid)")
-    b.add_argument("--shards", type=int, default=1, help="split the batches into this many shards")
+    b.add_argument("--shards", type=int, default=1, help="split the batches into this many shards (batch j goes to "
+                                                          "shard j mod shards: the split of specvis sample's ranks)")
     b.add_argument("--shard-index", type=int, default=0, help="which shard to run (0-based)")
     b.add_argument("--merge", nargs="+", metavar="JSON", help="merge shard reports into --json instead of running")
     _add_device(b)
     _add_sampling(b)
     b.add_argument("--accept", default="exact", help="acceptance rule of the methods that take one and whose spec "
                                                       "names none (accept=...)")
+
+    _add_sample_parser(sub, model_help, method_help)
 
     sub.add_parser("models", help="list model bundles")
     sub.add_parser("train-drafter", help="train an EAGLE draft head on a target (see --help)", add_help=False)
@@ -228,18 +288,22 @@ def _check_draft(pipe, names: list[str]) -> None:
 def cmd_generate(a: argparse.Namespace) -> int:
     from .viz import contact_sheet, heatmaps
 
-    method = _method(a)  # bad flags fail before the model loads
+    if a.method:
+        _method(a)  # bad flags fail before the model loads
+    if a.num is not None and a.num < 1:
+        raise ValueError(f"--num must be >= 1, got {a.num}")
     out_dir = Path(a.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir}: exists and is not a directory")
-    pipe = pipeline_for(_load(a), [a.method])
-    _check_draft(pipe, [a.method])
+    loaded = _load(a)
+    pipe = pipeline_for(loaded, [_method_name(a, loaded)])
+    method = _method(a, pipe)  # without --method: the model's default (DEFAULT_METHODS)
+    _check_draft(pipe, [method.name])
     sampling = _sampling(a, pipe.default_sampling)
-    if a.num is not None and a.num < 1:
-        raise ValueError(f"--num must be >= 1, got {a.num}")
     from .pipeline import TextPipeline
 
-    if isinstance(pipe, TextPipeline):
+    text = isinstance(pipe, TextPipeline)
+    if text:
         if a.classes:
             raise ValueError(f"model {a.model} is text-to-image: give --prompt, not --class")
         if not a.prompts:
@@ -251,11 +315,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
             if len(negative) not in (1, len(a.prompts)):
                 raise ValueError(f"--negative-prompt: give one, or one per --prompt ({len(a.prompts)}), got {len(negative)}")
             negative = [negative[i % len(negative)] for i in range(num)]
-        out = pipe(prompts=prompts, negative_prompts=negative, method=method, sampling=sampling, seed=a.seed,
-                   height=a.height, width=a.width)
-        layout = pipe.target.layout
-        conditions = {"prompts": prompts, "negative_prompts": negative, "height": layout.height, "width": layout.width,
-                      **({"draft": pipe.extras["draft"]} if "draft" in pipe.extras else {})}
+
+        def run(m, n: int = num):
+            return pipe(prompts=prompts[:n], negative_prompts=None if negative is None else negative[:n], method=m,
+                        sampling=sampling, seed=a.seed, height=a.height, width=a.width)
     else:
         if a.prompts or a.negative_prompts or a.height is not None or a.width is not None:
             raise ValueError(f"model {a.model} is class-conditional: --prompt/--negative-prompt/--height/--width "
@@ -266,26 +329,51 @@ def cmd_generate(a: argparse.Namespace) -> int:
         bad = [c for c in classes if not 0 <= c < pipe.num_classes]
         if bad:
             raise ValueError(f"--class {bad[0]} is out of range; model {a.model} has classes 0..{pipe.num_classes - 1}")
-        out = pipe(classes, method, sampling, seed=a.seed)
+
+        def run(m, n: int = num):
+            return pipe(classes[:n], m, sampling, seed=a.seed)
+    ar = None
+    if a.compare_ar and method.name != "ar":
+        from .methods.ar import AR
+
+        for m in (method, AR()):
+            run(m, 1)  # warm-up (one image), untimed: one-time costs fall on neither side
+        ar = run(AR()).stats
+    out = run(method)
+    if text:
+        layout = pipe.target.layout  # the grid of the call
+        conditions = {"prompts": prompts, "negative_prompts": negative, "height": layout.height, "width": layout.width,
+                      **({"draft": pipe.extras["draft"]} if "draft" in pipe.extras else {})}
+    else:
         conditions = {"classes": classes}
+    s = out.stats
+    compare = None
+    if a.compare_ar:
+        ar = ar or s
+        compare = {"ar_wall_s": ar.wall_s, "ar_target_forwards": ar.target_forwards,
+                   "speedup": ar.wall_s / s.wall_s if s.wall_s > 0 else float("nan")}
     out_dir.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     for i, im in enumerate(out.images):
         _save_png(im, out_dir / f"{i:03d}.png")
     _save_png(contact_sheet(out.images), out_dir / "grid.png")
-    _save_png(contact_sheet(heatmaps(out.stats.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1))),
+    _save_png(contact_sheet(heatmaps(s.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1))),
               out_dir / "heatmap.png")
     name, config, rule = describe(method)
     stats = {"model": a.model, "method": name, "config": config, "acceptance": rule, "lossless": bool(method.lossless),
-             **conditions, "seed": a.seed, "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
-             **out.stats.to_dict(), "accept_map": out.stats.accept_map.tolist()}
+             "default_method": not a.method, **conditions, "seed": a.seed,
+             "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
+             **s.to_dict(), **({"compare_ar": compare} if compare else {}), "accept_map": s.accept_map.tolist()}
     write_text(out_dir / "stats.json", json.dumps(stats, indent=1))
-    s = out.stats
     what = f"classes {sorted(set(conditions['classes']))}" if "classes" in conditions else f"{len(set(prompts))} prompts"
-    print(f"specvis {a.model} | {name} {config} | accept {rule} | {num} images, {what}")
+    chosen = " (the model's default; --method ar for plain AR)" if not a.method else ""
+    print(f"specvis {a.model} | method {name} {json.dumps(config)}{chosen} | accept {rule} | {num} images, {what}")
     print(f"  device {_device_line(pipe)}")
     print(f"  tokens/image {s.tokens}  target forwards {s.target_forwards}  draft forwards {s.draft_forwards}")
     print(f"  step compression {s.step_compression:.2f}  mean accepted length {s.mean_accepted_length:.2f}  "
           f"wall {s.wall_s:.2f}s  ({num / s.wall_s:.2f} images/s)")
+    if compare:
+        print(f"  vs ar (same conditions and seed): wall {compare['ar_wall_s']:.2f}s -> {s.wall_s:.2f}s, "
+              f"speedup {compare['speedup']:.2f}x  (target forwards {compare['ar_target_forwards']} -> {s.target_forwards})")
     print(f"  wrote {num} PNGs, grid.png, heatmap.png, stats.json to {out_dir}/")
     return 0
 
@@ -302,6 +390,44 @@ def read_prompts(path: str) -> list[str]:
     if not prompts:
         raise ValueError(f"--prompts {path}: no prompts (one a line)")
     return prompts
+
+
+def cmd_sample(a: argparse.Namespace) -> int:
+    """``specvis sample``: this rank's share of the images (``specvis.sample``); rank 0 merges."""
+    from .sample import init_distributed, sample
+
+    if a.method:
+        _method(a)  # bad flags fail before the model loads (and before the process group)
+    if a.num < 1:
+        raise ValueError(f"--num must be >= 1, got {a.num}")
+    if a.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a directory")
+    prompts = read_prompts(a.prompts) if a.prompts else None
+    dist, a.device = init_distributed(a.device)
+    try:
+        loaded = _load(a)
+        pipe = pipeline_for(loaded, [_method_name(a, loaded)])
+        method = _method(a, pipe)
+        _check_draft(pipe, [method.name])
+        sampling = _sampling(a, pipe.default_sampling)
+        stats = sample(pipe, method, sampling, out, num=a.num, batch_size=a.batch_size, seed=a.seed,
+                       classes=a.classes, prompts=prompts, height=a.height, width=a.width, dist=dist, model=a.model,
+                       progress=sys.stderr.isatty())
+    finally:
+        dist.close()
+    if stats is not None:
+        chosen = " (the model's default)" if not a.method else ""
+        fresh, reused = stats["rank0_generated_here"], stats["rank0_skipped_here"]
+        print(f"specvis {a.model} | method {stats['method']} {json.dumps(stats['config'])}{chosen} | accept "
+              f"{stats['acceptance']} | {a.num} images on {dist.world} rank(s), batch size {a.batch_size}")
+        print(f"  step compression {stats['step_compression']:.2f}  mean accepted length "
+              f"{stats['mean_accepted_length']:.2f}  decoding {stats['wall_s']:.2f}s over all ranks"
+              f"  (rank 0: {fresh} generated, {reused} already there)")
+        print(f"  wrote {out}/samples.npz (arr_0 uint8 {a.num}x...x3), stats.json, images/")
+    return 0
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -352,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         return train_drafter(argv[1:])
     try:
         a = build_parser().parse_args(argv)
-        return {"generate": cmd_generate, "bench": cmd_bench, "models": cmd_models}[a.command](a)
+        return {"generate": cmd_generate, "sample": cmd_sample, "bench": cmd_bench, "models": cmd_models}[a.command](a)
     except (UsageError, ValueError, OSError) as e:  # OSError: FileNotFoundError, PermissionError, disk full ...
         print(f"specvis: error: {e}", file=sys.stderr)
         return 2

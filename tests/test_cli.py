@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from specvis.cli import main
+import specvis as sv
+from specvis.cli import DEFAULT_METHODS, build_parser, default_method_spec, main
+from specvis.registry import method_from_spec
 
 
 def run(*args):
@@ -14,7 +16,7 @@ def run(*args):
 
 
 def test_generate_random_tiny_writes_pngs_and_stats(tmp_path):
-    assert main(["generate", "--model", "random-tiny", "--num", "4", "--out", str(tmp_path)]) == 0
+    assert main(["generate", "--model", "random-tiny", "--method", "ar", "--num", "4", "--out", str(tmp_path)]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["000.png", "001.png", "002.png", "003.png", "grid.png", "heatmap.png", "stats.json"]
     stats = json.loads((tmp_path / "stats.json").read_text())
@@ -83,3 +85,58 @@ def test_method_option_not_of_the_method_exits_2_with_one_line(args, message, tm
     err = capsys.readouterr().err
     assert err.startswith(f"specvis: error: {message}") and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []  # nothing ran
+
+
+def test_generate_defaults_to_the_best_lossless_method(tmp_path, capsys):
+    """No --method: the model's entry of DEFAULT_METHODS (SJD, vertical-sample init, maximal coupling for
+    discrete-token models), named in the summary with its step compression; --method ar is plain AR."""
+    best = sv.SJD(window=16, init="vertical-sample", coupling="maximal")
+    assert method_from_spec(DEFAULT_METHODS["emoji"]) == best and method_from_spec(DEFAULT_METHODS["discrete"]) == best
+    assert main(["generate", "--model", "random-tiny", "--num", "2", "--out", str(tmp_path)]) == 0
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["method"] == "sjd" and stats["default_method"] and stats["lossless"]
+    assert stats["config"] == {"window": 16, "init": "vertical-sample", "refine": True, "coupling": "maximal"}
+    assert stats["step_compression"] > 1.0
+    out = capsys.readouterr().out
+    assert "method sjd" in out and "the model's default" in out and "step compression" in out
+    # method flags without --method adjust the default
+    assert main(["generate", "--model", "random-tiny", "--num", "1", "--window", "4", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "stats.json").read_text())["config"]["window"] == 4
+
+
+def test_continuous_models_keep_ar_as_default(tmp_path):
+    pipe = sv.load("random-tiny-continuous")
+    assert default_method_spec(pipe) == "ar"
+    assert main(["generate", "--model", "random-tiny-continuous", "--num", "1", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "stats.json").read_text())["method"] == "ar"
+
+
+def test_compare_ar_prints_the_speedup_and_keeps_the_method_images(tmp_path, capsys):
+    assert main(["generate", "--model", "random-tiny", "--num", "2", "--compare-ar", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "vs ar (same conditions and seed)" in out and "speedup" in out
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    cmp = stats["compare_ar"]
+    assert cmp["ar_target_forwards"] == 64 and cmp["speedup"] == pytest.approx(cmp["ar_wall_s"] / stats["wall_s"])
+    assert stats["method"] == "sjd" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "000.png", "001.png", "grid.png", "heatmap.png", "stats.json"]
+    # the images are the method's: the same as without --compare-ar
+    again = tmp_path / "again"
+    assert main(["generate", "--model", "random-tiny", "--num", "2", "--out", str(again)]) == 0
+    assert (again / "000.png").read_bytes() == (tmp_path / "000.png").read_bytes()
+
+
+def test_every_option_of_every_subcommand_has_help():
+    import argparse
+
+    parser = build_parser()
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert len(subs) == 1
+    checked = 0
+    for name, sub in subs[0].choices.items():
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction) or not action.option_strings:
+                continue
+            assert action.help and action.help.strip(), f"specvis {name} {'/'.join(action.option_strings)} has no help"
+            checked += 1
+    assert {"generate", "sample", "bench", "models"} <= set(subs[0].choices) and checked > 50
