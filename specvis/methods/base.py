@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..models.base import CachedTokenModel, Condition
+from ..models.base import CachedTokenModel, Condition, KVCache
 from ..sampling import Sampling
 from .rounds import run_rounds
 
@@ -146,9 +146,26 @@ class DecodeContext:
         CUDA (``methods/rounds.py``)."""
         run_rounds(self, round_fn, self.graphs, rounds)
 
+    def live_caches(self) -> list:
+        """The static caches of the target and draft models whose forwards attend over a live span
+        (``KVCache.live``); the done-check tightens their bounds."""
+        out = []
+        for view in (self.target, self.draft):
+            cache = getattr(getattr(view, "model", None), "cache", None)
+            if isinstance(cache, KVCache) and cache.bucket > 0:
+                out.append(cache)
+        return out
+
     def done(self) -> bool:
-        """True when every row has its whole grid (one host sync per decoding step)."""
-        return bool((self.n >= self.L).all())
+        """True when every row has its whole grid (one host sync per decoding step). The same transfer
+        reads the longest row of every live cache, which tightens its live-span bound."""
+        caches = self.live_caches()
+        if not caches:
+            return bool((self.n >= self.L).all())
+        flags = torch.stack([(self.n >= self.L).all().long(), *(c.length.max() for c in caches)]).tolist()
+        for cache, longest in zip(caches, flags[1:]):
+            cache.refresh(longest)
+        return bool(flags[0])
 
     def commit(self, block: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         """Append ``block[r, :count[r]]`` to row r, all by one target forward. Finished rows ignore it.

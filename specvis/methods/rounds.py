@@ -10,6 +10,16 @@ a side stream (real rounds: they commit tokens), captures one round into a ``tor
 and replays it until every row is done; the done-check is the one host sync per round. Python-side
 counters that a round advances (the ``forwards`` of ``ctx.counted``) are measured on the captured round and added per
 replay. On CPU, or with graphs off, the same function runs eagerly.
+
+Live spans (``KVCache.live``, models/base.py): attention reads only the first L cache slots, L a bucket
+multiple, so a round's shapes change as the rows grow. Every round (eager or captured) pins each live
+cache of ``ctx.live_caches()`` to one span, the bucket covering the cache's bound at the round's start
+plus the most a round has raised it (measured on the rounds before: the first round runs unpinned).
+A captured graph is keyed by those spans: while they stay the same it is replayed (the host advances
+the bounds as the round would); when a span changes the graph is dropped, one round runs eagerly at
+the new spans (it warms their kernels) and the next one is captured. Spans only grow with the rows,
+so that happens about once per bucket. The done-check (``ctx.done()``) tightens the bounds to the
+exact longest row in the transfer it makes anyway.
 """
 
 from __future__ import annotations
@@ -20,15 +30,67 @@ from typing import Callable
 import torch
 
 WARMUP = 2
+cuda = torch.cuda  # the CUDA graph API used below (tests swap in a CPU stand-in to check the keying)
+
+
+def _capturable(device: torch.device) -> bool:
+    return device.type == "cuda"
 
 
 def _counters(views) -> list[int]:
     return [v.forwards for v in views]
 
 
+class _Spans:
+    """The live caches of a context and the most each has grown in one round so far."""
+
+    def __init__(self, ctx) -> None:
+        live = getattr(ctx, "live_caches", None)
+        self.caches = list(live()) if live is not None else []
+        self.growth: list[int] | None = None
+
+    def mark(self) -> tuple:
+        """A round starts: pin every cache (once a round has been measured); returns the spans."""
+        growth = self.growth or [None] * len(self.caches)
+        return tuple(c.mark(g) for c, g in zip(self.caches, growth))
+
+    def measure(self) -> None:
+        """After a round that ran (eagerly or captured): record how far each bound moved."""
+        grown = [c.trace[-1] if c.trace else 0 for c in self.caches]
+        self.growth = grown if self.growth is None else [max(a, b) for a, b in zip(self.growth, grown)]
+
+    def overflowed(self) -> bool:
+        return any(c.overflow for c in self.caches)
+
+    def rewind(self) -> None:
+        """A capture that recorded nothing ran: bounds back to the round's start."""
+        for c in self.caches:
+            c.bound, c.trace = c.start, []
+
+    def replayed(self) -> None:
+        """A replay ran the captured round: advance the bounds as its forwards would have."""
+        for c, g in zip(self.caches, self.growth):
+            c.bound, c.trace = c.start + g, []
+
+    def unpin(self) -> None:
+        for c in self.caches:
+            c.pin = None
+
+
 def run_rounds(ctx, round_fn: Callable[[], None], graphs: bool, rounds: int | None = None) -> None:
     """Call ``round_fn`` until ``ctx.done()`` (or exactly ``rounds`` times, with no done-check: AR
     knows its count); captured and replayed on CUDA when ``graphs``."""
+    spans = _Spans(ctx)
+    try:
+        if graphs and _capturable(ctx.device):
+            _run_graphs(ctx, round_fn, rounds, spans)
+        else:
+            _run_eager(ctx, round_fn, rounds, spans)
+    finally:
+        spans.unpin()
+
+
+def _done_check(ctx, rounds: int | None) -> Callable[[], bool]:
     left = [rounds]
 
     def done() -> bool:
@@ -37,41 +99,74 @@ def run_rounds(ctx, round_fn: Callable[[], None], graphs: bool, rounds: int | No
         left[0] -= 1
         return left[0] < 0
 
-    if not (graphs and ctx.device.type == "cuda"):
-        while not done():
-            round_fn()
-        return
+    done.left = left
+    return done
+
+
+def _run_eager(ctx, round_fn, rounds, spans: _Spans) -> None:
+    done = _done_check(ctx, rounds)
+    while not done():
+        spans.mark()
+        round_fn()
+        spans.measure()
+
+
+def _run_graphs(ctx, round_fn, rounds, spans: _Spans) -> None:
+    done = _done_check(ctx, rounds)
     views = ctx.counted
-    side = torch.cuda.Stream(ctx.device)
-    side.wait_stream(torch.cuda.current_stream(ctx.device))
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP):
-            if done():
-                break
+    dev = ctx.device
+    side = cuda.Stream(dev)
+
+    def eager() -> tuple:  # one real round on a side stream (warm-up: lazy inits, new shapes)
+        side.wait_stream(cuda.current_stream(dev))
+        with cuda.stream(side):
+            key = spans.mark()
             round_fn()
-    torch.cuda.current_stream(ctx.device).wait_stream(side)
-    if done():
-        return
-    before = _counters(views)
-    graph = torch.cuda.CUDAGraph()
-    graph.register_generator_state(ctx.generator)
-    try:
-        with torch.cuda.graph(graph):
-            round_fn()
-    except RuntimeError as e:  # not capturable (a host sync, a dynamic shape): nothing ran, go on eagerly
+        cuda.current_stream(dev).wait_stream(side)
+        spans.measure()
+        return key
+
+    warm = None  # the spans of the last eager round
+    for _ in range(WARMUP):
+        if done():
+            return
+        warm = eager()
+    graph, key, delta = None, None, None
+    while not done():
+        pins = spans.mark()
+        if graph is not None and pins == key:
+            graph.replay()
+            spans.replayed()
+            for v, d in zip(views, delta):
+                v.forwards += d
+            continue
+        graph = None  # spans changed: the old graph is never replayed again (spans only grow)
+        if pins != warm:
+            warm = eager()  # this round runs eagerly at the new spans; the next one is captured
+            continue
+        before = _counters(views)
+        graph = cuda.CUDAGraph()
+        graph.register_generator_state(ctx.generator)
+        try:
+            with cuda.graph(graph):
+                round_fn()
+        except RuntimeError as e:  # not capturable (a host sync, a dynamic shape): nothing ran, go on eagerly
+            for v, c in zip(views, before):
+                v.forwards = c
+            spans.rewind()
+            warnings.warn(f"CUDA graph capture failed, running eagerly: {e}", RuntimeWarning, stacklevel=3)
+            spans.mark()
+            round_fn()  # the round whose capture failed
+            spans.measure()
+            _run_eager(ctx, round_fn, done.left[0], spans)
+            return
+        delta = [a - b for a, b in zip(_counters(views), before)]
         for v, c in zip(views, before):
             v.forwards = c
-        warnings.warn(f"CUDA graph capture failed, running eagerly: {e}", RuntimeWarning, stacklevel=2)
-        round_fn()  # the round whose capture failed
-        run_rounds(ctx, round_fn, graphs=False, rounds=left[0])
-        return
-    delta = [a - b for a, b in zip(_counters(views), before)]
-    for v, c in zip(views, before):
-        v.forwards = c
-    graph.replay()  # the captured round itself (capture recorded it without running it)
-    for v, d in zip(views, delta):
-        v.forwards += d
-    while not done():
-        graph.replay()
+        graph.replay()  # the captured round itself (capture recorded it without running it)
         for v, d in zip(views, delta):
             v.forwards += d
+        if spans.overflowed():  # it grew past its pins: its shapes are not the key's, use it once only
+            graph, warm = None, None
+        key = pins
+        spans.measure()

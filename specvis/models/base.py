@@ -20,6 +20,14 @@ methods use; every method talks to a model only through it:
   to ``length + j`` for all layers in one gather/scatter, then ``length += count``.
 
 Rows advance independently: a length per row, no lock-step.
+
+Live attention: a cached forward attends over the live prefix of the cache only, slots ``[0, L)`` with
+``L`` the smallest multiple of ``LIVE_BUCKET`` slots covering a host-side upper bound on every row's
+length plus the block (``KVCache.live``). The bound costs no host sync: each forward of ``n`` tokens
+raises it by ``n``, and the round's done-check (``DecodeContext.done``, already one sync per round)
+reads the exact longest row in the same transfer and tightens it. The cache itself stays static and is
+updated in place; only the attention reads ``k[:, :, :L]``. ``LIVE_BUCKET = 0`` attends over the whole
+cache (the reference path); the laws are the same either way (the sliced-off slots are masked out).
 """
 
 from __future__ import annotations
@@ -29,6 +37,12 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
+
+LIVE_BUCKET = 64
+"""Live attention spans are multiples of this many slots (0: attend over the whole cache). Read when a
+``KVCache`` is made; ``KVCache.bucket`` overrides it per cache."""
+CHECK_LIVE = False
+"""Tests: every cached forward asserts (one host sync) that no slot past its live span is attended."""
 
 
 @dataclass(frozen=True)
@@ -242,15 +256,27 @@ class CachedTokenModel(TokenModel, Protocol):
 
 class KVCache:
     """Static cache: keys/values of all layers in one tensor each, (layers, rows, heads, slots, dim),
-    plus the committed length of every row (in slots, prefix included)."""
+    plus the committed length of every row (in slots, prefix included).
+
+    Host-side live-span bookkeeping (no device reads): ``bound`` >= every row's length and every slot
+    written so far (each ``live(n)`` adds n; ``refresh`` sets it to the exact longest row read by a
+    done-check). ``mark`` starts a round: ``trace`` then holds each forward's need (bound + n) relative
+    to the mark, and ``pin``, when set (by ``methods/rounds.py``), is the span every forward of the
+    round uses, so that a captured round has one shape per bucket."""
 
     def __init__(self, layers: int, rows: int, heads: int, slots: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, bucket: int | None = None) -> None:
         shape = (layers, rows, heads, slots, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.length = torch.zeros(rows, dtype=torch.long, device=device)
         self.slot_ids = torch.arange(slots, device=device)
+        self.bucket = LIVE_BUCKET if bucket is None else int(bucket)
+        self.bound = 0
+        self.start = 0
+        self.trace: list[int] = []
+        self.pin: int | None = None
+        self.overflow = False
 
     @property
     def rows(self) -> int:
@@ -259,6 +285,38 @@ class KVCache:
     @property
     def slots(self) -> int:
         return self.k.shape[3]
+
+    def span(self, need: int) -> int:
+        """Live slots for a forward that touches slots < ``need``: the bucket multiple covering it."""
+        if self.bucket <= 0:
+            return self.slots
+        return min(self.slots, -(-need // self.bucket) * self.bucket)
+
+    def live(self, n: int) -> int:
+        """The live span L of a forward of ``n`` tokens (it reads and writes slots < L only); raises
+        the bound by n (the rows may commit up to the whole block)."""
+        need = self.bound + n
+        self.bound = need
+        self.trace.append(need - self.start)
+        span = self.span(need)
+        if self.pin is not None:
+            if span <= self.pin:
+                span = self.pin
+            else:  # the round grew past what its pin allowed for: the tight span, flagged
+                self.overflow = True
+        return span
+
+    def refresh(self, longest: int) -> None:
+        """The exact longest row (read by a done-check): tightens the bound."""
+        self.bound = int(longest)
+
+    def mark(self, growth: int | None = None) -> int:
+        """A round starts: ``trace`` restarts, relative to the current bound; with ``growth`` (the most
+        a round has raised the bound) every forward of the round is pinned to the span covering
+        bound + growth, which is returned (None: unpinned, per-forward spans)."""
+        self.start, self.trace, self.overflow = self.bound, [], False
+        self.pin = None if growth is None else self.span(self.bound + growth)
+        return self.pin
 
     def block_slots(self, n: int) -> torch.Tensor:
         """Slots (rows, n) that a block of n new tokens is written to."""
@@ -270,10 +328,17 @@ class KVCache:
         self.k[layer].scatter_(2, idx, k)
         self.v[layer].scatter_(2, idx, v)
 
-    def attention_mask(self, n: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
-        """Boolean mask (rows, 1, n, slots): committed slots, plus the block itself (causal or tree)."""
-        committed = self.slot_ids[None, None, :] < self.length[:, None, None]  # (rows, 1, S)
-        offset = self.slot_ids[None, :] - self.length[:, None]  # (rows, S) index inside the block
+    def attention_mask(self, n: int, tree_mask: torch.Tensor | None, live: int | None = None) -> torch.Tensor:
+        """Boolean mask (rows, 1, n, live): committed slots, plus the block itself (causal or tree), over
+        the first ``live`` slots (default: all). Attention reads as many slots as the mask has."""
+        if CHECK_LIVE and live is not None and live < self.slots:
+            full = self.attention_mask(n, tree_mask)
+            if bool(full[..., live:].any()):
+                raise AssertionError(f"a slot past the live span {live} is attended "
+                                     f"(lengths {self.length.tolist()}, block {n}, bound {self.bound})")
+        ids = self.slot_ids if live is None else self.slot_ids[:live]
+        committed = ids[None, None, :] < self.length[:, None, None]  # (rows, 1, S)
+        offset = ids[None, :] - self.length[:, None]  # (rows, S) index inside the block
         in_block = (offset >= 0) & (offset < n)
         j = torch.arange(n, device=self.length.device)
         if tree_mask is None:

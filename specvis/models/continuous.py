@@ -340,7 +340,8 @@ class ContinuousAR(nn.Module):
         if cache is None:
             raise RuntimeError("call setup_cache(rows, extra) before cached decoding")
         n = x.shape[1]
-        return self._blocks(x, rope, cache.attention_mask(n, tree_mask), cache, cache.block_slots(n))
+        live = cache.live(n)  # attend over the live prefix of the cache only (models/base.py)
+        return self._blocks(x, rope, cache.attention_mask(n, tree_mask, live), cache, cache.block_slots(n))
 
     @torch.no_grad()
     def prefill(self, conditions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

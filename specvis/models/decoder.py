@@ -86,7 +86,8 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if cache is not None:
             cache.write(layer, k, v, slots)
-            k, v = cache.k[layer], cache.v[layer]
+            live = cache.slots if mask is None else mask.shape[-1]  # the live span: the mask's width
+            k, v = cache.k[layer, :, :, :live], cache.v[layer, :, :, :live]
         gqa = self.n_kv_head != self.n_head
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
         return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(B, T, -1)))
@@ -174,9 +175,14 @@ class CachedStack:
         cache = self.cache
         if cache is None:
             raise RuntimeError("call setup_cache(rows, extra) before cached decoding")
+        return self._stack(x, rope, tree_mask, cache.live(x.shape[1]))  # host bookkeeping stays outside
+
+    def _stack(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None, live: int):
+        """The cached block stack over the first ``live`` cache slots (``KVCache.live``)."""
+        cache = self.cache
         n = x.shape[1]
         slots = cache.block_slots(n)
-        mask = cache.attention_mask(n, tree_mask)
+        mask = cache.attention_mask(n, tree_mask, live)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, mask, cache, i, slots)
         h = self.norm(x)
@@ -215,11 +221,13 @@ class CachedStack:
         self.cache.keep_block(index, count)
 
     def compile_decoder(self) -> None:
-        """``torch.compile`` the cached block stack (one graph per block size; shapes are static)."""
+        """``torch.compile`` the cached block stack (one graph per block size and live span; shapes are
+        static)."""
         import torch._dynamo
 
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per block size
-        self._run_cached = torch.compile(self._run_cached, dynamic=False)
+        limit = torch._dynamo.config.recompile_limit  # a graph per (block size, live span)
+        torch._dynamo.config.recompile_limit = max(limit, 512)
+        self._stack = torch.compile(self._stack, dynamic=False)
 
 
 # ---------------------------------------------------------------- Hugging Face Llama layers
