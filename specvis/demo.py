@@ -64,6 +64,9 @@ class Models:
         self.device = device
         self._cache: dict[str, Any] = {}
         self._lock = threading.Lock()
+        # one generation at a time: a run left going by a closed page must not share the CPU with the next
+        # one (its timings would be wrong)
+        self.busy = threading.Lock()
 
     def get(self, name: str):
         name = (name or "").strip()
@@ -174,13 +177,19 @@ def compare(models: Models, model: str, condition: str, method: str, options: st
     pipe = pipeline_for(models.get(model), ["ar", parse_method_spec(spec)[0]])
     kwargs = parse_condition(pipe, condition)
     sampling = _sampling(pipe, temperature, cfg_scale)
-    phase("AR: generating", 0.15)
-    ar = pipe(method=AR(), sampling=sampling, seed=seed, **kwargs)
-    big_ar = _enlarge(ar.images[0])
-    if on_ar is not None:
-        on_ar(big_ar, ar.stats)
-    phase(f"{chosen.name}: generating", 0.55)
-    acc = pipe(method=chosen, sampling=sampling, seed=seed, **kwargs)
+    if not models.busy.acquire(blocking=False):
+        phase("waiting for the previous run to finish", 0.1)
+        models.busy.acquire()
+    try:
+        phase("AR: generating", 0.15)
+        ar = pipe(method=AR(), sampling=sampling, seed=seed, **kwargs)
+        big_ar = _enlarge(ar.images[0])
+        if on_ar is not None:
+            on_ar(big_ar, ar.stats)
+        phase(f"{chosen.name}: generating", 0.55)
+        acc = pipe(method=chosen, sampling=sampling, seed=seed, **kwargs)
+    finally:
+        models.busy.release()
     phase("rendering", 0.95)
     amap = acc.stats.accept_map
     big_acc = _enlarge(acc.images[0])
