@@ -1,15 +1,18 @@
 """EAGLE-2 trees and ADT-Tree: exact law (chi-square vs the enumerated law of a tiny random target with
-a tiny random draft head), greedy equals greedy AR, the ADT schedule, and config errors.
+a tiny random draft head), greedy equals greedy AR, the ADT schedule, ADT's static-shaped rounds
+against its host-synced ones (same trees, same tokens), rounds free of host syncs, and config errors.
 
 Each exactness case draws 8,000 grids (one batch mixing 3 conditions) on a 2x2 grid over 4 codes;
 a sibling rule whose residual keeps the rejected candidate fails it with half the samples (p < 1e-6).
 """
 
+import contextlib
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
-from exactness import check_method, tiny_llamagen
+from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_model
 
 import specvis as sv
 from specvis.accept import Exact
@@ -31,6 +34,8 @@ CASES = {
                         sv.Sampling(top_p=0.8, cfg_scale=3.0)),
     "adt_vertical_plain": (ADTTree(init="vertical", beta=0.5, depth_range=(0, 3), topk_range=(0, 3), topk_step=1,
                                    total_tokens=5), sv.Sampling(temperature=1.0)),
+    "adt_static_random_cfg": (ADTTree(init="random", depth_range=(0, 4), topk_range=(0, 3), topk_step=1, total_tokens=6,
+                                      static_shapes=True), CFG),
 }
 
 
@@ -155,6 +160,9 @@ def test_adt_bounds_are_open_intervals():
     assert ADTTree().depth_range == (0, 10) and ADTTree().topk_range == (3, 14)  # paper's Anole setting
     s, ctx = schedule(ADTTree(), B=1)
     assert (s.max_depth, s.max_top_k) == (9, 13) and [t.item() for t in s.first(ctx)] == [5, 8]
+    # static-shaped rounds are built to the deepest admissible depth, capped where total_tokens - 1
+    # nodes cannot reach
+    assert s.levels == 9 and schedule(ADTTree(total_tokens=6))[0].levels == 5
 
 
 @pytest.mark.parametrize("method, bound", [(EagleTree(depth=5, top_k=2, total_tokens=4), 3),
@@ -233,5 +241,137 @@ def test_config_errors_name_the_field(target):
         with pytest.raises(ValueError, match=field):
             ADTTree(**bad)
     assert ADTTree(depth_range=[2, 5]).depth_range == (2, 5)
+    with pytest.raises(ValueError, match="static_shapes"):
+        ADTTree(static_shapes=1)
     with pytest.raises(ValueError, match="drafter"):
         sv.generate(target, torch.tensor([0]), EagleTree(), sv.Sampling())
+
+
+# ---------------------------------------------------------------- ADT: static-shaped vs host-synced rounds
+def _sharp():
+    """The oracle's sharp model (tests/test_oracle.py): 8 codes on a 4x4 grid."""
+    target = tiny_llamagen(0, vocab=8, grid=4, dim=32)
+    return target, EagleDrafter.from_target(target, seed=1).eval()
+
+
+def _emu3():
+    """An Emu3-shaped prompt model with a row end after each of 3 rows of 3 codes (forced positions)."""
+    target = tiny_prompt_model(0, vocab=4, height=3, width=3, row_end=1, janus=False)
+    return target, EagleDrafter.from_target(target, seed=1).eval()
+
+
+ADT_CONFIGS = {  # (method kwargs, model); total_tokens 5 < max depth + 1: the static depth is capped
+    "horizontal": (dict(init="horizontal", total_tokens=8), "sharp"),
+    "vertical_beta": (dict(init="vertical", beta=0.5, total_tokens=5), "sharp"),
+    "random_small": (dict(init="random", depth_range=(0, 4), topk_range=(0, 3), topk_step=1, total_tokens=8), "sharp"),
+    "horizontal_harness": (dict(depth_range=(0, 4), topk_range=(0, 3), topk_step=1, total_tokens=6), "harness"),
+    "vertical_emu3": (dict(init="vertical", total_tokens=7), "emu3"),
+    "random_emu3": (dict(init="random", topk_range=(0, 4), topk_step=1, total_tokens=10), "emu3"),
+}
+
+
+@pytest.fixture(scope="module")
+def adt_models(target, drafter):
+    return {"harness": (target, drafter), "sharp": _sharp(), "emu3": _emu3()}
+
+
+def _record_trees(monkeypatch):
+    """Spy on build_tree: per round, the schedule it got and every drafted node (tree position, token,
+    stream position, parent, rank) per row."""
+    import specvis.methods.tree as tree_mod
+
+    build, rounds = tree_mod.build_tree, []
+
+    def spy(ctx, pending, count, d_row, k_row, *a, **kw):
+        tree = build(ctx, pending, count, d_row, k_row, *a, **kw)
+        B, T, K = tree.children.shape
+        nodes = []
+        for b in range(B):
+            kids = tree.children[b]
+            row = sorted((int(kids[t, r]), int(tree.tokens[b, kids[t, r]]), int(tree.positions[b, kids[t, r]]), t, r)
+                         for t in range(T) for r in range(K) if kids[t, r] >= 0)
+            nodes.append(row)
+        rounds.append((d_row.tolist(), k_row.tolist(), tree.depth.tolist(), nodes))
+        return tree
+
+    monkeypatch.setattr(tree_mod, "build_tree", spy)
+    return rounds
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["t1", "greedy"])
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("config", list(ADT_CONFIGS))
+def test_adt_static_shapes_match_host_synced_rounds(adt_models, config, batch, temperature, monkeypatch):
+    """Same seed, ADT rounds at the fixed maximal shape with the schedule as masks vs rounds built to
+    the batch's largest d-hat / k-hat read on the host: the same schedule and the same drafted nodes
+    round by round (same tree positions, tokens, parents and ranks), the same tokens, acceptance map,
+    target forwards, mean_tree_depth and mean_scheduled_depth. Drafter forwards: the static path
+    spends ``levels`` (catch-up + levels - 1 expansions) every round."""
+    kw, model = ADT_CONFIGS[config]
+    target, drafter = adt_models[model]
+    cond = condition_rows(target, [0, 1, 2], torch.arange(batch) % 3)
+    sampling = sv.Sampling(temperature=temperature, cfg_scale=2.0)
+    runs = []
+    for static in (False, True):
+        trees = _record_trees(monkeypatch)
+        out = sv.generate(target, cond, ADTTree(static_shapes=static, **kw), sampling, seed=3, drafter=drafter)
+        runs.append((out, trees))
+        monkeypatch.undo()
+    (a, trees_a), (b, trees_b) = runs
+    assert len(trees_a) == len(trees_b) > 0
+    for r, (ta, tb) in enumerate(zip(trees_a, trees_b)):
+        assert ta == tb, f"round {r}"
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.stats.accept_map, b.stats.accept_map)
+    sa, sb = a.stats.to_dict(), b.stats.to_dict()
+    for key in ("target_forwards", "mean_tree_depth", "mean_scheduled_depth", "mean_accepted_length"):
+        assert sa[key] == sb[key], key
+    levels = min(ADTTree(**kw).depth_range[1] - 1, kw["total_tokens"] - 1)
+    assert sb["draft_forwards"] == len(trees_b) * levels
+    assert sa["draft_forwards"] == sum(max(d) for d, *_ in trees_a)
+
+
+@contextlib.contextmanager
+def _no_host_sync():
+    """CPU stand-in for CUDA's sync check: any tensor-to-Python conversion or data-dependent shape
+    (what would sync a GPU stream) raises inside the block."""
+    def refuse(*a, **k):
+        raise AssertionError("host sync inside a round")
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy"):
+            mp.setattr(torch.Tensor, name, refuse)
+        mp.setattr(torch, "nonzero", refuse)
+        yield
+
+
+@pytest.mark.parametrize("method", [EagleTree(depth=3, top_k=2, total_tokens=6), ADTTree(total_tokens=8, static_shapes=True),
+                                    ADTTree(init="vertical", total_tokens=6, static_shapes=True),
+                                    ADTTree(init="random", total_tokens=8, static_shapes=True)],
+                         ids=["eagle", "adt_horizontal", "adt_vertical", "adt_random"])
+@pytest.mark.parametrize("model", ["sharp", "emu3"])
+def test_tree_rounds_run_through_the_round_runner_without_host_sync(adt_models, method, model, monkeypatch):
+    """Static-shaped tree rounds (EagleTree, ADTTree with static_shapes) go through ``ctx.run`` (the
+    capture path on CUDA) and convert no tensor to a Python value; host-synced ADT rounds do not use
+    the round runner."""
+    import specvis.methods.base as base
+
+    target, drafter = adt_models[model]
+    run_rounds, calls = base.run_rounds, []
+
+    def guarded(ctx, round_fn, graphs, rounds=None):
+        def round_() -> None:
+            calls.append(1)
+            with _no_host_sync():
+                round_fn()
+        run_rounds(ctx, round_, graphs, rounds)
+
+    monkeypatch.setattr(base, "run_rounds", guarded)
+    cond = condition_rows(target, [0, 1, 2], torch.arange(3))
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    out = sv.generate(target, cond, method, sampling, seed=1, drafter=drafter)
+    assert calls and len(calls) == out.stats.target_forwards - 2  # prefill, first round (one feature per row)
+    if isinstance(method, ADTTree):
+        calls.clear()
+        host = sv.generate(target, cond, replace(method, static_shapes=False), sampling, seed=1,
+                           drafter=drafter)
+        assert not calls and torch.equal(host.tokens, out.tokens)

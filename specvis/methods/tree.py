@@ -23,8 +23,15 @@ steps (each a plain function over batched tensors):
 3. ``compact``: ``ctx.commit``; the target keeps root + accepted path with one ``keep_block``; the
    features of those tokens feed the drafter's catch-up next round.
 
-Tree building loops over depth only; there is no Python loop over nodes, rows or vocabulary, and a
-round makes at most one host sync (the ADT schedule's tree size, or ``ctx.done`` for fixed trees).
+Tree building loops over depth only; there is no Python loop over nodes, rows or vocabulary. Rounds
+of fixed trees (EagleTree, StaticTree) and of ADT-Tree with ``static_shapes`` (the default on CUDA)
+have static shapes and never sync with the host (the round loop's ``ctx.done`` is the one sync), so
+they run through ``ctx.run`` and are captured as CUDA graphs (``rounds.py``): an ADT tree is then
+built at the fixed maximal depth and width with each row's scheduled d-hat and k-hat applied as
+masks. With ``static_shapes=False`` (the default on CPU) an ADT round reads the batch's largest
+d-hat and k-hat on the host and builds to them (one host sync per round, which also does the
+done-check; fewer drafter forwards). Both give the same trees, the same random draws and so the
+same tokens (see ``ADTTree``).
 
 ``ctx.extra``: ``draft_forwards``; ``mean_tree_depth`` (d-bar of the ADT-Tree paper, Sec. V-A: the
 depth of the trees actually drafted, i.e. the deepest node that survives the rerank to
@@ -104,7 +111,25 @@ class ADTTree(_TreeMethod):
     midpoint of the admissible integers, ((d_min + d_max) // 2, (k_min + k_max) // 2) -- equidistant
     from both bounds, so bisection reaches either end in the fewest rounds; for the defaults this is
     depth 5, the EAGLE-2 depth the paper compares against (Fig. 3, Table I), and top-k 8. With
-    ``random`` the first tree is drawn like every other one."""
+    ``random`` the first tree is drawn like every other one.
+
+    Round shapes (``static_shapes``; None: True on CUDA, False on CPU). True: every round is built at
+    one fixed shape, depth D = min(d_max - 1, ``total_tokens`` - 1) (no node of a tree of
+    ``total_tokens`` - 1 nodes lies deeper: the rerank keeps it ancestor-closed) and width
+    K = min(k_max - 1, vocabulary), with each row's d-hat and k-hat as masks (children beyond rank
+    k-hat and nodes deeper than d-hat are invalid: not drafted into the tree, not verified); no host
+    sync, so the round is captured as a CUDA graph like EagleTree's. The cost: D drafter forwards per
+    round (catch-up + D - 1 expansions of K nodes each) whatever the schedule, where the host-synced
+    path spends the batch's largest d-hat, each expansion over its largest k-hat nodes. On a
+    launch-bound GPU a fixed count of small drafter forwards in one graph is cheaper than a host
+    round-trip per round (which also forbids capture); on CPU the drafter's compute counts, so the
+    host-synced path is the default there (measured on the emoji bundle, one core, batch 1: the
+    static path 2.8x slower at ``total_tokens=24`` and 4.2x at 60, with 3.3x the drafter forwards).
+    False: each round reads the batch's largest d-hat and k-hat on the host (one sync, shared with
+    the done-check) and builds to them. Both paths draft the same nodes at the same tree positions
+    for the same schedule and draw their random numbers at the static shape (``verify_tree``'s
+    ``draws``), so with the same seed they give the same tokens and the same statistics except
+    ``draft_forwards``."""
 
     init: str = "horizontal"
     beta: float = 1.0
@@ -114,6 +139,7 @@ class ADTTree(_TreeMethod):
     topk_range: tuple[int, int] = (3, 14)
     total_tokens: int = 60
     acceptance: object = field(default_factory=Exact)
+    static_shapes: bool | None = None
     name = "adt"
 
     def __post_init__(self) -> None:
@@ -124,6 +150,8 @@ class ADTTree(_TreeMethod):
         _check_int("ADTTree", "depth_step", self.depth_step, 0)
         _check_int("ADTTree", "topk_step", self.topk_step, 0)
         _check_int("ADTTree", "total_tokens", self.total_tokens, 2)
+        if self.static_shapes is not None and not isinstance(self.static_shapes, bool):
+            raise ValueError(f"ADTTree.static_shapes must be None, True or False, got {self.static_shapes!r}")
         for name in ("depth_range", "topk_range"):
             value = getattr(self, name)
             ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
@@ -134,7 +162,8 @@ class ADTTree(_TreeMethod):
             object.__setattr__(self, name, tuple(value))
 
     def decode(self, ctx: DecodeContext) -> None:
-        _decode_trees(ctx, self.name, self.total_tokens, _Adaptive(self, ctx))
+        static = ctx.device.type == "cuda" if self.static_shapes is None else self.static_shapes
+        _decode_trees(ctx, self.name, self.total_tokens, _Adaptive(self, ctx, static=static))
 
 
 # ---------------------------------------------------------------- tree shapes per round
@@ -143,6 +172,7 @@ class _Fixed:
 
     def __init__(self, depth: int, top_k: int) -> None:
         self.max_depth, self.max_top_k = depth, top_k
+        self.levels = depth  # the depth every round is built to
         self.static = True
 
     def first(self, ctx: DecodeContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,12 +187,14 @@ class _Adaptive:
     """ADT-Tree schedule (see ``ADTTree``): per-position record of the tree that committed each token,
     adjacent initialisation and bisection adaptation (eq. 2), all per row on the device."""
 
-    def __init__(self, m: ADTTree, ctx: DecodeContext) -> None:
+    def __init__(self, m: ADTTree, ctx: DecodeContext, static: bool = False) -> None:
         self.m = m
         (dl, dh), (kl, kh) = m.depth_range, m.topk_range
         self.dlim, self.klim = (dl + 1, dh - 1), (kl + 1, kh - 1)  # open bounds as closed integer ranges
         self.max_depth, self.max_top_k = self.dlim[1], self.klim[1]
-        self.static = False
+        # static shapes: the depth every round is built to; total_tokens - 1 nodes reach no deeper level
+        self.levels = min(self.max_depth, m.total_tokens - 1)
+        self.static = static
         shape = ctx.tokens.shape
         self.dtab = torch.zeros(shape, dtype=torch.long, device=ctx.device)  # 0: no tree (prefill)
         self.ktab = torch.zeros(shape, dtype=torch.long, device=ctx.device)
@@ -357,7 +389,7 @@ def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d
 
 
 def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | None,
-                soft: torch.Tensor | None = None) -> Verdict:
+                soft: torch.Tensor | None = None, draws: tuple[int, int] | None = None) -> Verdict:
     """Multi-candidate verification (EAGLE-2 / SpecInfer): the sibling walk of every node in
     parallel against the target laws ``p`` (B, T, V) of the tree nodes, then the accepted path.
     Deterministic candidates (``tree.laws`` None) use ``rule.sibling(p, x)``; children sampled from
@@ -365,8 +397,11 @@ def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | 
     the law the next sibling was drawn from.
     ``soft`` (B, T, V), the temperature-1 target laws of the same nodes for rules that need them
     (greedy LANTERN), goes unchanged to every sibling try. Draws: one uniform (B, T) per rank, then
-    one sample of the residuals."""
+    one sample of the residuals. ``draws=(T', K')`` (T' >= T, K' >= K): draw as for a tree of T'
+    positions and K' ranks and use the first T x K, so that a tree which is a prefix of a padded one
+    (ADT-Tree's host-synced rounds, see ``ADTTree``) reads the same random numbers as the padded one."""
     B, T, K = tree.children.shape
+    Td, Kd = (T, K) if draws is None else draws
     children = tree.children
     kw = {} if soft is None else {"soft": soft}
     c_tok = tree.tokens.gather(1, children.clamp_min(0).flatten(1)).view(B, T, K)
@@ -379,13 +414,16 @@ def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | 
         else:  # children sampled from q without replacement: the rule updates q too (Exact.sibling_q)
             alpha, residual, q_next = rule.sibling_q(p, q, c_tok[..., r], **kw)
         live = c_ok[..., r] & (outcome < 0)
-        acc = live & (uniform((B, T), p, generator) < alpha)
+        acc = live & (uniform((B, Td), p, generator)[:, :T] < alpha)
         outcome = torch.where(acc, r, outcome)
         rejected = (live & ~acc)[..., None]
         p = torch.where(rejected, normalise(residual, p), p)
         if q is not None:
             q = torch.where(rejected, q_next, q)
-    final = sample(p, generator)  # (B, T): residual draw at every node (p itself at a leaf)
+    for _ in range(K, Kd):  # the padded ranks' draws
+        uniform((B, Td), p, generator)
+    # (B, T): residual draw at every node (p itself at a leaf); padded positions draw from zeros
+    final = sample(p if Td == T else torch.nn.functional.pad(p, (0, 0, 0, Td - T)), generator)[:, :T]
     acc_child = torch.where(outcome >= 0, children.gather(2, outcome.clamp_min(0)[..., None]).squeeze(-1),
                             torch.full_like(outcome, -1))
     cur = torch.zeros(B, dtype=torch.long, device=p.device)
@@ -440,7 +478,7 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape, build
     d_row, k_row = shape.first(ctx)
 
     def round_(count: torch.Tensor, pending: torch.Tensor, d_row: torch.Tensor, k_row: torch.Tensor,
-               D: int, K: int) -> tuple[torch.Tensor, ...]:
+               D: int, K: int, draws: tuple[int, int] | None = None) -> tuple[torch.Tensor, ...]:
         active = ctx.n < L
         n_old = ctx.n.clone()
         tree = (build or build_tree)(ctx, pending, count, d_row, k_row, D, K, total_tokens)
@@ -449,26 +487,31 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape, build
         sched_sum.add_((d_row * active).sum())
         depth_cnt.add_(active.sum())
         p = target.forward(tree.tokens, tree.positions, tree.mask)  # (B, T, V)
-        verdict = verify_tree(rule, tree, p, gen, soft=getattr(target, "soft", None))
+        verdict = verify_tree(rule, tree, p, gen, soft=getattr(target, "soft", None), draws=draws)
         count, pending = compact(ctx, verdict)
         return (count, pending, *shape.next(ctx, d_row, k_row, verdict.accepted, n_old, count))
 
-    if shape.static:  # fixed tree shape: after the first round (one feature per row) every round is alike
+    if shape.static:  # one tree shape (ADT: the maximal one, rows masked to their schedule); after the
+        # first round (one feature per row) every round is alike
+        D = shape.levels
         if not ctx.done():
-            count, pending, d_row, k_row = round_(count, pending, d_row, k_row, Dmax, Kmax)
-        state = (count, pending)  # updated in place: capturable
+            count, pending, d_row, k_row = round_(count, pending, d_row, k_row, D, Kmax)
+        state = (count, pending, d_row, k_row)  # updated in place: capturable
 
         def static_round() -> None:
-            for buf, new in zip(state, round_(*state, d_row, k_row, Dmax, Kmax)):
-                buf.copy_(new)
+            for buf, new in zip(state, round_(*state, D, Kmax)):
+                if new is not buf:  # a fixed shape returns its (d, k) unchanged
+                    buf.copy_(new)
 
         ctx.run(static_round)
-    else:  # ADT: this round's largest depth and width set the shapes (the one host sync of the round)
+    else:  # ADT, host-synced: this round's largest depth and width set the shapes (the one host sync of
+        # the round); random draws as for the static path's maximal tree, so both paths draw alike
+        draws = (min(total_tokens - 1, Kmax + (shape.levels - 1) * Kmax * Kmax) + 1, Kmax)
         while True:
             done, D, K = torch.stack([(ctx.n >= L).all().long(), d_row.max(), k_row.max()]).tolist()
             if done:
                 break
-            count, pending, d_row, k_row = round_(count, pending, d_row, k_row, D, min(K, V))
+            count, pending, d_row, k_row = round_(count, pending, d_row, k_row, D, min(K, V), draws)
 
     cnt = max(int(depth_cnt), 1)
     ctx.extra["draft_forwards"] = drafts.forwards
