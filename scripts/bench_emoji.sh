@@ -54,7 +54,7 @@ case "${1:-main}" in
               # timed repeat (64 one-image batches), batch 8 three
     specs="ar"
     for w in 4 8 16; do for c in none maximal gumbel; do specs+=",sjd:window=$w:init=vertical-sample:coupling=$c"; done; done
-    for g in 3 8 16; do specs+=",sjd:window=16:init=vertical-sample:accept=gsd:group=$g"; done
+    for g in 3 8 16; do specs+=",sjd:window=16:init=vertical-sample:coupling=none:accept=gsd:group=$g"; done
     specs+=",sjd:window=16:init=vertical-sample:coupling=maximal:accept=gsd:group=8"
     for g in 3 8; do specs+=",speculative:gamma=4:accept=gsd:group=$g"; done
     specs+=",static-tree:tree=chain,eagle:depth=5:top_k=8:total_tokens=6"

@@ -80,19 +80,22 @@ def _listing(cls, spell: Callable[[str], str | None]) -> str:
 def build_method(name: str, options: dict[str, Any], acceptance: str | None = None, *,
                  spell: Callable[[str], str | None] = str):
     """The method ``name`` configured by ``options``: its field names, ``accept`` (the rule's name)
-    and the rule's field names; a None value means the default. ``acceptance``: the rule of a method
+    and the rule's field names; a None value means the default, and so does the string "none" except
+    for a field with a string default, where it is a value (``coupling=none``). ``acceptance``: the rule of a method
     that takes one when ``options`` names none (default exact); methods without a rule ignore it.
 
     A key that is not an option of the method or of its rule is a ValueError naming it (as ``spell``
     writes it: the CLI passes its flag names), and so is naming a rule for a method without one."""
     cls = _resolve(METHODS, name, "method")
-    kw = {k: v for k, v in options.items() if v is not None}
     takes_rule = "acceptance" in _fields(cls)
-    if ACCEPT in kw and not takes_rule:
+    named = options.get(ACCEPT)
+    if named not in (None, "none") and not takes_rule:
         raise ValueError(f"method {name} has no option {spell(ACCEPT)!r} (it takes no acceptance rule); "
                          f"options: {_listing(cls, spell)}")
-    rule_name = kw.pop(ACCEPT, None) or acceptance or "exact"
+    rule_name = (named if named not in (None, "none") else None) or acceptance or "exact"
     rule = _resolve(ACCEPTANCE, rule_name, "acceptance rule") if takes_rule else None
+    kw = {k: v for k, v in options.items()
+          if k != ACCEPT and v is not None and (v != "none" or _str_field(cls, k) or _str_field(rule, k))}
     own, theirs = set(option_names(cls)), set(option_names(rule)) if rule else set()
     for key in [k for k in kw if k not in own | theirs]:
         owners = [r for r, other in _rules().items() if key in option_names(other)] if rule else []
@@ -104,6 +107,12 @@ def build_method(name: str, options: dict[str, Any], acceptance: str | None = No
     if rule is not None:
         method_kw["acceptance"] = rule(**{k: v for k, v in kw.items() if k in theirs})
     return cls(**method_kw)
+
+
+def _str_field(cls, key: str) -> bool:
+    """Whether ``key`` is a field of dataclass ``cls`` with a string default, where "none" is a value
+    (``SJD.coupling``) rather than "the default"."""
+    return cls is not None and any(f.name == key and isinstance(f.default, str) for f in dataclasses.fields(cls))
 
 
 def parse_method_spec(spec: str) -> tuple[str, dict[str, Any]]:
@@ -134,7 +143,7 @@ def _literal(text: str) -> Any:
             return cast(text)
         except ValueError:
             pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+    return {"true": True, "false": False, "none": "none"}.get(text.lower(), text)
 
 
 def describe(method) -> tuple[str, dict[str, Any], str]:

@@ -88,14 +88,14 @@ def test_method_option_not_of_the_method_exits_2_with_one_line(args, message, tm
 
 
 def test_generate_defaults_to_the_best_lossless_method(tmp_path, capsys):
-    """No --method: the model's entry of DEFAULT_METHODS (SJD, vertical-sample init, maximal coupling for
+    """No --method: the model's entry of DEFAULT_METHODS (SJD, vertical-sample init, Gumbel coupling for
     discrete-token models), named in the summary with its step compression; --method ar is plain AR."""
-    best = sv.SJD(window=16, init="vertical-sample", coupling="maximal")
+    best = sv.SJD(window=16, init="vertical-sample", coupling="gumbel")
     assert method_from_spec(DEFAULT_METHODS["emoji"]) == best and method_from_spec(DEFAULT_METHODS["discrete"]) == best
     assert main(["generate", "--model", "random-tiny", "--num", "2", "--out", str(tmp_path)]) == 0
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["method"] == "sjd" and stats["default_method"] and stats["lossless"]
-    assert stats["config"] == {"window": 16, "init": "vertical-sample", "refine": True, "coupling": "maximal"}
+    assert stats["config"] == {"window": 16, "init": "vertical-sample", "refine": True, "coupling": "gumbel"}
     assert stats["step_compression"] > 1.0
     out = capsys.readouterr().out
     assert "method sjd" in out and "the model's default" in out and "step compression" in out
