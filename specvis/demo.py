@@ -160,9 +160,11 @@ def _enlarge(image, side: int = 256):
 
 def compare(models: Models, model: str, condition: str, method: str, options: str, accept: str, seed,
             temperature=None, cfg_scale=None, on_phase: Callable[[str, float], None] | None = None,
-            on_ar: Callable[[Any, Any], None] | None = None) -> Result:
+            on_ar: Callable[[Any, Any], None] | None = None,
+            on_tokens: Callable[[str, float], None] | None = None) -> Result:
     """AR, then the method, on one condition with one seed. Every bad input is a ValueError (one line).
-    ``on_phase(text, fraction)`` hears each phase as it starts, ``on_ar(image, stats)`` the AR result."""
+    ``on_phase(text, fraction)`` hears each phase as it starts, ``on_ar(image, stats)`` the AR result,
+    ``on_tokens(run, fraction)`` each decoding round's committed fraction ("ar" or the method's name)."""
     from .cli import pipeline_for
     from .methods.ar import AR
     from .registry import describe, method_from_spec, parse_method_spec
@@ -182,12 +184,13 @@ def compare(models: Models, model: str, condition: str, method: str, options: st
         models.busy.acquire()
     try:
         phase("AR: generating", 0.15)
-        ar = pipe(method=AR(), sampling=sampling, seed=seed, **kwargs)
+        tick = on_tokens or (lambda run, frac: None)
+        ar = pipe(method=AR(), sampling=sampling, seed=seed, progress=lambda f: tick("ar", f), **kwargs)
         big_ar = _enlarge(ar.images[0])
         if on_ar is not None:
             on_ar(big_ar, ar.stats)
         phase(f"{chosen.name}: generating", 0.55)
-        acc = pipe(method=chosen, sampling=sampling, seed=seed, **kwargs)
+        acc = pipe(method=chosen, sampling=sampling, seed=seed, progress=lambda f: tick(chosen.name, f), **kwargs)
     finally:
         models.busy.release()
     phase("rendering", 0.95)
@@ -272,11 +275,15 @@ def build_app(model: str = "emoji", device: str = "cpu", models: Models | None =
 
         def phase(text: str, frac: float) -> None:
             box["phase"], box["frac"], box["t0"] = text, frac, time.perf_counter()
+            box.pop("tokens", None)
+
+        def tokens(run: str, frac: float) -> None:  # AR fills 0.15-0.55 of the bar, the method 0.55-0.95
+            box["tokens"], box["frac"] = frac, (0.15 if run == "ar" else 0.55) + 0.4 * frac
 
         def work() -> None:
             try:
                 box["result"] = compare(models, model_name, condition, method, options, accept, seed,
-                                        temperature, cfg_scale, on_phase=phase,
+                                        temperature, cfg_scale, on_phase=phase, on_tokens=tokens,
                                         on_ar=lambda image, stats: box.update(ar_image=image, ar_wall=stats.wall_s))
             except BaseException as exc:  # noqa: BLE001 - shown on the page
                 box["error"] = exc
@@ -288,6 +295,8 @@ def build_app(model: str = "emoji", device: str = "cpu", models: Models | None =
         while thread.is_alive():
             thread.join(0.5)
             text = f"{box['phase']}... {time.perf_counter() - box['t0']:.1f} s"
+            if "tokens" in box:
+                text += f", {100 * box['tokens']:.0f}% of the tokens"
             if "ar_wall" in box:
                 text += f" (AR took {box['ar_wall']:.2f} s)"
             progress(box.get("frac", 0.0), desc=text)

@@ -51,12 +51,14 @@ def bind_rule(rule, codebook: torch.Tensor | None, model=None):
 
 @torch.no_grad()
 def generate(model, conditions, method=None, sampling: Sampling | None = None, seed: int = 0,
-             draft=None, drafter=None, codebook: torch.Tensor | None = None, graphs: bool | None = None) -> Generation:
+             draft=None, drafter=None, codebook: torch.Tensor | None = None, graphs: bool | None = None,
+             progress=None) -> Generation:
     """Generate one token grid per condition with ``method`` under the law set by ``sampling``.
     ``conditions``: class ids (B,), ``Prompts`` (the model's own unconditional prompts serve CFG) or a
     ``Condition`` (conditional and unconditional rows given).
     ``graphs``: replay each round as a captured CUDA graph (default: on for CUDA models; no effect on
-    CPU); the tokens are the same either way."""
+    CPU); the tokens are the same either way. ``progress``: called after each round (between captured
+    rounds) with the fraction of the stream every row has committed (one host read a round; for UIs)."""
     method = AR() if method is None else method
     sampling = Sampling() if sampling is None else sampling
     device = next(model.parameters()).device
@@ -76,7 +78,7 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     draft_view = GuidedModel(draft, Condition.of(draft, conditions), sampling, pad) if draft is not None else None
     graphs = device.type == "cuda" if graphs is None else graphs
     ctx = DecodeContext(target, make_generator(seed, device), pad, draft_view, drafter, codebook, graphs=graphs)
-    ctx.rule = rule
+    ctx.rule, ctx.progress = rule, progress
     wall = timed(lambda: method.decode(ctx), device)
     draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
     return Generation(ctx.image_tokens().clone(), ctx.stats(wall, draft_forwards), latents=getattr(ctx, "latents", None))

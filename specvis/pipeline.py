@@ -126,7 +126,7 @@ class Pipeline:
     @torch.no_grad()
     def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
                  decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
-                 width: int | None = None) -> Generation:
+                 width: int | None = None, progress=None) -> Generation:
         if prompts is not None or negative_prompts is not None:
             raise ValueError(f"model {self.name} is class-conditional: give classes=, not prompts=")
         if height is not None or width is not None:
@@ -135,7 +135,8 @@ class Pipeline:
             raise ValueError(f"model {self.name} is class-conditional: give classes=[...]")
         conditions = torch.as_tensor(list(classes), dtype=torch.long, device=self.device)
         out = generate(self.target, conditions, method, sampling or self.default_sampling, seed,
-                       draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs)
+                       draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs,
+                       progress=progress)
         if decode:
             out.images = self.images_of(out)
         return out
@@ -276,7 +277,7 @@ class TextPipeline(Pipeline):
     @torch.no_grad()
     def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
                  decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
-                 width: int | None = None) -> Generation:
+                 width: int | None = None, progress=None) -> Generation:
         if classes is not None:
             raise ValueError(f"model {self.name} is text-conditioned: give prompts=, not classes=")
         if prompts is None:
@@ -305,7 +306,7 @@ class TextPipeline(Pipeline):
             raise ValueError(f"negative_prompts: {len(uncond)} given for {len(cond)} prompts")
         out = generate(self.target, Condition(cond, uncond), method, sampling, seed, draft=self.draft,
                        drafter=self.drafter, codebook=self.codebook if _needs_codebook(method) else None,
-                       graphs=self.graphs)
+                       graphs=self.graphs, progress=progress)
         if decode:
             out.images = self.to_images(out.tokens)
         return out

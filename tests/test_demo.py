@@ -57,7 +57,11 @@ def test_conditions_and_errors():
         demo.compare(models, "random-tiny", "0", "sjd", "windw=4", "exact", 0)
     with pytest.raises(ValueError, match="unknown model"):
         demo.compare(models, "no-such-model", "0", "sjd", "window=4", "exact", 0)
-    r = demo.compare(models, "random-tiny", "1", "sjd", "window=4", "exact", 0)
+    seen: dict[str, list[float]] = {}
+    r = demo.compare(models, "random-tiny", "1", "sjd", "window=4", "exact", 0,
+                     on_tokens=lambda run, f: seen.setdefault(run, []).append(f))
+    assert set(seen) == {"ar", "sjd"}  # per-round token progress of both runs, ending complete
+    assert all(v == sorted(v) and v[-1] == 1.0 and len(v) > 2 for v in seen.values())
     assert r.ar_stats.mean_accepted_length == 1.0 and r.method_stats.mean_accepted_length >= 1.0
     assert r.ar_image.size == r.method_image.size == r.heatmap.size
     html = demo.figures_html(r)

@@ -58,8 +58,28 @@ def test_round_runner_counts_rounds_on_cpu():
         def done(self):
             return len(calls) >= 3
 
+        def report_progress(self):
+            pass
+
     rounds.run_rounds(Ctx(), lambda: calls.append(1), graphs=True, rounds=5)
     assert len(calls) == 5
     calls.clear()
     rounds.run_rounds(Ctx(), lambda: calls.append(1), graphs=True)
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("name", ["ar", "sjd_random", "speculative_g1"])
+def test_progress_reports_every_round(models, name):
+    """generate(progress=) hears the committed fraction after every round: nondecreasing, ending at 1,
+    one call per round (AR: one per token), and the tokens are those of a run without it."""
+    target, draft, drafter = models
+    method = METHODS[name][0]
+    kw = dict(draft=draft, drafter=drafter) if name != "ar" else {}
+    seen = []
+    cond, sampling = torch.arange(4) % 3, sv.Sampling(cfg_scale=2.0)
+    out = sv.generate(target, cond, method, sampling, seed=2, progress=seen.append, **kw)
+    ref = sv.generate(target, cond, method, sampling, seed=2, **kw)
+    assert torch.equal(out.tokens, ref.tokens)
+    assert seen == sorted(seen) and seen[-1] == 1.0 and seen[0] < 1.0
+    if name == "ar":
+        assert len(seen) == target.layout.stream_len  # L - 1 rounds (the prefill gives the first token): before each, after the last

@@ -135,6 +135,7 @@ class DecodeContext:
         forced = layout.forced(dev) if layout.row_end else torch.empty(0, dtype=torch.long, device=dev)
         self.forced = torch.nn.functional.pad(forced, (0, self.L + pad - forced.shape[0]), value=-1)
         self.extra: dict[str, float] = {}
+        self.progress = None  # callable(fraction) after each round (``generate(progress=)``)
 
     @property
     def device(self) -> torch.device:
@@ -145,6 +146,11 @@ class DecodeContext:
         ``rounds`` times; captured and replayed as a CUDA graph when ``graphs`` is on and the device is
         CUDA (``methods/rounds.py``)."""
         run_rounds(self, round_fn, self.graphs, rounds)
+
+    def report_progress(self) -> None:
+        """Tell ``progress`` (if set) the fraction of the stream the slowest row has committed."""
+        if self.progress is not None:
+            self.progress(min(1.0, float(self.n.min()) / self.L))
 
     def live_caches(self) -> list:
         """The static caches of the target and draft models whose forwards attend over a live span

@@ -94,6 +94,7 @@ def _done_check(ctx, rounds: int | None) -> Callable[[], bool]:
     left = [rounds]
 
     def done() -> bool:
+        ctx.report_progress()
         if left[0] is None:
             return ctx.done()
         left[0] -= 1
