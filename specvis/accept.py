@@ -45,9 +45,10 @@ class Exact:
         drawn from q, the normalised law p is the current target residual. Accept with
         min(1, p(x)/q(x)); on rejection the next sibling is tried against normalise(max(0, p - q))
         (returned unnormalised, like ``sibling``) and was drawn from q with x removed and
-        renormalised (``without``), the third value. ``soft`` is ignored. Proof of exactness:
-        ``specvis.methods.static_tree``."""
-        alpha, residual = self(p, q, x)
+        renormalised (``without``), the third value. ``soft`` goes to the chain rule (Exact ignores
+        it). Proof of exactness: ``specvis.methods.static_tree``. Relaxed rules reuse this walk with
+        their own chain rule (``BoundLantern.sibling_q``)."""
+        alpha, residual = self(p, q, x, soft=soft)
         return alpha, residual, without(q, x)
 
     def config(self) -> dict:

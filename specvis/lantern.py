@@ -88,7 +88,7 @@ from pathlib import Path
 
 import torch
 
-from .accept import without
+from .accept import Exact
 from .io import atomic_write
 
 METRICS = ("l2", "cosine")
@@ -335,20 +335,13 @@ class BoundLantern:
         return p_a.clamp(max=1.0), rest
 
 
-    def sibling_q(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
-                  soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Children sampled from q without replacement (StaticTree; LANTERN++'s drafting): each sibling
-        is the chain rule on the current pair (p_r, q_r): alpha, residual = ``self(p_r, q_r, x_r)``, and
-        the next sibling was drawn from q_r with x_r removed and renormalised (third value). Bound: the
-        committed token's law O satisfies TV(O, p) <= sum_r P(reach sibling r) TV(O_r, p_r), O_r the
-        chain rule's one-step law on (p_r, q_r) (telescoping as for ``sibling``; each term is the chain
-        bound above). ``docs/benchmarks/relaxed-tv.md`` enumerates it. With ``soft`` (greedy): alpha =
-        ``greedy_accept``, residual p with x zeroed (still the point mass at a after a rejection)."""
-        if soft is not None:
-            return self.greedy_accept(p, x, soft), p.scatter(-1, x[..., None], 0.0), without(q, x)
-        alpha, residual = self(p, q, x)
-        return alpha, residual, without(q, x)
-
+    # Children sampled from q without replacement (StaticTree; LANTERN++'s drafting): each sibling is the
+    # chain rule (``__call__``, greedy rule included) on the current pair (p_r, q_r), the next drawn from
+    # q_r without x_r: Exact's walk. Bound: the committed token's law O satisfies
+    # TV(O, p) <= sum_r P(reach sibling r) TV(O_r, p_r), O_r the chain rule's one-step law on (p_r, q_r)
+    # (telescoping as for ``sibling``; each term is the chain bound above); relaxed-tv.md enumerates it.
+    # Under greedy a rejected x is not the argmax a, so the residual p (the point mass at a) is p with x zeroed.
+    sibling_q = Exact.sibling_q
 
 def _merge(p: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, in_a: torch.Tensor, p_a: torch.Tensor) -> torch.Tensor:
     """p with the members of A (ids where in_a) zeroed and p_a written on x."""

@@ -88,11 +88,11 @@ def build_method(name: str, options: dict[str, Any], acceptance: str | None = No
     writes it: the CLI passes its flag names), and so is naming a rule for a method without one."""
     cls = _resolve(METHODS, name, "method")
     takes_rule = "acceptance" in _fields(cls)
-    named = options.get(ACCEPT)
-    if named not in (None, "none") and not takes_rule:
+    named = None if options.get(ACCEPT) == "none" else options.get(ACCEPT)
+    if named is not None and not takes_rule:
         raise ValueError(f"method {name} has no option {spell(ACCEPT)!r} (it takes no acceptance rule); "
                          f"options: {_listing(cls, spell)}")
-    rule_name = (named if named not in (None, "none") else None) or acceptance or "exact"
+    rule_name = named or acceptance or "exact"
     rule = _resolve(ACCEPTANCE, rule_name, "acceptance rule") if takes_rule else None
     kw = {k: v for k, v in options.items()
           if k != ACCEPT and v is not None and (v != "none" or _str_field(cls, k) or _str_field(rule, k))}

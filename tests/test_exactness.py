@@ -27,11 +27,6 @@ SAMPLINGS = {
 
 
 @pytest.fixture(scope="module")
-def target():
-    return tiny_llamagen(0)
-
-
-@pytest.fixture(scope="module")
 def draft():
     return tiny_llamagen(1, dim=16, n_layer=1, sharpness=25.0)
 

@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 import torch
-from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_model
+from exactness import check_method, condition_rows, tiny_prompt_model
 
 import specvis as sv
 import specvis.methods.static_tree as st
@@ -26,16 +26,6 @@ CASES = {
     "four_three_t1_cfg": ([[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0]], sv.Sampling(temperature=1.0, cfg_scale=2.5)),
     "chainlike_t07_topk": ([[0], [1], [0, 0], [0, 0, 0]], sv.Sampling(temperature=0.7, top_k=2, cfg_scale=1.5)),
 }
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llamagen(0)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return EagleDrafter.from_target(target, seed=1).eval()
 
 
 @pytest.mark.parametrize("case", list(CASES))

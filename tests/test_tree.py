@@ -39,16 +39,6 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llamagen(0)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return EagleDrafter.from_target(target, seed=1).eval()
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_tree_is_exact(target, drafter, case):
     method, sampling = CASES[case]
