@@ -413,6 +413,24 @@ class PromptDecoder(CachedStack, nn.Module):
                        tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self._forward_embedded(self.image_embed(tokens), positions, tree_mask)
 
+    def forward_train(self, prompt_ids: torch.Tensor, prompt_lengths: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """Training forward: logits (B, L, V) for codes (B, L) given left-padded prompts (B, P) of
+        ``prompt_lengths`` real tokens. Each row is its own causal sequence (prompt, codes): padding
+        is never attended and RoPE positions start at the row's first real token, so row r computes
+        exactly what ``logits`` computes for it. Logit j predicts code j."""
+        B, P = prompt_ids.shape
+        dev = prompt_ids.device
+        pad = P - prompt_lengths.to(dev)  # (B,)
+        x = torch.cat([self.tok_embeddings(prompt_ids), self.image_embed(codes[:, :-1])], dim=1)
+        T = x.shape[1]
+        idx = torch.arange(T, device=dev)
+        real = idx[None] >= pad[:, None]  # (B, T) keys that exist
+        mask = (idx[None, :, None] >= idx[None, None, :]) & (real[:, None, :] | torch.eye(T, dtype=torch.bool, device=dev))
+        rope = self.rope_at((idx[None] - pad[:, None]).clamp_min(0))
+        for layer in self.layers:
+            x = layer(x, rope, mask[:, None])
+        return self.head(self.norm(x[:, P - 1:]))
+
     def logits(self, prompts, tokens: torch.Tensor) -> torch.Tensor:
         """Teacher-forced raw logits (B, t+1, V) after each row's prompt and each of its t stream
         tokens: a plain causal forward per row, no cache (the reference the cached path must match)."""
