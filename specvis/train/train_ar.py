@@ -271,12 +271,7 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "ckpt.pt"
-    state = None
-    if ckpt_path.exists() and not args.fresh:
-        try:
-            state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        except Exception as exc:  # noqa: BLE001
-            raise ValueError(f"cannot read checkpoint {ckpt_path}: {exc}") from None
+    state = read_checkpoint(ckpt_path, args.fresh)
     continuous = is_continuous(state["hparams"]["preset"] if state is not None else args.preset)
     kind = "latents" if continuous else "codes"
     data = load_tokens(args.tokens, kind)
@@ -286,7 +281,6 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
     vocab = int(train_codes.shape[2]) if continuous else int(data["codebook_size"])  # token_dim when continuous
     if not continuous and (int(train_codes.max()) >= vocab or int(train_codes.min()) < 0):
         raise ValueError(f"{args.tokens}: codes outside [0, {vocab})")
-    loss_csv, eval_csv = out / "losses.csv", out / "eval.csv"
     model_cls, config_cls = (ContinuousAR, ContinuousARConfig) if continuous else (LlamaGen, LlamaGenConfig)
     if state is not None:
         cfg = config_cls(**state["config"])
@@ -297,8 +291,6 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
         cfg = build(args, vocab, num_classes_of(data), L)
         hp = {k: getattr(args, k) for k in ("preset", "batch_size", "lr", "warmup", "weight_decay", "class_dropout",
                                             "grad_clip", "seed", "minutes") + (("batch_mul",) if continuous else ())}
-        for path in (loss_csv, eval_csv):
-            path.unlink(missing_ok=True)
     hp["minutes"] = args.minutes  # the budget may be extended on resume
     shape = (cfg.token_dim, cfg.height * cfg.width) if continuous else (cfg.vocab_size, cfg.block_size)
     if shape != (vocab, L):
@@ -308,15 +300,7 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
     model = model_cls(cfg).train()
     opt = make_optimizer(model, hp["lr"], hp["weight_decay"])
     gen = torch.Generator().manual_seed(hp["seed"] + 1)
-    step, elapsed = 0, 0.0
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        gen.set_state(state["gen"])
-        step, elapsed = state["step"], state["elapsed"]
-        for path in (loss_csv, eval_csv):
-            drop_rows_after(path, step)
-    budget = args.minutes * 60.0
+    step, elapsed = restore(state, model, opt, gen, out)
     n_params = sum(p.numel() for p in model.parameters())
     B = hp["batch_size"]
     print(f"{hp['preset']}: {model_cls.__name__} {n_params / 1e6:.2f}M params (dim {cfg.dim}, {cfg.n_layer} layers, "
@@ -324,23 +308,69 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
           f"{len(train_codes)} train / {len(eval_codes)} eval sequences of {L}, batch {B}, lr {hp['lr']}, "
           f"budget {args.minutes} min, {args.threads} thread(s)", flush=True)
 
-    def save_ckpt() -> None:
+    def save_ckpt(step: int, elapsed: float) -> None:
         blob = {"config": model.config_dict(), "hparams": hp, "model": model.state_dict(), "opt": opt.state_dict(),
                 "gen": gen.get_state(), "step": step, "elapsed": elapsed}
         atomic_write(ckpt_path, lambda tmp: torch.save(blob, tmp))
 
     codes_t = as_tensor(train_codes)
     labels_t = torch.from_numpy(train_labels.astype(np.int64))
+    done = fit(model, opt, gen, hp, args, step, elapsed, len(codes_t), L,
+               lambda idx: train_loss(model, labels_t[idx], codes_t[idx], hp, gen),
+               lambda: mean_loss(model, eval_codes, eval_labels), save_ckpt, out, stop)
+    if done is None:
+        return None
+    step, elapsed = done
+    return finish(model, out, train_codes, train_labels, eval_codes, eval_labels, step, elapsed, hp, args, n_params)
+
+
+def read_checkpoint(path: Path, fresh: bool) -> dict | None:
+    """The training state at ``path`` (None when absent or ``fresh``); an unreadable one is a ValueError."""
+    if fresh or not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"cannot read checkpoint {path}: {exc}") from None
+
+
+def restore(state: dict | None, model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
+            out: Path) -> tuple[int, float]:
+    """Load model, optimiser and generator state and cut the logs back to the checkpoint's step;
+    (step, elapsed seconds), (0, 0.0) for a fresh run (whose logs are removed)."""
+    logs = (out / "losses.csv", out / "eval.csv")
+    if state is None:
+        for path in logs:
+            path.unlink(missing_ok=True)
+        return 0, 0.0
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    gen.set_state(state["gen"])
+    for path in logs:
+        drop_rows_after(path, state["step"])
+    return state["step"], state["elapsed"]
+
+
+def fit(model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, hp: dict, args: argparse.Namespace,
+        step: int, elapsed: float, n_train: int, tokens_per_row: int, batch_loss_of, eval_loss_of, save_ckpt,
+        out: Path, stop: _StopFlag) -> tuple[int, float] | None:
+    """The time-limited loop shared by the trainers: batches of ``hp["batch_size"]`` random rows
+    (``batch_loss_of(idx)``), the warm-up + cosine schedule, clipping, loss/eval logs, periodic
+    checkpoints (``save_ckpt(step, elapsed)``). Returns (step, elapsed) after a final checkpoint, or
+    None when stopped by a signal (checkpointed)."""
+    loss_csv, eval_csv = out / "losses.csv", out / "eval.csv"
+    budget = args.minutes * 60.0
+    B, L = hp["batch_size"], tokens_per_row
     t0 = time.monotonic() - elapsed
     last_ckpt = last_eval = elapsed
     run_loss, run_n, recent = 0.0, 0, float("nan")
     t_log, step_log = time.monotonic(), step
     while elapsed < budget and (args.max_steps is None or step < args.max_steps):
-        idx = torch.randint(0, len(codes_t), (B,), generator=gen)
+        idx = torch.randint(0, n_train, (B,), generator=gen)
         lr = lr_schedule(step, elapsed / budget, hp["lr"], hp["warmup"])
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = train_loss(model, labels_t[idx], codes_t[idx], hp, gen)
+        loss = batch_loss_of(idx)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), hp["grad_clip"]))
@@ -360,21 +390,21 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
                   f"{tps:.0f} tok/s ({tps / (B * L):.2f} steps/s)", flush=True)
             run_loss, run_n, t_log, step_log = 0.0, 0, now, step
         if elapsed - last_eval >= args.eval_every:
-            ev = mean_loss(model, eval_codes, eval_labels)
+            ev = eval_loss_of()
             elapsed = time.monotonic() - t0
             append_row(eval_csv, EVAL_FIELDS, {"step": step, "elapsed_s": f"{elapsed:.1f}",
                                                 "train_loss": f"{recent:.5f}", "eval_loss": f"{ev:.5f}"})
             print(f"step {step} eval loss {ev:.4f}", flush=True)
             last_eval = elapsed
         if elapsed - last_ckpt >= args.ckpt_every:
-            save_ckpt()
+            save_ckpt(step, elapsed)
             elapsed = last_ckpt = time.monotonic() - t0
         if stop.set:
-            save_ckpt()
+            save_ckpt(step, elapsed)
             print(f"stopped by signal at step {step} ({elapsed / 60:.1f} min); rerun the command to resume", flush=True)
             return None
-    save_ckpt()
-    return finish(model, out, train_codes, train_labels, eval_codes, eval_labels, step, elapsed, hp, args, n_params)
+    save_ckpt(step, elapsed)
+    return step, elapsed
 
 
 def finish(model: LlamaGen | ContinuousAR, out: Path, train_x: np.ndarray, train_labels: np.ndarray,
