@@ -191,6 +191,11 @@ class TextPipeline(Pipeline):
         """The checkpoint's native grid (rows, columns) in image tokens: what height/width default to."""
         return tuple(self.extras["grid"])
 
+    def prompt_class(self, prompt) -> int:
+        """The class a prompt asks for, from the checkpoint's ``extras["prompt_classes"]`` (the
+        emoji-t2i bundle: every glyph name -> its emoji class), -1 when it names none."""
+        return int((self.extras.get("prompt_classes") or {}).get(prompt, -1)) if isinstance(prompt, str) else -1
+
     def to(self, device: str | torch.device) -> "TextPipeline":
         super().to(device)
         if self.vq is not None:

@@ -1,5 +1,6 @@
 """Model bundles by name: the embedded ``emoji`` bundle (shipped under ``specvis/assets/emoji``), its
-continuous-token models as ``emoji-continuous`` (also ``load("emoji").continuous``), and
+continuous-token models as ``emoji-continuous`` (also ``load("emoji").continuous``), the text-to-image
+``emoji-t2i`` (Janus-Pro checkpoints under ``specvis/assets/emoji_t2i``), and
 ``random-tiny`` / ``random-tiny-continuous`` (seeded random models, for smoke tests without weights)."""
 
 from __future__ import annotations
@@ -98,10 +99,29 @@ def _emoji_continuous_only() -> ContinuousPipeline:
     return pipe.to("cpu")
 
 
+def _emoji_t2i():
+    """The text-to-image emoji target + draft (Janus-Pro checkpoints) and their EAGLE head; prompts are
+    emoji short names. The emoji bundle's classifier scores what a prompt asks for (``prompts.json``)."""
+    from .families import load_pipeline
+
+    root = ASSETS / "emoji_t2i"
+    if not (root / "bundle.json").exists():
+        raise ValueError("the emoji-t2i bundle is not installed (specvis/assets/emoji_t2i/bundle.json missing)")
+    drafter = root / "drafter"
+    pipe = load_pipeline(root / "target", draft=root / "draft", drafter=drafter if drafter.exists() else None)
+    pipe.name = "emoji-t2i"
+    table = json.loads((root / "prompts.json").read_text())
+    pipe.extras.update(root=ASSETS / "emoji", prompt_classes={k: v["class"] for k, v in table.items()},
+                       meta=json.loads((root / "bundle.json").read_text()))
+    return pipe
+
+
 BUNDLES = {
     "emoji": ("colour-emoji LlamaGen target + draft and VQ tokenizer trained for specvis (embedded)", _emoji),
     "emoji-continuous": ("the emoji bundle's continuous-token models (ContinuousAR + diffusion head over VQ "
                          "latents) for cspd", _emoji_continuous_only),
+    "emoji-t2i": ("text-to-image emoji target + draft + EAGLE head trained for specvis, Janus-Pro format "
+                  "(embedded; prompts are emoji names)", _emoji_t2i),
     "random-tiny": ("seeded random tiny LlamaGen target + draft, palette images (smoke tests)", _random_tiny),
     "random-tiny-continuous": ("seeded random tiny ContinuousAR target + draft (cspd smoke tests)", _random_tiny_continuous),
 }
@@ -132,4 +152,6 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
 def installed(name: str) -> bool:
     if name == "emoji-continuous":
         return (ASSETS / "emoji" / "continuous_target").exists()
+    if name == "emoji-t2i":
+        return (ASSETS / "emoji_t2i" / "bundle.json").exists()
     return name != "emoji" or (ASSETS / "emoji" / "bundle.json").exists()

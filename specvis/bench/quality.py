@@ -190,8 +190,10 @@ class ProxyMetric:
 
     def observe(self, images: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
         feats, logits = classifier_outputs(self.model, images)
-        return {"fid_proxy": feats.astype(np.float32),
-                "class_accuracy": (logits.argmax(1) == np.asarray(labels)).astype(np.float32)}
+        labels = np.asarray(labels)
+        hit = (logits.argmax(1) == labels).astype(np.float32)
+        return {"fid_proxy": feats.astype(np.float32),  # a label < 0 (a prompt outside the classes) has no accuracy
+                "class_accuracy": np.where(labels >= 0, hit, np.nan).astype(np.float32)}
 
 
 @dataclass
@@ -320,7 +322,7 @@ def seed_groups(batch_index: np.ndarray, n_batches: int, groups: int) -> np.ndar
 
 def summarize(obs: dict[str, np.ndarray], references: dict[str, np.ndarray], groups: np.ndarray | None = None) -> dict[str, Any]:
     """Figures from per-image observations: Frechet distance (with the std over seed groups) for
-    observations that have a reference, mean otherwise; plus ``n_images``."""
+    observations that have a reference, mean over the defined (non-NaN) ones otherwise; plus ``n_images``."""
     out: dict[str, Any] = {}
     n = 0
     for key, values in obs.items():
@@ -338,7 +340,7 @@ def summarize(obs: dict[str, np.ndarray], references: dict[str, np.ndarray], gro
                     out[f"{key}_groups"] = per
                     out[f"{key}_std"] = float(np.std(per, ddof=1))
         else:
-            out[key] = float(values.mean()) if n else float("nan")
+            out[key] = float(np.nanmean(values)) if n and not np.isnan(values).all() else float("nan")
     if obs:
         out["n_images"] = n
     return out

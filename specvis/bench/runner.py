@@ -108,12 +108,15 @@ def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress
 
 
 def observe(pipe, metrics: list[Metric], per_batch: list[tuple[int, Any]], work: Work,
-            batch_index: list[int]) -> dict[str, np.ndarray]:
-    """Decode each batch's tokens and collect every metric's per-image observations (+ labels, batch)."""
+            batch_index: list[int], prompts: list | None = None) -> dict[str, np.ndarray]:
+    """Decode each batch's tokens and collect every metric's per-image observations (+ labels, batch).
+    An image's label is its class, or for a prompt the class the prompt asks for
+    (``pipe.prompt_class``, -1 when it names none)."""
     obs: dict[str, list[np.ndarray]] = {"labels": [], "batch": []}
+    asked = None if prompts is None else [pipe.prompt_class(p) for p in prompts]
     for (classes, _), (_, out), j in zip(work, per_batch, batch_index):
         images = np.stack([np.asarray(im.convert("RGB")) for im in pipe.images_of(out)])
-        labels = np.asarray(classes, np.int64)
+        labels = np.asarray(classes if asked is None else [asked[c] for c in classes], np.int64)
         for metric in metrics:
             for k, v in metric.observe(images, labels).items():
                 obs.setdefault(k, []).append(np.asarray(v))
@@ -224,7 +227,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
                 for m in quality:
                     refs.update(m.references)
             if quality:
-                obs = observe(pipe, quality, outputs, work, batch_index)
+                obs = observe(pipe, quality, outputs, work, batch_index, prompts)
                 figures = {k: v for k, v in obs.items() if k not in ("labels", "batch")}
                 run["quality"] = summarize(figures, refs, seed_groups(obs["batch"], len(full), quality_groups))
                 keep_obs[rid] = obs

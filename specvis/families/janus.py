@@ -71,6 +71,9 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     ids = special_ids(directory)
     model = PromptDecoder(cfg, Layout(H, W, codes), AlignedEmbedding(codes, code_dim, proj, depth, act()),
                           MLPHead(head_in, proj, codes, act()), unconditional=("keep", (ids["bos"], ids["boi"]), ids["pad"]))
+    scale = read_json(directory / "generation_config.json").get("guidance_scale")
+    if scale is not None:  # transformers' generate reads its CFG scale there too
+        model.default_sampling = {**DEFAULT_SAMPLING, "cfg_scale": float(scale)}
     return model, read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
 
 

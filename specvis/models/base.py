@@ -124,6 +124,10 @@ class Prompts:
     def __len__(self) -> int:
         return self.ids.shape[0]
 
+    def __getitem__(self, rows) -> "Prompts":
+        """The prompts of ``rows`` (a slice or index tensor)."""
+        return Prompts(self.ids[rows], self.lengths[rows])
+
     def cat(self, other: "Prompts") -> "Prompts":
         """Rows of ``self`` then ``other`` (the CFG halves), padded to one width."""
         P = max(self.ids.shape[1], other.ids.shape[1])

@@ -43,11 +43,14 @@ PENDING = "pending"
 @torch.no_grad()
 def next_token_laws(model: LlamaGen, conditions: torch.Tensor, tokens: torch.Tensor,
                     sampling: specvis.Sampling) -> torch.Tensor:
-    """The sampling law (B, L, V) of ``model`` at every position of ``tokens``, teacher-forced."""
+    """The sampling law (B, L, V) of ``model`` at every position of ``tokens``, teacher-forced; the
+    unconditional CFG branch is the null class, or for prompts the model's own unconditional rule."""
     cond = model.logits(conditions, tokens[:, :-1])
     uncond = None
     if sampling.uses_cfg:
-        uncond = model.logits(torch.full_like(conditions, model.null_condition), tokens[:, :-1])
+        null = (model.unconditional(conditions) if isinstance(conditions, specvis.Prompts)
+                else torch.full_like(conditions, model.null_condition))
+        uncond = model.logits(null, tokens[:, :-1])
     return sampling.probs(cond, uncond)
 
 
