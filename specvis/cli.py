@@ -226,6 +226,9 @@ def build_parser() -> Parser:
                                                           "shard j mod shards: the split of specvis sample's ranks)")
     b.add_argument("--shard-index", type=int, default=0, help="which shard to run (0-based)")
     b.add_argument("--merge", nargs="+", metavar="JSON", help="merge shard reports into --json instead of running")
+    b.add_argument("--no-cost-curve", action="store_true",
+                   help="skip measuring the forward cost curve (target, draft, drafter by block size) that "
+                        "predicted_speedup and efficiency come from")
     _add_device(b)
     _add_sampling(b)
     b.add_argument("--accept", default="exact", help="acceptance rule of the methods that take one and whose spec "
@@ -460,7 +463,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept, prompts=prompts,
                            height=a.height, width=a.width,
                            progress=sys.stderr.isatty(), on_run=show, json_path=a.json, shards=a.shards,
-                           shard_index=a.shard_index, metrics=metrics, data_dir=a.data, warmup=a.warmup)  # writes --json
+                           shard_index=a.shard_index, metrics=metrics, data_dir=a.data, warmup=a.warmup,
+                           cost_curve=not a.no_cost_curve)  # writes --json
     if a.md:
         Path(a.md).parent.mkdir(parents=True, exist_ok=True)
         write_text(a.md, markdown_table(report))

@@ -1,5 +1,6 @@
 """Cost of one cached target forward over n new tokens, relative to n = 1: what bounds the
-wall-clock speedup of any verify-n-tokens method on a given device.
+wall-clock speedup of any verify-n-tokens method on a given device. ``cost_curve`` measures the
+target, the draft model and the EAGLE drafter at once (``specvis bench`` predicts speedups from it).
 
     python -m specvis.bench.forward_cost --model emoji --tokens 1,3,5,9,17,33 --batch-size 1 \
         --json docs/benchmarks/forward-cost-cpu.json
@@ -15,32 +16,116 @@ import time
 import torch
 
 from ..io import write_text
-from ..methods.base import GuidedModel, sync
+from ..methods.base import sync
+from ..models.base import KVCache
 from ..zoo import load
+
+KINDS = ("target", "draft", "drafter")
+
+
+class _Probe:
+    """A "method" whose decode commits nothing and times forwards instead: the pipeline builds the
+    target/draft views (conditions, prompts and their CFG rows, grid, cache room) exactly as for a run."""
+
+    name = "cost-probe"
+    lossless = True
+    acceptance = None
+
+    def __init__(self, sizes: dict[str, list[int]], repeats: int) -> None:
+        self.sizes, self.repeats = sizes, repeats
+        self.pad = max((n for v in sizes.values() for n in v), default=1) + 2
+        self.curve: dict[str, list[dict]] = {}
+
+    def decode(self, ctx) -> None:
+        for kind in KINDS:
+            sizes = sorted(set(self.sizes.get(kind) or ()))
+            if sizes:
+                self.curve[kind] = _measure(ctx, kind, sizes, self.repeats)
+
+
+def _caches(*objs) -> list:
+    return [c for c in (getattr(o, "cache", None) for o in objs) if isinstance(c, KVCache)]
+
+
+def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
+    """Median seconds of one ``kind`` forward over n tokens per row after a half-filled stream."""
+    dev, target = ctx.device, ctx.target
+    B = target.batch
+    half = torch.full((B,), ctx.layout.stream_len // 2, device=dev)
+    rows = (lambda t: torch.cat([t, t])) if target.cfg else (lambda t: t)
+    if kind == "drafter":
+        if ctx.drafter is None:
+            raise ValueError("no EAGLE drafter to measure")
+        drafter = ctx.drafter
+        drafter.attach(target.model)
+        drafter.setup_cache(2 * B if target.cfg else B, extra=max(sizes) + 2)
+        drafter.commit(rows(half))
+        width = drafter.config.hidden_size
+        caches = _caches(drafter)
+
+        def make(n, tokens, pos):
+            feats = torch.randn(tokens.shape[0] * (2 if target.cfg else 1), n, width, device=dev,
+                                dtype=drafter.fc.weight.dtype)
+            return lambda: drafter.forward_tokens(rows(tokens), feats, rows(pos))
+    else:
+        view = target if kind == "target" else ctx.draft
+        if view is None:
+            raise ValueError("no draft model to measure")
+        model = view.model
+        continuous = getattr(model, "token_dim", None) is not None
+        (model.prefill(view.conditions) if continuous else view.prefill())
+        view.set_committed(half)
+        caches = _caches(model)
+
+        def make(n, tokens, pos):
+            if continuous:  # continuous tokens: the trunk's forward (the diffusion head is per token)
+                x = torch.randn(B, n, model.token_dim, device=dev)
+                return lambda: model.forward_tokens(rows(x), rows(pos))
+            return lambda: view.forward(tokens, pos)
+    bounds = [c.bound for c in caches]  # live spans: every timed forward sees the same prefix
+    out = []
+    for n in sizes:
+        tokens = torch.randint(0, ctx.layout.vocab_size, (B, n), device=dev)
+        pos = half[:, None] + torch.arange(n, device=dev)
+        fwd = make(n, tokens, pos)
+        times = []
+        for _ in range(repeats + 2):
+            for c, b in zip(caches, bounds):
+                c.bound = b
+            sync(dev)
+            t0 = time.perf_counter()
+            fwd()
+            sync(dev)
+            times.append(time.perf_counter() - t0)
+        out.append({"tokens": n, "median_s": statistics.median(times[2:])})
+    return out
 
 
 @torch.no_grad()
-def forward_cost(pipe, sizes: list[int], batch_size: int, repeats: int = 20) -> list[dict]:
-    """Median seconds of a forward over n tokens after a half-filled prefix, both CFG halves as the
-    pipeline's default sampling runs them."""
-    model, dev = pipe.target, pipe.device
-    cond = torch.arange(batch_size, device=dev) % pipe.num_classes
-    view = GuidedModel(model, cond, pipe.default_sampling, max(sizes) + 2)
-    view.prefill()
-    start = torch.full((batch_size,), model.layout.num_tokens // 2, device=dev)
-    view.set_committed(start)
-    rows = []
-    for n in sizes:
-        tokens = torch.randint(0, model.layout.vocab_size, (batch_size, n), device=dev)
-        pos = start[:, None] + torch.arange(n, device=dev)
-        times = []
-        for _ in range(repeats + 2):
-            sync(dev)
-            t0 = time.perf_counter()
-            view.forward(tokens, pos)
-            sync(dev)
-            times.append(time.perf_counter() - t0)
-        rows.append({"tokens": n, "median_s": statistics.median(times[2:])})
+def cost_curve(pipe, sizes: dict[str, list[int]], batch_size: int, repeats: int = 5, sampling=None,
+               prompts: list | None = None, grid: tuple[int | None, int | None] = (None, None)) -> dict[str, list[dict]]:
+    """Median seconds (of ``repeats``, after 2 untimed) of one cached forward over n tokens per row,
+    for each kind of ``sizes`` ({"target": [n, ...], "draft": [...], "drafter": [...]}: the target, the
+    draft model, the EAGLE drafter), at ``batch_size`` images with both CFG halves as ``sampling``
+    (default: the pipeline's) runs them, after a half-filled stream. Class-conditional pipelines use
+    classes 0, 1, ...; text-to-image ones ``prompts`` (row i: prompt i mod len) on ``grid``.
+    Returns {kind: [{"tokens": n, "median_s": s}, ...]} for the kinds asked for."""
+    probe = _Probe(sizes, repeats)
+    sampling = sampling or pipe.default_sampling
+    if prompts is None:
+        pipe([i % pipe.num_classes for i in range(batch_size)], probe, sampling, decode=False)
+    else:
+        pipe(prompts=[prompts[i % len(prompts)] for i in range(batch_size)], method=probe, sampling=sampling,
+             decode=False, height=grid[0], width=grid[1])
+    return probe.curve
+
+
+def forward_cost(pipe, sizes: list[int], batch_size: int, repeats: int = 20, kind: str = "target",
+                 **kw) -> list[dict]:
+    """Median seconds of a ``kind`` forward (target, draft or drafter) over n tokens after a half-filled
+    prefix, both CFG halves as the pipeline's default sampling runs them (``cost_curve``), with
+    ``relative_to_1``: the cost over that of the first size."""
+    rows = cost_curve(pipe, {kind: list(sizes)}, batch_size, repeats, **kw)[kind]
     for r in rows:
         r["relative_to_1"] = r["median_s"] / rows[0]["median_s"]
     return rows

@@ -14,7 +14,7 @@ from .quality import seed_groups, summarize
 
 # report fields that, with a run's method/config/acceptance, identify a completed configuration
 KEY_FIELDS = ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards", "shard_index")
-TIMING_FIELDS = ("wall_s", "wall_s_repeats", "images_per_s", "speedup")
+TIMING_FIELDS = ("wall_s", "wall_s_repeats", "images_per_s", "speedup", "predicted_speedup", "efficiency")
 
 
 def run_key(report: dict[str, Any], run: dict[str, Any]) -> str:
@@ -28,12 +28,70 @@ def key_id(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
+# a run's forwards by block size (tokens per row -> batched calls) and the cost curve each is priced on
+BLOCK_FIELDS = {"target_block_sizes": "target", "draft_block_sizes": "draft", "drafter_block_sizes": "drafter"}
+
+
+def curve_cost(rows: list[dict[str, Any]], n: int) -> float:
+    """Seconds of one forward over ``n`` tokens from a cost curve [{"tokens", "median_s"}, ...]: the
+    measured point, else linear between (or beyond) the nearest two measured sizes."""
+    pts = sorted((int(r["tokens"]), float(r["median_s"])) for r in rows)
+    for k, t in pts:
+        if k == n:
+            return t
+    if len(pts) == 1:
+        return pts[0][1]
+    lo = max([p for p in pts if p[0] < n], key=lambda p: p[0], default=None) or pts[0]
+    hi = min([p for p in pts if p[0] > n and p != lo], key=lambda p: p[0], default=None)
+    if hi is None:  # beyond the largest: the last two points' slope
+        lo, hi = pts[-2], pts[-1]
+    elif lo[0] > n:  # below the smallest: the first two points' slope
+        lo, hi = pts[0], pts[1]
+    return max(0.0, lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0]))
+
+
+def predicted_time(run: dict[str, Any], curve: dict[str, list]) -> float | None:
+    """Seconds a run's forwards cost on ``curve`` (``report["cost_curve"]``): the sum over its target
+    forwards of cost_target(block size) and over its draft-model / EAGLE-drafter forwards of
+    cost_draft / cost_drafter(block size), all at the report's batch size and CFG. The prefill is
+    included, priced as a 1-token forward for every method alike (its real cost, a pass over the
+    condition, is the same for every method). Other work (sampling, acceptance, tree building) is
+    left out: that is what ``efficiency`` below 1 shows. None when the run has no block sizes (a
+    report from before they were recorded) or the curve lacks a kind the run used."""
+    if not run.get("target_block_sizes"):
+        return None
+    total = 0.0
+    for field_name, kind in BLOCK_FIELDS.items():
+        hist = run.get(field_name) or {}
+        if not hist:
+            continue
+        rows = curve.get(kind)
+        if not rows:
+            return None
+        total += sum(int(c) * curve_cost(rows, int(n)) for n, c in hist.items())
+    if int(run.get("draft_forwards", 0)) and not (run.get("draft_block_sizes") or run.get("drafter_block_sizes")):
+        return None
+    return total
+
+
 def set_speedups(report: dict[str, Any]) -> None:
-    """``speedup`` = images_per_s over the ``ar`` run's (the first run)."""
+    """``speedup`` = images_per_s over the ``ar`` run's (the first run). With a ``cost_curve`` in the
+    report: ``predicted_speedup`` = AR's predicted time over the run's (``predicted_time``: what the
+    forwards alone would take on this device; AR's is exactly 1) and ``efficiency`` = speedup /
+    predicted_speedup (how much of the forward-bound speedup the run realises)."""
     runs = report["runs"]
     ar = next((r for r in runs if r["method"] == "ar"), runs[0] if runs else None)
+    curve = report.get("cost_curve") or {}
+    t_ar = predicted_time(ar, curve) if ar and curve else None
     for r in runs:
         r["speedup"] = r["images_per_s"] / ar["images_per_s"] if ar and ar["images_per_s"] > 0 else float("nan")
+        t = predicted_time(r, curve) if t_ar else None
+        if t is None or t <= 0:
+            r.pop("predicted_speedup", None)
+            r.pop("efficiency", None)
+            continue
+        r["predicted_speedup"] = t_ar / t
+        r["efficiency"] = r["speedup"] / r["predicted_speedup"]
 
 
 def dumps(obj: Any, indent: int = 1, _level: int = 0) -> str:
@@ -132,13 +190,18 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"torch {report['torch']}, median of {report.get('repeats', 1)}\n\n")
     qcols = [c for c in QUALITY_COLUMNS if any(c[0] in r.get("quality", {}) for r in report["runs"])]
     xcols = [c for c in EXTRA_COLUMNS if any(c[0] in r for r in report["runs"])]
+    pcols = any("predicted_speedup" in r for r in report["runs"])
     cols = ["method", "config", "acceptance", "lossless", "step compression", "mean accepted length"] \
-        + [c[1] for c in xcols] + ["images/s", "speedup"] + [c[1] for c in qcols]
+        + [c[1] for c in xcols] + ["images/s", "speedup"] + (["predicted speedup", "efficiency"] if pcols else []) \
+        + [c[1] for c in qcols]
     rows = ["| " + " | ".join(cols) + " |", "| " + " | ".join(["---"] * 4 + ["---:"] * (len(cols) - 4)) + " |"]
     for r in report["runs"]:
         cells = [r["method"], _cfg_text(r["config"]), r["acceptance"], "yes" if r["lossless"] else "no",
                  f"{r['step_compression']:.2f}", f"{r['mean_accepted_length']:.2f}"] \
             + [f"{r[k]:.2f}" if k in r else "-" for k, _ in xcols] + [f"{r['images_per_s']:.3f}", f"{r['speedup']:.2f}x"]
+        if pcols:
+            cells += [f"{r['predicted_speedup']:.2f}x" if "predicted_speedup" in r else "-",
+                      f"{r['efficiency']:.2f}" if "efficiency" in r else "-"]
         q = r.get("quality", {})
         for key, _, fmt in qcols:
             v = q.get(key)
@@ -153,6 +216,9 @@ def markdown_table(report: dict[str, Any]) -> str:
         note = (f"\nQuality over {nq} images per method; ± is the std of the metric over "
                 f"{report.get('quality_groups', 4)} seed groups (a quarter of the images each), "
                 "so differences well inside it are noise.\n")
+    if pcols:
+        note += ("\nPredicted speedup: AR's forward time over the run's, from the forward cost curve (target, "
+                 "draft, drafter by block size) measured in the same benchmark; efficiency = speedup / predicted.\n")
     return head + "\n".join(rows) + "\n" + note
 
 
@@ -174,7 +240,8 @@ def _per_class_merge(runs: list[dict[str, Any]]) -> tuple[dict[str, list], dict[
 def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -> dict[str, Any]:
     """Merge shard reports into the report of one unsharded run: counts and wall-clock summed, rates
     and speedups recomputed, per-class accept maps weighted by images, quality recomputed from the
-    shards' observation files when all are present (else mean metrics weighted, Frechet ones dropped)."""
+    shards' observation files when all are present (else mean metrics weighted, Frechet ones dropped).
+    Forwards by block size are summed; the first shard's ``cost_curve`` prices them (predicted speedups)."""
     reports = []
     for p in paths:
         try:
@@ -215,13 +282,21 @@ def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -
         m["n_images"] = n
         for k in ("tokens", "target_forwards", "draft_forwards"):
             m[k] = sum(int(x[k]) for x in runs)
+        for k in BLOCK_FIELDS:  # forwards by block size: summed over the shards
+            if any(k in x for x in runs):
+                hist: dict[int, int] = {}
+                for x in runs:
+                    for size, c in (x.get(k) or {}).items():
+                        hist[int(size)] = hist.get(int(size), 0) + int(c)
+                m[k] = {str(size): hist[size] for size in sorted(hist)}
         for k in ("step_compression", "mean_accepted_length"):
             m[k] = sum(x[k] * x["n_images"] for x in runs) / n
         m["wall_s"] = sum(x["wall_s"] for x in runs)
         m["wall_s_repeats"] = [sum(w) for w in zip(*(x.get("wall_s_repeats", [x["wall_s"]]) for x in runs))]
         m["images_per_s"] = n / m["wall_s"] if m["wall_s"] > 0 else float("nan")
         for k, v in run0.items():  # method-specific means (Stats.extra, e.g. mean_tree_depth), image-weighted
-            if k not in m and k != "speedup" and isinstance(v, float) and all(k in x for x in runs):
+            if k not in m and k not in ("speedup", "predicted_speedup", "efficiency") and isinstance(v, float) \
+                    and all(k in x for x in runs):
                 m[k] = sum(x[k] * x["n_images"] for x in runs) / n
         m["quality"] = {}
         rid = key_id(run_key(merged, m))

@@ -25,8 +25,9 @@ from ..registry import build_method, describe, parse_method_spec
 from ..sampling import Sampling
 from ..shards import Work, batches, shard_work  # the one work split, shared with specvis sample
 from .quality import Metric, QualitySource, build_metrics, seed_groups, summarize
-from .report import (key_id, load_observations, markdown_table, run_key, save_observations, set_speedups,
-                     side_path, write_report)
+from .forward_cost import cost_curve as measure_curve
+from .report import (BLOCK_FIELDS, key_id, load_observations, markdown_table, run_key, save_observations,
+                     set_speedups, side_path, write_report)
 
 __all__ = ["batches", "shard_work", "measure", "run_bench", "markdown_table"]
 
@@ -94,6 +95,7 @@ def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress
         "tokens": tokens,
         "target_forwards": sum(o.stats.target_forwards for _, o in first),
         "draft_forwards": sum(o.stats.draft_forwards for _, o in first),
+        **_block_sizes(first),
         "step_compression": sum(n * o.stats.step_compression for n, o in first) / n_images,
         "mean_accepted_length": sum(n * o.stats.mean_accepted_length for n, o in first) / n_images,
         "wall_s": wall,
@@ -105,6 +107,18 @@ def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress
         "images_per_class": counts,
         "_outputs": first,
     }
+
+
+def _block_sizes(per_batch: list[tuple[int, Any]]) -> dict[str, dict[str, int]]:
+    """Forwards by block size over the batches (``Stats.block_sizes``), as report fields
+    ``target_block_sizes`` / ``draft_block_sizes`` / ``drafter_block_sizes`` ({"n": batched calls})."""
+    out: dict[str, dict[int, int]] = {}
+    for _, o in per_batch:
+        for kind, hist in getattr(o.stats, "block_sizes", {}).items():
+            acc = out.setdefault(f"{kind}_block_sizes", {})
+            for n, c in hist.items():
+                acc[int(n)] = acc.get(int(n), 0) + int(c)
+    return {k: {str(n): v[n] for n in sorted(v)} for k, v in out.items()}
 
 
 def observe(pipe, metrics: list[Metric], per_batch: list[tuple[int, Any]], work: Work,
@@ -127,6 +141,50 @@ def observe(pipe, metrics: list[Metric], per_batch: list[tuple[int, Any]], work:
 
 # report fields of text-to-image runs that, besides report.KEY_FIELDS, a resumed run must share
 TEXT_FIELDS = ("prompts", "height", "width", "draft")
+# report fields that must match for a resumed bench to reuse an earlier report's cost curve
+CURVE_FIELDS = ("model", "device", "device_name", "torch", "dtype", "graphs", "compile", "batch_size", "sampling",
+                "prompts", "height", "width", "draft")
+CURVE_REPEATS = 5
+
+
+def needed_sizes(runs: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """The block sizes the runs' forwards used, per cost-curve kind (the target's always with 1: AR)."""
+    need: dict[str, set[int]] = {"target": {1}}
+    for r in runs:
+        for field_name, kind in BLOCK_FIELDS.items():
+            need.setdefault(kind, set()).update(int(n) for n in (r.get(field_name) or {}))
+    return {k: sorted(v) for k, v in need.items() if v}
+
+
+def _covers(curve: dict[str, list], need: dict[str, list[int]]) -> bool:
+    return all({int(r["tokens"]) for r in curve.get(k) or []} >= set(v) for k, v in need.items())
+
+
+def _previous_curve(json_path: Path | None, report: dict[str, Any]) -> dict[str, list] | None:
+    """The ``cost_curve`` of an earlier report at ``json_path`` measured under the same CURVE_FIELDS."""
+    if json_path is None or not json_path.exists():
+        return None
+    try:
+        old = json.loads(json_path.read_text())
+    except (OSError, ValueError):
+        return None
+    curve = old.get("cost_curve") if isinstance(old, dict) else None
+    if not isinstance(curve, dict) or any(old.get(k) != report.get(k) for k in CURVE_FIELDS):
+        return None
+    return curve
+
+
+def measure_cost_curve(pipe, report: dict[str, Any], sampling: Sampling, prompts: list | None,
+                       previous: dict[str, list] | None = None, repeats: int = CURVE_REPEATS) -> dict[str, list]:
+    """The forward cost curve the report's runs need (``needed_sizes``): ``previous`` when it covers
+    them, else measured now on the pipeline's device at the report's batch size and sampling (median
+    of ``repeats``; ``forward_cost.cost_curve``)."""
+    need = needed_sizes(report["runs"])
+    if previous is not None and _covers(previous, need):
+        print("specvis: reusing the forward cost curve of the earlier report", file=sys.stderr)
+        return previous
+    return measure_curve(pipe, need, report["batch_size"], repeats, sampling=sampling, prompts=prompts,
+                         grid=(report.get("height"), report.get("width")))
 
 
 def _load_previous(json_path: Path | None, report: dict[str, Any]) -> tuple[dict[str, dict], dict, dict]:
@@ -153,7 +211,8 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
               on_run: Callable[[dict], None] | None = None, *, json_path: str | Path | None = None,
               shards: int = 1, shard_index: int = 0, metrics: list[str] | None = None,
               data_dir: str | Path | None = None, quality_groups: int = 4, warmup: str = "batch",
-              prompts: list | None = None, height: int | None = None, width: int | None = None) -> dict[str, Any]:
+              prompts: list | None = None, height: int | None = None, width: int | None = None,
+              cost_curve: bool = False) -> dict[str, Any]:
     """Benchmark ``specs`` (method specs such as ``"sjd:window=16"``) on ``pipe``; ``ar`` always runs first.
 
     ``step_compression`` and ``mean_accepted_length`` are per-image averages (tokens of an image over
@@ -162,6 +221,13 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     the report (and ``*.quality.npz`` observations) after every run and resume from it. ``prompts``
     (text-to-image pipelines): image i gets prompt i mod len(prompts); ``height``/``width``: their grid
     in image tokens (default native). The report records the prompts, grid and draft.
+
+    ``cost_curve`` (``specvis bench``'s default; off here, where callers time things themselves):
+    after the runs, measure the forward cost of the target (and draft model / EAGLE
+    drafter) at every block size the runs used (``report["cost_curve"]``, reused from ``json_path``
+    when it was measured under the same settings and covers them) and give every run
+    ``predicted_speedup`` and ``efficiency`` (``report.set_speedups``). Each run records its forwards
+    by block size (``target_block_sizes``, ``draft_block_sizes``, ``drafter_block_sizes``).
     """
     if num < 1 or batch_size < 1 or repeats < 1:
         raise ValueError("--num, --batch-size and --repeats must be >= 1")
@@ -200,6 +266,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         "n_images": sum(len(c) for c, _ in work), "quality_groups": quality_groups, "runs": [],
     }
     json_path = Path(json_path) if json_path is not None else None
+    old_curve = _previous_curve(json_path, report) if cost_curve else None
     done, refs, all_obs = _load_previous(json_path, report)
     keep_obs: dict[str, dict[str, np.ndarray]] = {}
     todo = []
@@ -240,4 +307,13 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         if on_run is not None:
             on_run(run)
     bar.close()
+    if cost_curve:
+        try:
+            report["cost_curve"] = measure_cost_curve(pipe, report, sampling, prompts, old_curve)
+        except (ValueError, RuntimeError, NotImplementedError) as e:  # no prediction beats no report
+            print(f"specvis: could not measure the forward cost curve ({e}); no predicted speedups", file=sys.stderr)
+        else:
+            set_speedups(report)
+            if json_path is not None:
+                write_report(report, json_path)
     return report

@@ -33,9 +33,12 @@ class Stats:
     wall_s: float
     accept_map: torch.Tensor = field(repr=False)
     extra: dict[str, float] = field(default_factory=dict)
+    # forwards by block size (tokens fed per row): {"target": {n: calls}, "draft": ..., "drafter": ...};
+    # the prefill counts as a 1-token target (draft) forward, so each histogram sums to its forward count
+    block_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("accept_map", "extra")}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("accept_map", "extra", "block_sizes")}
         d.update(self.extra)
         return d
 
@@ -59,6 +62,7 @@ class GuidedModel:
         self.conditions = condition.rows(self.cfg)
         model.setup_cache(len(self.conditions), extra)
         self.forwards = 0
+        self.sizes: dict[int, int] = {}  # forwards by tokens fed per row (the prefill as 1); host-side
         self.hidden: torch.Tensor | None = None  # last hidden states of all rows (rows, n, D)
         layout = getattr(model, "layout", None)
         self.row_end = getattr(layout, "row_end", 0)
@@ -87,7 +91,7 @@ class GuidedModel:
     def prefill(self) -> torch.Tensor:
         """Law (B, V) of image token 0."""
         logits, self.hidden = self.model.prefill(self.conditions)
-        self.forwards += 1
+        self.count(1)
         law = self._law(logits[:, None], torch.zeros(self.batch, 1, dtype=torch.long, device=logits.device))
         if self.keep_soft and self.sampling.greedy:
             self.soft = self.soft[:, 0]
@@ -97,8 +101,12 @@ class GuidedModel:
         """Laws (B, n, V) after each of the n fed tokens (see ``CachedTokenModel.forward_tokens``)."""
         mask = None if tree_mask is None else self._rows(tree_mask)
         logits, self.hidden = self.model.forward_tokens(self._rows(tokens), self._rows(positions), mask)
-        self.forwards += 1
+        self.count(tokens.shape[1])
         return self._law(logits, positions + 1)
+
+    def count(self, n: int) -> None:
+        """One forward over ``n`` tokens per row (a static shape: no device read)."""
+        count_forward(self, n)
 
     def set_committed(self, n_fed: torch.Tensor) -> None:
         self.model.set_committed(self._rows(n_fed))
@@ -107,10 +115,19 @@ class GuidedModel:
         self.model.keep_block(self._rows(index), self._rows(count))
 
 
-class Counter:
-    """A forward count that a method advances from inside a round (``DecodeContext.counted``)."""
+def count_forward(counter, n: int, calls: int = 1) -> None:
+    """Add ``calls`` forwards over ``n`` tokens to ``counter.forwards`` and ``counter.sizes``."""
+    counter.forwards += calls
+    counter.sizes[n] = counter.sizes.get(n, 0) + calls
 
-    forwards: int = 0
+
+class Counter:
+    """A forward count that a method advances from inside a round (``DecodeContext.counted``), with
+    ``sizes``, the forwards by tokens fed per row (filled by whoever knows the block shapes)."""
+
+    def __init__(self) -> None:
+        self.forwards = 0
+        self.sizes: dict[int, int] = {}
 
 
 class DecodeContext:
@@ -124,6 +141,7 @@ class DecodeContext:
         self.generator = generator
         self.graphs = graphs  # on CUDA: replay each round as a captured CUDA graph (methods/rounds.py)
         self.counted: list = [v for v in (target, draft) if v is not None]  # objects whose .forwards rounds advance
+        self.drafts = Counter()  # EAGLE drafter forwards (tree methods count them and add it to ``counted``)
         self.rule: Any = None  # the method's acceptance rule, bound to the codebook if it needs one
         layout = target.model.layout
         self.layout, self.L, self.V = layout, layout.stream_len, layout.law_size  # stream positions, law width
@@ -224,7 +242,17 @@ class DecodeContext:
             wall_s=wall_s,
             accept_map=grid.reshape(B, H, W).cpu(),
             extra=dict(self.extra),
+            block_sizes=self.block_sizes(),
         )
+
+    def block_sizes(self) -> dict[str, dict[int, int]]:
+        """Forwards by block size of the target, and of the draft model / EAGLE drafter where they ran."""
+        out = {"target": dict(sorted(self.target.sizes.items()))}
+        if self.draft is not None and self.draft.sizes:
+            out["draft"] = dict(sorted(self.draft.sizes.items()))
+        if self.drafts.sizes:
+            out["drafter"] = dict(sorted(self.drafts.sizes.items()))
+        return out
 
 
 def sync(device: torch.device) -> None:

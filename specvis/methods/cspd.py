@@ -98,13 +98,13 @@ class GuidedContinuous:
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """z (B, D) for image token 0, conditional and unconditional."""
         z, _ = self.model.prefill(self.view.conditions)
-        self.view.forwards += 1
+        self.view.count(1)
         return self._split(z)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """z (B, n, D) after each fed token (B, n, C) at grid indices ``positions`` (B, n)."""
         z, _ = self.model.forward_tokens(self._rows(tokens), self._rows(positions))
-        self.view.forwards += 1
+        self.view.count(tokens.shape[1])
         return self._split(z)
 
     def set_committed(self, n_fed: torch.Tensor) -> None:

@@ -8,7 +8,8 @@ it never synchronises with the host. Then, on CUDA, ``run_rounds`` runs ``WARMUP
 a side stream (real rounds: they commit tokens), captures one round into a ``torch.cuda.CUDAGraph``
 (with the context's generator registered, so replays draw the same random numbers as eager rounds)
 and replays it until every row is done; the done-check is the one host sync per round. Python-side
-counters that a round advances (the ``forwards`` of ``ctx.counted``) are measured on the captured round and added per
+counters that a round advances (the ``forwards`` of ``ctx.counted``, and their forwards by block size
+``sizes``, static shapes of the captured round) are measured on the captured round and added per
 replay. On CPU, or with graphs off, the same function runs eagerly.
 
 Live spans (``KVCache.live``, models/base.py): attention reads only the first L cache slots, L a bucket
@@ -37,8 +38,34 @@ def _capturable(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _counters(views) -> list[int]:
-    return [v.forwards for v in views]
+def _counters(views) -> list[tuple[int, dict]]:
+    """Each view's forward count and its forwards by block size (``sizes``, where it keeps one)."""
+    return [(v.forwards, dict(getattr(v, "sizes", {}))) for v in views]
+
+
+def _restore(views, counts: list[tuple[int, dict]]) -> None:
+    for v, (f, sizes) in zip(views, counts):
+        v.forwards = f
+        if hasattr(v, "sizes"):
+            v.sizes.clear()
+            v.sizes.update(sizes)
+
+
+def _delta(views, before: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
+    """What one round added to each view's counters (its block sizes are the captured static shapes)."""
+    out = []
+    for (f, sizes), (f0, sizes0) in zip(_counters(views), before):
+        out.append((f - f0, {n: c - sizes0.get(n, 0) for n, c in sizes.items() if c != sizes0.get(n, 0)}))
+    return out
+
+
+def _add(views, delta: list[tuple[int, dict]]) -> None:
+    """A replay of the captured round: its forwards (and their block sizes) once more."""
+    for v, (d, sizes) in zip(views, delta):
+        v.forwards += d
+        if hasattr(v, "sizes"):
+            for n, c in sizes.items():
+                v.sizes[n] = v.sizes.get(n, 0) + c
 
 
 class _Spans:
@@ -138,8 +165,7 @@ def _run_graphs(ctx, round_fn, rounds, spans: _Spans) -> None:
         if graph is not None and pins == key:
             graph.replay()
             spans.replayed()
-            for v, d in zip(views, delta):
-                v.forwards += d
+            _add(views, delta)
             continue
         graph = None  # spans changed: the old graph is never replayed again (spans only grow)
         if pins != warm:
@@ -152,8 +178,7 @@ def _run_graphs(ctx, round_fn, rounds, spans: _Spans) -> None:
             with cuda.graph(graph):
                 round_fn()
         except RuntimeError as e:  # not capturable (a host sync, a dynamic shape): nothing ran, go on eagerly
-            for v, c in zip(views, before):
-                v.forwards = c
+            _restore(views, before)
             spans.rewind()
             warnings.warn(f"CUDA graph capture failed, running eagerly: {e}", RuntimeWarning, stacklevel=3)
             spans.mark()
@@ -161,12 +186,10 @@ def _run_graphs(ctx, round_fn, rounds, spans: _Spans) -> None:
             spans.measure()
             _run_eager(ctx, round_fn, done.left[0], spans)
             return
-        delta = [a - b for a, b in zip(_counters(views), before)]
-        for v, c in zip(views, before):
-            v.forwards = c
+        delta = _delta(views, before)
+        _restore(views, before)
         graph.replay()  # the captured round itself (capture recorded it without running it)
-        for v, d in zip(views, delta):
-            v.forwards += d
+        _add(views, delta)
         if spans.overflowed():  # it grew past its pins: its shapes are not the key's, use it once only
             graph, warm = None, None
         key = pins

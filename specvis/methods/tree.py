@@ -47,7 +47,7 @@ import torch
 
 from ..accept import Exact, normalise
 from ..sampling import sample, uniform
-from .base import Counter, DecodeContext
+from .base import DecodeContext
 
 INITS = ("horizontal", "vertical", "random")
 
@@ -456,18 +456,44 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape, build
     """The round loop of every tree method. ``build(ctx, pending, count, d_row, k_row, D, K, total_tokens)``
     makes the round's ``Tree`` (default ``build_tree``); ``drafter_extra``: uncommitted drafter cache
     slots it needs (default: the EAGLE-2 pool's)."""
-    drafter, target, rule, gen = ctx.drafter, ctx.target, ctx.rule, ctx.generator
+    drafter, target, rule = ctx.drafter, ctx.target, ctx.rule
     if drafter is None:
         raise ValueError(f"method {name} needs an EAGLE drafter (drafter=...)")
     if build is None and not hasattr(rule, "sibling"):
         raise ValueError(f"acceptance rule {getattr(rule, 'name', rule)!r} has no sibling rule for draft trees")
     drafter.attach(target.model)
+    drafts = ctx.drafts  # drafter forwards (a round runner adds them per replay)
+    ctx.counted.append(drafts)
+    ctx.drafter = _Sized(drafter, drafts)  # its forwards' block sizes, for the bench's cost model
+    try:
+        _tree_rounds(ctx, name, total_tokens, shape, build, drafter_extra)
+    finally:
+        ctx.drafter = drafter
+
+
+class _Sized:
+    """The drafter as a tree round sees it: each ``forward_tokens`` also counts its block size (tokens
+    per row, a static shape) into ``counter.sizes``; ``counter.forwards`` stays the trees' count."""
+
+    def __init__(self, drafter, counter) -> None:
+        self.__dict__.update(_drafter=drafter, _counter=counter)
+
+    def forward_tokens(self, tokens: torch.Tensor, *args, **kwargs):
+        sizes = self._counter.sizes
+        sizes[tokens.shape[1]] = sizes.get(tokens.shape[1], 0) + 1
+        return self._drafter.forward_tokens(tokens, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._drafter, name)
+
+
+def _tree_rounds(ctx: DecodeContext, name: str, total_tokens: int, shape, build, drafter_extra: int | None) -> None:
+    drafter, target, rule, gen = ctx.drafter, ctx.target, ctx.rule, ctx.generator
+    drafts = ctx.drafts
     dev, V, L = ctx.device, ctx.V, ctx.L
     Dmax, Kmax = shape.max_depth, min(shape.max_top_k, V)
     extra = Dmax + 2 + Dmax * Kmax if drafter_extra is None else drafter_extra
     drafter.setup_cache(2 * target.batch if target.cfg else target.batch, extra=extra)
-    drafts = Counter()  # drafter forwards (a round runner adds them per replay)
-    ctx.counted.append(drafts)
     depth_sum = torch.zeros((), dtype=torch.long, device=dev)
     sched_sum = torch.zeros((), dtype=torch.long, device=dev)
     depth_cnt = torch.zeros((), dtype=torch.long, device=dev)
