@@ -1,0 +1,149 @@
+"""MAR checkpoint directories for ``sv.load(dir)``: a directory holding the official
+``checkpoint-last.pth`` (as ``pretrained_models/mar/mar_base/`` of LTH14/mar) and the KL-16 VAE
+``kl16.ckpt``, found next to it, in ``vae/`` under it, or where the official tree puts it
+(``pretrained_models/vae/kl16.ckpt``, two levels up).
+
+The pipeline runs MAR's own sampler (``MAR.sample``: random order, cosine mask schedule, linear CFG
+schedule, DiffLoss sampling); speculative methods on MAR (CSpD over the generation order) are not
+wired yet, so ``method`` must be None or ``sv.AR()``. ``sampling.cfg_scale`` is MAR's ``cfg`` (the
+end point of its linear schedule), ``sampling.temperature`` its DiffLoss temperature; top-k/top-p do
+not apply to continuous tokens and must stay unset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+NAME = "mar"
+CHECKPOINT = "checkpoint-last.pth"
+VAE_NAME = "kl16.ckpt"
+
+
+def matches(config: dict) -> bool:
+    return False  # MAR releases have no config.json: detected by matches_dir
+
+
+def matches_dir(directory: Path) -> bool:
+    return (Path(directory) / CHECKPOINT).is_file()
+
+
+def find_vae(directory: Path) -> Path:
+    d = Path(directory)
+    for candidate in (d / VAE_NAME, d / "vae" / VAE_NAME, d.parent.parent / "vae" / VAE_NAME, d.parent / "vae" / VAE_NAME):
+        if candidate.is_file():
+            return candidate
+    raise ValueError(f"{d}: missing the KL-16 VAE {VAE_NAME} (looked in the directory, its vae/ and "
+                     f"../../vae/ as in MAR's pretrained_models tree)")
+
+
+def load_decoder(directory: Path, height: int | None = None, width: int | None = None):
+    """The MAR model (EMA weights) of a directory."""
+    from ..models.mar import load_mar_checkpoint
+
+    if height is not None or width is not None:
+        raise ValueError("MAR has a fixed grid: height/width cannot be set")
+    return load_mar_checkpoint(Path(directory) / CHECKPOINT, ema=True)
+
+
+@dataclass
+class MARPipeline:
+    """``pipe(classes=[...], sampling=sv.Sampling(cfg_scale=..., temperature=...), seed=0, num_iter=64)``
+    -> ``Generation`` (``latents`` (B, L, C) MAR tokens, ``tokens`` zeros, ``images`` PIL) with
+    ``extras["sample"]``, the ``MARSample`` (order and per-step positions)."""
+
+    name: str
+    target: Any  # MAR
+    vae: Any  # KLVAE
+    num_iter: int = 64
+    cfg_schedule: str = "linear"
+    default_sampling: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    draft: Any = None
+    drafter: Any = None
+    class_names: list[str] = field(default_factory=list)
+
+    @property
+    def num_classes(self) -> int:
+        return self.target.num_classes
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    def to(self, device) -> "MARPipeline":
+        self.target.to(device)
+        self.vae.to(device)
+        return self
+
+    def configure(self, dtype=None, compile: bool = False, graphs: bool | None = None) -> "MARPipeline":
+        if dtype is not None:
+            from ..pipeline import resolve_dtype
+
+            self.target.to(dtype=resolve_dtype(dtype))
+        return self
+
+    @torch.no_grad()
+    def __call__(self, classes=None, method=None, sampling=None, seed: int = 0, decode: bool = True, *,
+                 prompts=None, negative_prompts=None, height=None, width=None, progress=None,
+                 num_iter: int | None = None, cfg_schedule: str | None = None):
+        from ..generate import Generation
+        from ..methods.ar import AR
+        from ..methods.base import Stats
+        from ..viz import to_pil
+
+        if prompts is not None or negative_prompts is not None:
+            raise ValueError(f"model {self.name} is class-conditional: give classes=, not prompts=")
+        if height is not None or width is not None:
+            raise ValueError(f"model {self.name} has a fixed grid: height/width cannot be set")
+        if classes is None:
+            raise ValueError(f"model {self.name} is class-conditional: give classes=[...]")
+        if method is not None and not isinstance(method, AR):
+            raise ValueError(f"model {self.name} (MAR) runs its own sampler: method must be None or sv.AR(), "
+                             f"got {type(method).__name__}")
+        sampling = sampling or self.default_sampling
+        if getattr(sampling, "top_k", None) is not None or getattr(sampling, "top_p", None) is not None:
+            raise ValueError("top_k/top_p do not apply to MAR's continuous tokens")
+        labels = torch.as_tensor(list(classes), dtype=torch.long, device=self.device)
+        if labels.numel() and not bool(((labels >= 0) & (labels < self.num_classes)).all()):
+            raise ValueError(f"class ids must be in 0..{self.num_classes - 1}, got {labels.tolist()}")
+        import time
+
+        t0 = time.perf_counter()
+        s = self.target.sample(labels, num_iter=num_iter or self.num_iter, cfg=float(sampling.cfg_scale),
+                               cfg_schedule=cfg_schedule or self.cfg_schedule,
+                               temperature=float(sampling.temperature), seed=seed)
+        wall = time.perf_counter() - t0
+        B, L = s.order.shape
+        forwards = sum(1 for n in s.reveals if n)
+        counts = torch.tensor(s.reveals, device=s.order.device)[s.step_of]
+        h = self.target.seq_h
+        stats = Stats(tokens=L, target_forwards=forwards, draft_forwards=0, step_compression=L / forwards,
+                      mean_accepted_length=L / forwards, wall_s=wall, accept_map=counts.reshape(B, h, h).cpu())
+        out = Generation(torch.zeros(B, L, dtype=torch.long), stats, latents=s.tokens)
+        out.extras = {"sample": s}
+        if decode:
+            images = self.vae.decode(self.target.unpatchify(s.tokens).to(next(self.vae.parameters()).dtype))
+            out.images = to_pil(images)
+        return out
+
+
+def load_pipeline(name, directory: Path, draft=None, drafter=None) -> MARPipeline:
+    from ..models.kl_vae import KLVAE
+    from ..models.mar import DEFAULT_CFG
+    from ..sampling import Sampling
+
+    if draft is not None or drafter is not None:
+        raise ValueError("MAR directories take no draft=/drafter= yet (CSpD on MAR is not wired)")
+    directory = Path(directory)
+    model = load_decoder(directory)
+    vae = KLVAE.from_checkpoint(find_vae(directory))
+    if vae.embed_dim != model.config.vae_embed_dim:
+        raise ValueError(f"{directory}: the VAE has {vae.embed_dim} latent channels, MAR expects {model.config.vae_embed_dim}")
+    cfg = DEFAULT_CFG.get(model.config.model, 1.0)
+    return MARPipeline(directory.name, model, vae, default_sampling=Sampling(cfg_scale=cfg, temperature=1.0),
+                       extras={"family": NAME, "directory": str(directory), "grid": (model.seq_h, model.seq_w)},
+                       class_names=[f"class{i}" for i in range(model.num_classes)])

@@ -1,0 +1,327 @@
+"""LDM's KL-regularised autoencoder (AutoencoderKL) as MAR uses it: the KL-16 tokenizer of continuous latents.
+
+The module tree reproduces the parameter names of MAR's ``models/vae.py`` (itself LDM's
+``ldm/modules/diffusionmodules/model.py``), so the official ``pretrained_models/vae/kl16.ckpt`` loads
+strictly::
+
+    encoder.conv_in, encoder.down.{i}.block.{j}.{norm1,conv1,norm2,conv2,nin_shortcut},
+    encoder.down.{i}.attn.{j}.{norm,q,k,v,proj_out}, encoder.down.{i}.downsample.conv,
+    encoder.mid.{block_1,attn_1,block_2}, encoder.norm_out, encoder.conv_out, quant_conv,
+    post_quant_conv, decoder.conv_in, decoder.mid.*, decoder.up.{i}.block.{j} (num_res_blocks + 1 per
+    level), decoder.up.{i}.attn.{j}, decoder.up.{i}.upsample.conv, decoder.norm_out, decoder.conv_out
+
+KL-16 (MAR ``main_mar.py``: ``AutoencoderKL(embed_dim=16, ch_mult=(1, 1, 2, 2, 4))``): ch 128, two res
+blocks per level, attention at resolution 16 in the encoder only, a 2*16-channel moments output
+(mean, log variance clamped to [-30, 20]), 256 x 256 images -> 16 x 16 x 16 latents.
+
+MAR trains and samples on ``latent * 0.2325`` (``engine_mar.py``: ``posterior.sample().mul_(0.2325)``
+and ``vae.decode(sampled_tokens / 0.2325)``). Here ``encode``/``decode`` work on MAR's scaled latents
+(``scale_factor``); ``encode_moments``/``decode_raw`` are the unscaled official ``encode``/``decode``.
+Images are (B, 3, H, W) in [-1, 1].
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checkpoint import load_strict, read_state_dict
+
+__all__ = ["KLVAEConfig", "KLVAE", "MAR_LATENT_SCALE"]
+
+MAR_LATENT_SCALE = 0.2325
+
+
+@dataclass
+class KLVAEConfig:
+    """Field names follow LDM's ddconfig (``ch``, ``ch_mult``, ``num_res_blocks``, ``resolution``, ...);
+    ``embed_dim`` is AutoencoderKL's. ``norm_groups`` (32 in LDM) lets tests build tiny models."""
+
+    embed_dim: int = 16
+    ch: int = 128
+    ch_mult: list[int] = field(default_factory=lambda: [1, 1, 2, 2, 4])
+    num_res_blocks: int = 2
+    resolution: int = 256
+    in_channels: int = 3
+    out_ch: int = 3
+    encoder_attn_resolutions: list[int] = field(default_factory=lambda: [16])
+    decoder_attn_resolutions: list[int] = field(default_factory=list)
+    use_variational: bool = True
+    norm_groups: int = 32
+    scale_factor: float = MAR_LATENT_SCALE
+
+    def __post_init__(self) -> None:
+        self.ch_mult = [int(m) for m in self.ch_mult]
+        self.encoder_attn_resolutions = [int(r) for r in self.encoder_attn_resolutions]
+        self.decoder_attn_resolutions = [int(r) for r in self.decoder_attn_resolutions]
+        for name in ("embed_dim", "ch", "num_res_blocks", "resolution", "in_channels", "out_ch", "norm_groups"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"KLVAEConfig.{name} must be a positive int, got {value!r}")
+        if not self.ch_mult or any(m < 1 for m in self.ch_mult):
+            raise ValueError(f"KLVAEConfig.ch_mult must be a non-empty list of positive ints, got {self.ch_mult!r}")
+        if any((self.ch * m) % self.norm_groups for m in self.ch_mult):
+            raise ValueError(f"KLVAEConfig.norm_groups ({self.norm_groups}) must divide every ch * ch_mult")
+        if not self.scale_factor > 0:
+            raise ValueError(f"KLVAEConfig.scale_factor must be > 0, got {self.scale_factor!r}")
+
+    @property
+    def downsample(self) -> int:
+        return 2 ** (len(self.ch_mult) - 1)
+
+
+def _swish(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(x)
+
+
+def _norm(channels: int, groups: int) -> nn.GroupNorm:
+    return nn.GroupNorm(groups, channels, eps=1e-6, affine=True)
+
+
+class ResnetBlock(nn.Module):
+    """norm1 -> swish -> conv1 -> norm2 -> swish -> dropout -> conv2, 1x1 ``nin_shortcut`` when channels change."""
+
+    def __init__(self, c_in: int, c_out: int, groups: int) -> None:
+        super().__init__()
+        self.norm1 = _norm(c_in, groups)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, 1, 1)
+        self.norm2 = _norm(c_out, groups)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1)
+        if c_in != c_out:
+            self.nin_shortcut = nn.Conv2d(c_in, c_out, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(_swish(self.norm1(x)))
+        h = self.conv2(_swish(self.norm2(h)))
+        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
+
+
+class AttnBlock(nn.Module):
+    """Single-head spatial self-attention with 1x1 q, k, v, proj_out, residual."""
+
+    def __init__(self, channels: int, groups: int) -> None:
+        super().__init__()
+        self.norm = _norm(channels, groups)
+        self.q = nn.Conv2d(channels, channels, 1)
+        self.k = nn.Conv2d(channels, channels, 1)
+        self.v = nn.Conv2d(channels, channels, 1)
+        self.proj_out = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        b, c, hh, ww = x.shape
+        q, k, v = (m(h).reshape(b, c, hh * ww).transpose(1, 2) for m in (self.q, self.k, self.v))
+        out = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]  # scale c^-1/2
+        return x + self.proj_out(out.transpose(1, 2).reshape(b, c, hh, ww))
+
+
+class Downsample(nn.Module):
+    """Pad (0, 1, 0, 1) then a stride-2 3x3 conv (LDM's asymmetric padding)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, 2, 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (0, 1, 0, 1)))
+
+
+class Upsample(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class _Mid(nn.Module):
+    def __init__(self, channels: int, groups: int) -> None:
+        super().__init__()
+        self.block_1 = ResnetBlock(channels, channels, groups)
+        self.attn_1 = AttnBlock(channels, groups)
+        self.block_2 = ResnetBlock(channels, channels, groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block_2(self.attn_1(self.block_1(x)))
+
+
+class _Level(nn.Module):
+    """One resolution: ``block`` (res blocks), ``attn`` (one after each block, or none), then an
+    optional ``downsample``/``upsample``."""
+
+    def __init__(self, blocks: list[nn.Module], attn: list[nn.Module]) -> None:
+        super().__init__()
+        self.block = nn.ModuleList(blocks)
+        self.attn = nn.ModuleList(attn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.block):
+            x = block(x)
+            if len(self.attn):
+                x = self.attn[i](x)
+        return x
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: KLVAEConfig) -> None:
+        super().__init__()
+        g, ch = cfg.norm_groups, cfg.ch
+        self.conv_in = nn.Conv2d(cfg.in_channels, ch, 3, 1, 1)
+        in_mult = (1, *cfg.ch_mult)
+        res = cfg.resolution
+        self.down = nn.ModuleList()
+        for i, mult in enumerate(cfg.ch_mult):
+            c_in, c_out = ch * in_mult[i], ch * mult
+            blocks = [ResnetBlock(c_in if j == 0 else c_out, c_out, g) for j in range(cfg.num_res_blocks)]
+            attn = [AttnBlock(c_out, g) for _ in blocks] if res in cfg.encoder_attn_resolutions else []
+            level = _Level(blocks, attn)
+            if i != len(cfg.ch_mult) - 1:
+                level.downsample = Downsample(c_out)
+                res //= 2
+            self.down.append(level)
+        c = ch * cfg.ch_mult[-1]
+        self.mid = _Mid(c, g)
+        self.norm_out = _norm(c, g)
+        self.conv_out = nn.Conv2d(c, 2 * cfg.embed_dim, 3, 1, 1)  # double_z
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(x)
+        for level in self.down:
+            h = level(h)
+            if hasattr(level, "downsample"):
+                h = level.downsample(h)
+        h = self.mid(h)
+        return self.conv_out(_swish(self.norm_out(h)))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: KLVAEConfig) -> None:
+        super().__init__()
+        g, ch, n = cfg.norm_groups, cfg.ch, len(cfg.ch_mult)
+        c = ch * cfg.ch_mult[-1]
+        res = cfg.resolution // cfg.downsample
+        self.conv_in = nn.Conv2d(cfg.embed_dim, c, 3, 1, 1)
+        self.mid = _Mid(c, g)
+        levels: list[_Level] = [None] * n  # type: ignore[list-item]
+        for i in reversed(range(n)):
+            c_out = ch * cfg.ch_mult[i]
+            blocks = [ResnetBlock(c if j == 0 else c_out, c_out, g) for j in range(cfg.num_res_blocks + 1)]
+            attn = [AttnBlock(c_out, g) for _ in blocks] if res in cfg.decoder_attn_resolutions else []
+            level = _Level(blocks, attn)
+            if i != 0:
+                level.upsample = Upsample(c_out)
+                res *= 2
+            levels[i] = level
+            c = c_out
+        self.up = nn.ModuleList(levels)  # up[i] is resolution level i, run from the last to the first
+        self.norm_out = _norm(c, g)
+        self.conv_out = nn.Conv2d(c, cfg.out_ch, 3, 1, 1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        h = self.mid(self.conv_in(z))
+        for level in reversed(self.up):
+            h = level(h)
+            if hasattr(level, "upsample"):
+                h = level.upsample(h)
+        return self.conv_out(_swish(self.norm_out(h)))
+
+
+class KLVAE(nn.Module):
+    """AutoencoderKL with MAR's latent scaling (see the module docstring)."""
+
+    def __init__(self, config: KLVAEConfig | None = None) -> None:
+        super().__init__()
+        self.config = cfg = config or KLVAEConfig()
+        self.embed_dim = cfg.embed_dim
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        mult = 2 if cfg.use_variational else 1
+        self.quant_conv = nn.Conv2d(2 * cfg.embed_dim, mult * cfg.embed_dim, 1)
+        self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.embed_dim, 1)
+
+    @property
+    def downsample(self) -> int:
+        return self.config.downsample
+
+    # ---- official (unscaled) ----
+    def encode_moments(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Posterior mean and log variance (B, E, h, w) (log variance clamped to [-30, 20]; a
+        non-variational model has log variance 0, as LDM's ones-padding)."""
+        moments = self.quant_conv(self.encoder(images))
+        if not self.config.use_variational:
+            return moments, torch.zeros_like(moments)
+        mean, logvar = moments.chunk(2, dim=1)
+        return mean, logvar.clamp(-30.0, 20.0)
+
+    def decode_raw(self, z: torch.Tensor) -> torch.Tensor:
+        """Unscaled latents (B, E, h, w) -> images (B, 3, H, W), nominally in [-1, 1] (not clamped)."""
+        return self.decoder(self.post_quant_conv(z))
+
+    # ---- MAR's scaled latents ----
+    def encode(self, images: torch.Tensor, sample: bool = False,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """MAR latents ``z * scale_factor`` (B, E, h, w): the posterior mean, or a posterior sample
+        (``sample=True``, what MAR trains on)."""
+        mean, logvar = self.encode_moments(images)
+        z = mean
+        if sample:
+            z = mean + torch.exp(0.5 * logvar) * torch.randn(mean.shape, device=mean.device, dtype=mean.dtype,
+                                                             generator=generator)
+        return z * self.config.scale_factor
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """MAR latents (B, E, h, w) -> images (B, 3, H, W) clamped to [-1, 1]: divides by the scale factor first."""
+        return self.decode_raw(latents / self.config.scale_factor).clamp(-1.0, 1.0)
+
+    # ---- files ----
+    def config_dict(self) -> dict:
+        return asdict(self.config)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, config: KLVAEConfig | None = None) -> "KLVAE":
+        """The official file (``kl16.ckpt``: the state dict under ``model``; LDM's ``state_dict`` or a bare
+        state dict also work; LDM's training-loss tensors ``loss.*`` are dropped). The config is
+        inferred from the tensors unless given; ``resolution`` 256 places the attention levels. Any
+        unreadable or mismatched file raises a one-line ValueError."""
+        sd = read_state_dict(path, prefer=("model", "state_dict"))
+        sd = {k: v for k, v in sd.items() if not k.startswith("loss.")}
+        if config is None:
+            config = infer_config(sd, str(path))
+        model = cls(config)
+        load_strict(model, sd, str(path))
+        return model.eval()
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """The official layout: ``{"model": state_dict}``."""
+        torch.save({"model": self.state_dict()}, str(path))
+
+
+def _levels(sd: dict[str, torch.Tensor], pattern: str) -> list[int]:
+    found = {int(m.group(1)) for k in sd if (m := re.match(pattern, k))}
+    return sorted(found)
+
+
+def infer_config(sd: dict[str, torch.Tensor], where: str, resolution: int = 256) -> KLVAEConfig:
+    """A ``KLVAEConfig`` from an AutoencoderKL state dict's shapes (one-line ValueError if it is not one)."""
+    try:
+        embed_dim = sd["post_quant_conv.weight"].shape[0]
+        ch = sd["encoder.conv_in.weight"].shape[0]
+        levels = _levels(sd, r"encoder\.down\.(\d+)\.")
+        ch_mult = [sd[f"encoder.down.{i}.block.0.conv1.weight"].shape[0] // ch for i in levels]
+        num_res_blocks = len(_levels(sd, r"encoder\.down\.0\.block\.(\d+)\."))
+        enc_attn = [resolution >> i for i in levels if f"encoder.down.{i}.attn.0.q.weight" in sd]
+        dec_attn = [resolution >> i for i in levels if f"decoder.up.{i}.attn.0.q.weight" in sd]
+        variational = sd["quant_conv.weight"].shape[0] == 2 * embed_dim
+        groups = 32 if ch % 32 == 0 else ch
+        return KLVAEConfig(embed_dim=embed_dim, ch=ch, ch_mult=ch_mult, num_res_blocks=num_res_blocks,
+                           resolution=resolution, in_channels=sd["encoder.conv_in.weight"].shape[1],
+                           out_ch=sd["decoder.conv_out.weight"].shape[0], encoder_attn_resolutions=enc_attn,
+                           decoder_attn_resolutions=dec_attn, use_variational=variational, norm_groups=groups)
+    except KeyError as e:
+        raise ValueError(f"{where}: not an AutoencoderKL checkpoint (lacks {e.args[0]!r})") from None
