@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import specvis.models.continuous as continuous
 from specvis.families import mar as mar_family
@@ -193,6 +194,87 @@ def test_kl_vae_shapes_and_mar_scale():
 
 # ---------------------------------------------------------------- model
 
+def test_respacing_matches_the_official_space_timesteps():
+    """diffusion/respace.py space_timesteps(1000, [K]): round(i * (T - 1) / (K - 1)) accumulated."""
+    for K in (100, 50, 250, 64):
+        stride, cur, want = 999 / (K - 1), 0.0, []
+        for _ in range(K):
+            want.append(round(cur))
+            cur += stride
+        model = MAR(MARConfig(**{**TINY, "num_train_steps": 1000, "num_sampling_steps": str(K)}))
+        assert model.diffloss.sampler.timesteps.tolist() == want, K
+        assert model.diffloss.train_diffusion.num_steps == 1000
+
+
+def _ln(x, sd, name, eps=1e-6):
+    return F.layer_norm(x, x.shape[-1:], sd[name + ".weight"], sd[name + ".bias"], eps)
+
+
+def _lin(x, sd, name):
+    return F.linear(x, sd[name + ".weight"], sd[name + ".bias"])
+
+
+def reference_diffloss_net(sd, x, t, c, depth):
+    """SimpleMLPAdaLN.forward of models/diffloss.py, from the official-named tensors."""
+    p = "diffloss.net."
+    half = 128
+    freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half)
+    args = t.float()[:, None] * freqs[None]
+    temb = _lin(F.silu(_lin(torch.cat([torch.cos(args), torch.sin(args)], -1), sd, p + "time_embed.mlp.0")), sd,
+                p + "time_embed.mlp.2")
+    y = temb + _lin(c, sd, p + "cond_embed")
+    h = _lin(x, sd, p + "input_proj")
+    for i in range(depth):
+        b = f"{p}res_blocks.{i}."
+        shift, scale, gate = _lin(F.silu(y), sd, b + "adaLN_modulation.1").chunk(3, -1)
+        hh = _ln(h, sd, b + "in_ln") * (1 + scale) + shift
+        h = h + gate * _lin(F.silu(_lin(hh, sd, b + "mlp.0")), sd, b + "mlp.2")
+    shift, scale = _lin(F.silu(y), sd, p + "final_layer.adaLN_modulation.1").chunk(2, -1)
+    return _lin(F.layer_norm(h, h.shape[-1:], eps=1e-6) * (1 + scale) + shift, sd, p + "final_layer.linear")
+
+
+def reference_features(sd, cfg, tokens, mask, class_embedding):
+    """forward_mae_encoder + forward_mae_decoder of models/mar.py (timm Block: fused qkv, heads), from the
+    official-named tensors."""
+    def block(x, pre, heads):
+        B, N, D = x.shape
+        q, k, v = _lin(_ln(x, sd, pre + "norm1"), sd, pre + "attn.qkv").reshape(B, N, 3, heads, D // heads).permute(2, 0, 3, 1, 4)
+        att = torch.softmax(q @ k.transpose(-1, -2) * (D // heads) ** -0.5, -1) @ v
+        x = x + _lin(att.transpose(1, 2).reshape(B, N, D), sd, pre + "attn.proj")
+        return x + _lin(F.gelu(_lin(_ln(x, sd, pre + "norm2"), sd, pre + "mlp.fc1")), sd, pre + "mlp.fc2")
+
+    B, L, _ = tokens.shape
+    nb = cfg.buffer_size
+    x = _lin(tokens, sd, "z_proj")
+    x = torch.cat([torch.zeros(B, nb, x.shape[-1]), x], 1)
+    x[:, :nb] = class_embedding[:, None]
+    x = _ln(x + sd["encoder_pos_embed_learned"], sd, "z_proj_ln")
+    keep = torch.cat([torch.zeros(B, nb), mask.float()], 1) == 0
+    x = x[keep].reshape(B, -1, x.shape[-1])
+    for i in range(cfg.encoder_depth):
+        x = block(x, f"encoder_blocks.{i}.", cfg.encoder_num_heads)
+    x = _lin(_ln(x, sd, "encoder_norm"), sd, "decoder_embed")
+    full = sd["mask_token"].repeat(B, L + nb, 1)
+    full[keep] = x.reshape(-1, x.shape[-1])
+    x = full + sd["decoder_pos_embed_learned"]
+    for i in range(cfg.decoder_depth):
+        x = block(x, f"decoder_blocks.{i}.", cfg.decoder_num_heads)
+    return _ln(x, sd, "decoder_norm")[:, nb:] + sd["diffusion_pos_embed_learned"]
+
+
+def test_model_computes_the_official_functions_from_official_names():
+    model = tiny_mar()
+    sd = model.state_dict()
+    x, t, c = torch.randn(5, 3), torch.tensor([0, 3, 7, 12, 19]), torch.randn(5, 32)
+    assert torch.allclose(model.diffloss.net(x, t, c), reference_diffloss_net(sd, x, t, c, 2), atol=1e-5)
+    tokens = torch.randn(2, 16, 3)
+    mask = torch.zeros(2, 16, dtype=torch.bool).scatter(1, torch.tensor([[0, 4, 9, 15], [1, 2, 3, 8]]), True)
+    labels = torch.tensor([3, -1])
+    cls = torch.stack([sd["class_emb.weight"][3], sd["fake_latent"][0]])
+    got = model.features(tokens, mask, labels)
+    assert torch.allclose(got, reference_features(sd, model.config, tokens, mask, cls), atol=1e-4)
+
+
 def test_patchify_matches_the_official_layout():
     model = tiny_mar(patch_size=2, img_size=32, vae_embed_dim=2)  # seq 4x4, token dim 2*2*2
     x = torch.randn(3, 2, 8, 8)
@@ -229,6 +311,25 @@ def test_forward_shapes_masking_and_training_loss():
     assert all(model.sample_mask_ratio(g) >= 0.7 for _ in range(50))
 
 
+def test_training_loss_averages_the_masked_tokens_only(monkeypatch):
+    """Official forward_loss/DiffLoss.forward: every token repeated diffusion_batch_mul times, the
+    per-token loss averaged over the masked ones (the first ceil(L * ratio) of the order)."""
+    model = tiny_mar()
+    monkeypatch.setattr(model, "sample_mask_ratio", lambda generator=None: 0.45)  # ceil(16 * 0.45) = 8
+    monkeypatch.setattr(model, "sample_orders", lambda batch, gens: torch.arange(16).flip(0).expand(batch, -1))
+    seen = {}
+
+    def per_token(z, x0, generator=None):
+        seen["rows"] = z.shape[0]
+        return x0[:, 0]
+
+    monkeypatch.setattr(model.diffloss, "loss", per_token)
+    x = torch.randn(2, 16, 3)
+    loss = model.forward_train(x, torch.tensor([0, 1]))
+    assert seen["rows"] == 2 * 16 * 2
+    assert torch.allclose(loss, x[:, 8:, 0].mean())  # masked: the order's first 8 = positions 15..8
+
+
 # ---------------------------------------------------------------- sampler
 
 def test_mask_schedule_matches_the_official_cosine_counts():
@@ -262,12 +363,14 @@ def test_sampler_reveals_every_token_once_following_the_schedule(monkeypatch):
 
     def marked(z, z_uncond=None, cfg_scale=1.0, temperature=1.0, generator=None, x_T=None, noise=None):
         calls.append((z.shape[0], cfg_scale))
+        assert temperature == 0.9 and z_uncond is not None and z_uncond.shape == z.shape
+        assert x_T.abs().min() > 0 and noise[:, -1].abs().max() == 0 and noise[:, :-1].abs().min() > 0  # p_sample: no noise at t=0
         N = z.shape[0]
         x = torch.full((N, 1, 3), float(len(calls)))
         return continuous.Trajectory(x.expand(N, 2, 3), x, x, x)
 
     monkeypatch.setattr(model.diffloss, "sample_trajectory", marked)
-    out = model.sample(torch.tensor([1, 3]), num_iter=4, cfg=2.0, seed=0)
+    out = model.sample(torch.tensor([1, 3]), num_iter=4, cfg=2.0, seed=0, temperature=0.9)
     assert torch.equal(out.tokens[..., 0], out.step_of.float() + 1)
     assert [c[0] for c in calls] == [2 * n for n in [2, 3, 5, 6]]
     assert [c[1] for c in calls] == out.cfg_scales == [1 + (16 - m) / 16 for m in [14, 11, 6, 1]]
