@@ -25,7 +25,10 @@ tokens put back at the masked positions, + positions, decoder blocks, norm, buff
 Training (``forward_train``, official ``forward``): a random order per sample, one mask ratio per batch
 from a truncated normal on [mask_ratio_min, 1] (mean 1, std 0.25), ceil(L * ratio) tokens masked (the
 first of the order), class replaced by ``fake_latent`` with probability ``label_drop_prob``, the
-diffusion loss on the masked tokens only, each repeated ``diffusion_batch_mul`` times.
+diffusion loss on the masked tokens only, each repeated ``diffusion_batch_mul`` times. The per-token
+loss is ``GaussianDiffusion.training_loss`` (MSE on epsilon + the learned-variance VLB term); one
+departure from the official ADM code: at t = 0 the VLB term is a continuous Gaussian NLL, not the
+8-bit discretised pixel likelihood (which does not fit latents; see ``specvis/diffusion.py``).
 
 Sampling (``sample``, official ``sample_tokens``): a random order per sample; after step s the first
 m_s = max(1, min(remaining - 1, floor(L cos(pi/2 (s+1)/num_iter)))) tokens of the order stay masked,
