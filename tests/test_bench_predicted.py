@@ -1,0 +1,251 @@
+"""Predicted speedups in the bench: forwards by block size (every method, eager and with replayed
+captured rounds), the cost-curve model (AR exactly 1, a linear curve gives a hand-checkable number),
+the cost curve in the report JSON and its reuse on resume, shards and --no-cost-curve."""
+
+import contextlib
+import json
+
+import pytest
+
+import specvis.bench.runner as runner
+from specvis.bench.report import curve_cost, markdown_table, merge_reports, predicted_time, set_speedups
+from specvis.cli import main
+from specvis.methods import rounds
+from specvis.registry import method_from_spec
+from specvis.zoo import load
+
+G, W, T, D, K = 3, 4, 8, 3, 2  # speculative gamma, SJD window, EAGLE total_tokens / depth / top_k
+SPECS = {"ar": "ar", "speculative": f"speculative:gamma={G}", "sjd": f"sjd:window={W}",
+         "eagle": f"eagle:total_tokens={T}:depth={D}:top_k={K}"}
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return load("random-tiny")
+
+
+def sizes_of(pipe, spec, **kw):
+    out = pipe([0, 1], method_from_spec(spec), seed=0, decode=False, **kw)
+    return out.stats
+
+
+def expected_sizes(name: str, fwd: int) -> dict[str, dict[int, int]]:
+    """What each method feeds per forward (read off the methods' code): the prefill is a 1-token
+    forward; R = fwd - 1 verify rounds follow."""
+    R = fwd - 1
+    if name == "ar":
+        return {"target": {1: fwd}}
+    if name == "speculative":  # verify gamma + 1; the draft re-feeds 1 token in round 1, then 2, then 1s
+        return {"target": {1: 1, G + 1: R}, "draft": {1: 1 + G + (R - 1) * (G - 1), 2: R - 1}}
+    if name == "sjd":  # the pending token + the window
+        return {"target": {1: 1, W + 1: R}}
+    # eagle: the tree's total_tokens; drafter: catch-up over 1 token (round 1) then depth + 1 tokens,
+    # and depth - 1 expansions of top_k nodes per round
+    return {"target": {1: 1, T: R}, "drafter": {1: 1, D + 1: R - 1, K: (D - 1) * R}}
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_block_sizes_sum_to_forwards_and_are_what_the_method_verifies(pipe, name):
+    s = sizes_of(pipe, SPECS[name])
+    hist = s.block_sizes
+    assert sum(hist["target"].values()) == s.target_forwards
+    drafts = {k: v for k, v in hist.items() if k != "target"}
+    assert sum(sum(h.values()) for h in drafts.values()) == s.draft_forwards
+    assert hist == expected_sizes(name, s.target_forwards)
+
+
+class _FakeCuda:
+    """A CPU stand-in for the CUDA graph API of methods/rounds.py: capture runs the round (the replay
+    right after it is then a no-op); later replays rerun it with every host-side counter restored, as
+    a real replay leaves them, so only the round runner's per-replay bookkeeping counts them."""
+
+    def __init__(self) -> None:
+        self.ctx = self.round_fn = None
+        self.replays = 0
+
+    class Stream:
+        def __init__(self, *a) -> None:
+            pass
+
+        def wait_stream(self, other) -> None:
+            pass
+
+    def current_stream(self, dev):
+        return self.Stream()
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        yield
+
+    @contextlib.contextmanager
+    def graph(self, g):
+        yield
+
+    def CUDAGraph(self):
+        fake = self
+
+        class Graph:
+            fresh = True
+
+            def register_generator_state(self, g) -> None:
+                pass
+
+            def replay(self) -> None:
+                if self.fresh:
+                    self.fresh = False
+                    return
+                fake.replays += 1
+                views, caches = fake.ctx.counted, fake.ctx.live_caches()
+                saved = [(v.forwards, dict(v.sizes)) for v in views]
+                bounds = [(c.bound, c.start, list(c.trace), c.overflow) for c in caches]
+                fake.round_fn()
+                for v, (f, sz) in zip(views, saved):
+                    v.forwards = f
+                    v.sizes.clear()
+                    v.sizes.update(sz)
+                for c, (b, s, t, o) in zip(caches, bounds):
+                    c.bound, c.start, c.trace, c.overflow = b, s, t, o
+
+        return Graph()
+
+
+@pytest.mark.parametrize("name", ["speculative", "eagle"])
+def test_replayed_rounds_count_block_sizes_like_eager_ones(pipe, name, monkeypatch):
+    eager = sizes_of(pipe, SPECS[name])
+    fake = _FakeCuda()
+    real = rounds._run_graphs
+
+    def run_graphs(ctx, round_fn, n, spans):
+        fake.ctx, fake.round_fn = ctx, round_fn
+        return real(ctx, round_fn, n, spans)
+
+    monkeypatch.setattr(rounds, "_run_graphs", run_graphs)
+    monkeypatch.setattr(rounds, "_capturable", lambda device: True)
+    monkeypatch.setattr(rounds, "cuda", fake)
+    monkeypatch.setattr(pipe, "graphs", True)
+    graphed = sizes_of(pipe, SPECS[name])
+    assert fake.replays > 10
+    assert graphed.target_forwards == eager.target_forwards and graphed.draft_forwards == eager.draft_forwards
+    assert graphed.block_sizes == eager.block_sizes
+
+
+def test_ar_predicted_speedup_is_one_and_efficiency_its_speedup(pipe):
+    report = runner.run_bench(pipe, [SPECS["sjd"]], 2, 2, progress=False, metrics=[], cost_curve=True)
+    ar, sjd = report["runs"]
+    assert ar["target_block_sizes"] == {"1": 64 * 1}  # one batch of 2: 64 batched calls of 1 token
+    assert ar["predicted_speedup"] == 1.0 and ar["efficiency"] == ar["speedup"] == 1.0
+    assert sjd["predicted_speedup"] > 0 and sjd["efficiency"] == pytest.approx(sjd["speedup"] / sjd["predicted_speedup"])
+    assert {r["tokens"] for r in report["cost_curve"]["target"]} == {1, W + 1}
+    table = markdown_table(report)
+    assert "| predicted speedup | efficiency |" in table and "| 1.00x | 1.00x | 1.00 |" in table
+
+
+def test_linear_cost_curve_gives_tokens_over_block_tokens(pipe):
+    """cost(n) = n seconds: AR costs one per token (batch 1), SJD the tokens it fed; a draft model
+    priced at n / 2 adds half its fed tokens."""
+    report = runner.run_bench(pipe, [SPECS["sjd"], SPECS["speculative"]], 2, 1, progress=False, metrics=[])
+    ar, sjd, spec = report["runs"]
+    assert "predicted_speedup" not in sjd  # no curve: no prediction
+    report["cost_curve"] = {"target": [{"tokens": 1, "median_s": 1.0}, {"tokens": 2, "median_s": 2.0}],
+                            "draft": [{"tokens": 1, "median_s": 0.5}, {"tokens": 2, "median_s": 1.0}]}
+    set_speedups(report)
+    assert ar["tokens"] == 128 and ar["target_forwards"] == 128 and ar["predicted_speedup"] == 1.0
+    fed = sum(int(n) * c for n, c in sjd["target_block_sizes"].items())
+    rounds_ = sjd["target_forwards"] - 2  # two images, one prefill each
+    assert fed == 2 + (W + 1) * rounds_
+    assert sjd["predicted_speedup"] == pytest.approx(128 / fed)
+    assert sjd["efficiency"] == pytest.approx(sjd["speedup"] * fed / 128)
+    spec_fed = sum(int(n) * c for n, c in spec["target_block_sizes"].items())
+    draft_fed = sum(int(n) * c for n, c in spec["draft_block_sizes"].items())
+    assert spec["predicted_speedup"] == pytest.approx(128 / (spec_fed + draft_fed / 2))
+    # hand-made runs: 64 tokens by a prefill and 21 forwards of 3 tokens -> 64 / 64 = 1; by 9 forwards of 8 -> 64 / 73
+    runs = [{"method": "ar", "images_per_s": 1.0, "target_block_sizes": {"1": 64}},
+            {"method": "sjd", "images_per_s": 1.0, "target_block_sizes": {"1": 1, "3": 21}},
+            {"method": "sjd", "images_per_s": 2.0, "target_block_sizes": {"1": 1, "8": 9}}]
+    hand = {"runs": runs, "cost_curve": {"target": [{"tokens": 1, "median_s": 1.0}, {"tokens": 2, "median_s": 2.0}]}}
+    set_speedups(hand)
+    assert [r["predicted_speedup"] for r in runs] == [1.0, pytest.approx(1.0), pytest.approx(64 / 73)]
+    assert runs[2]["efficiency"] == pytest.approx(2.0 * 73 / 64)
+    # the curve between and beyond its points: linear
+    rows = [{"tokens": 1, "median_s": 1.0}, {"tokens": 5, "median_s": 3.0}]
+    assert [curve_cost(rows, n) for n in (1, 3, 5, 9)] == [1.0, 2.0, 3.0, 5.0]
+    assert predicted_time({"target_block_sizes": {"1": 2}, "draft_forwards": 3}, hand["cost_curve"]) is None
+
+
+def test_report_keeps_cost_curve_and_resume_reuses_it(pipe, tmp_path, monkeypatch):
+    path = tmp_path / "b.json"
+    calls = []
+    real = runner.measure_curve
+    monkeypatch.setattr(runner, "measure_curve", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    first = runner.run_bench(pipe, [SPECS["sjd"]], 2, 2, progress=False, metrics=[], json_path=path, cost_curve=True)
+    saved = json.loads(path.read_text())
+    assert calls == [{"target": [1, W + 1]}]
+    assert saved["cost_curve"] == first["cost_curve"] and saved["runs"][1]["target_block_sizes"]
+    assert saved["runs"][1]["predicted_speedup"] == pytest.approx(first["runs"][1]["predicted_speedup"])
+
+    again = runner.run_bench(pipe, [SPECS["sjd"]], 2, 2, progress=False, metrics=[], json_path=path, cost_curve=True)
+    assert len(calls) == 1 and again["cost_curve"] == saved["cost_curve"]  # reused, not remeasured
+    assert again["runs"][1]["predicted_speedup"] == pytest.approx(saved["runs"][1]["predicted_speedup"])
+
+    # a method with sizes the curve lacks: measured afresh for all sizes the runs use
+    more = runner.run_bench(pipe, [SPECS["sjd"], SPECS["speculative"]], 2, 2, progress=False, metrics=[],
+                            json_path=path, cost_curve=True)
+    assert calls[1] == {"target": [1, G + 1, W + 1], "draft": [1, 2]}
+    assert {r["tokens"] for r in more["cost_curve"]["draft"]} == {1, 2}
+    # another batch size: the old curve does not apply
+    runner.run_bench(pipe, [SPECS["sjd"]], 2, 1, progress=False, metrics=[], json_path=path, cost_curve=True)
+    assert len(calls) == 3
+
+
+def test_shards_merge_block_sizes_and_keep_the_curve(pipe, tmp_path):
+    kw = dict(progress=False, metrics=[], cost_curve=True)
+    parts = [tmp_path / f"s{i}.json" for i in range(2)]
+    shards = [runner.run_bench(pipe, [SPECS["sjd"]], 4, 1, json_path=p, shards=2, shard_index=i, **kw)
+              for i, p in enumerate(parts)]
+    merged = merge_reports(parts)
+    sjd = merged["runs"][1]
+    want: dict[str, int] = {}
+    for s in shards:
+        for n, c in s["runs"][1]["target_block_sizes"].items():
+            want[n] = want.get(n, 0) + c
+    assert sjd["target_block_sizes"] == want and sum(want.values()) == sjd["target_forwards"]
+    assert merged["cost_curve"] == shards[0]["cost_curve"] and merged["runs"][0]["predicted_speedup"] == 1.0
+    t = predicted_time(sjd, merged["cost_curve"])
+    assert sjd["predicted_speedup"] == pytest.approx(predicted_time(merged["runs"][0], merged["cost_curve"]) / t)
+
+
+def test_cli_measures_the_curve_unless_told_not_to(tmp_path):
+    args = ["bench", "--model", "random-tiny", "--methods", SPECS["eagle"], "--num", "2", "--batch-size", "2"]
+    assert main([*args, "--json", str(tmp_path / "a.json"), "--md", str(tmp_path / "a.md")]) == 0
+    rep = json.loads((tmp_path / "a.json").read_text())
+    assert {r["tokens"] for r in rep["cost_curve"]["drafter"]} == {1, K, D + 1}
+    assert all("predicted_speedup" in r and "efficiency" in r for r in rep["runs"])
+    assert "predicted speedup" in (tmp_path / "a.md").read_text()
+    assert main([*args, "--json", str(tmp_path / "b.json"), "--md", str(tmp_path / "b.md"), "--no-cost-curve"]) == 0
+    rep = json.loads((tmp_path / "b.json").read_text())
+    assert "cost_curve" not in rep and not any("predicted_speedup" in r for r in rep["runs"])
+    assert rep["runs"][1]["drafter_block_sizes"]  # still recorded
+    assert "predicted speedup" not in (tmp_path / "b.md").read_text()
+
+
+@pytest.mark.parametrize("family", ["emu3", "janus"])
+def test_text_to_image_cost_curve_with_prompts_and_a_draft(tmp_path, family):
+    """Prompts instead of classes (Emu3 with its forced row ends, Janus): the curve covers the target
+    and draft sizes the runs used, every run gets a prediction, histograms sum to the forward counts."""
+    pytest.importorskip("transformers")
+    from hf_tiny import make_emu3, make_janus, read_fixture
+
+    make = make_emu3 if family == "emu3" else make_janus
+    d, dd = make(tmp_path / "t", seed=0), make(tmp_path / "d", seed=1)
+    info = read_fixture(d)
+    pipe = load(str(d), draft=str(dd))
+    report = runner.run_bench(pipe, [SPECS["sjd"], "speculative:gamma=2"], 2, 2, progress=False, metrics=[],
+                              prompts=["a red apple", "a cat"], height=info["height"], width=info["width"],
+                              cost_curve=True)
+    curve = report["cost_curve"]
+    assert {r["tokens"] for r in curve["target"]} == {1, 3, W + 1} and {r["tokens"] for r in curve["draft"]} == {1, 2}
+    for r in report["runs"]:
+        assert sum(r["target_block_sizes"].values()) == r["target_forwards"]
+        assert sum((r.get("draft_block_sizes") or {}).values()) == r["draft_forwards"]
+        assert r["predicted_speedup"] > 0 and r["efficiency"] > 0
+    assert report["runs"][0]["predicted_speedup"] == 1.0
