@@ -55,7 +55,8 @@ def predicted_time(run: dict[str, Any], curve: dict[str, list]) -> float | None:
     forwards of cost_target(block size) and over its draft-model / EAGLE-drafter forwards of
     cost_draft / cost_drafter(block size), all at the report's batch size and CFG. The prefill is
     included, priced as a 1-token forward for every method alike (its real cost, a pass over the
-    condition, is the same for every method). Other work (sampling, acceptance, tree building) is
+    condition, is the same for every method). A last batch smaller than the batch size is priced at
+    the full batch's cost, like every other. Other work (sampling, acceptance, tree building) is
     left out: that is what ``efficiency`` below 1 shows. None when the run has no block sizes (a
     report from before they were recorded) or the curve lacks a kind the run used."""
     if not run.get("target_block_sizes"):
