@@ -12,10 +12,10 @@ from pathlib import Path
 
 from ..models.checkpoint import load_strict
 from ..models.decoder import PromptDecoder, import_llama_layers
-from . import chameleon, emu3, janus, llamagen_t2i
+from . import chameleon, emu3, janus, llamagen_t2i, mar
 from .hf import read_json
 
-FAMILIES = (janus, emu3, chameleon, llamagen_t2i)
+FAMILIES = (janus, emu3, chameleon, llamagen_t2i, mar)
 
 
 def detect(directory: str | Path):
