@@ -193,8 +193,10 @@ class TextPipeline(Pipeline):
 
     def prompt_class(self, prompt) -> int:
         """The class a prompt asks for, from the checkpoint's ``extras["prompt_classes"]`` (the
-        emoji-t2i bundle: every glyph name -> its emoji class), -1 when it names none."""
-        return int((self.extras.get("prompt_classes") or {}).get(prompt, -1)) if isinstance(prompt, str) else -1
+        emoji-t2i bundle: every glyph name, lower case -> its emoji class), -1 when it names none."""
+        if not isinstance(prompt, str):
+            return -1
+        return int((self.extras.get("prompt_classes") or {}).get(prompt.strip().lower(), -1))
 
     def to(self, device: str | torch.device) -> "TextPipeline":
         super().to(device)

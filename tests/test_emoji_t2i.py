@@ -62,7 +62,8 @@ def test_vq_decoder_renders(pipe) -> None:
 
 
 @pytest.mark.parametrize("spec", ["speculative:gamma=4", "sjd:window=16", "eagle:total_tokens=12", "adt:total_tokens=12",
-                                  "static-tree:total_tokens=12", "lantern:k=50:delta=0.3", "gsd:G=4"])
+                                  "static-tree:tree=chain", "speculative:gamma=4:accept=lantern:k=50:delta=0.3",
+                                  "sjd:window=8:accept=gsd:group=4"])
 def test_every_method_runs_and_lossless_ones_keep_greedy(pipe, spec) -> None:
     """Each method family on the bundle (draft model, Jacobi, trees with the shipped EAGLE head,
     relaxed rules): images come out; a lossless method at temperature 0 gives AR's greedy tokens."""
@@ -74,6 +75,6 @@ def test_every_method_runs_and_lossless_ones_keep_greedy(pipe, spec) -> None:
     greedy = sv.Sampling(temperature=0.0, cfg_scale=3.0)
     out = pipe(prompts=PROMPTS[:1], method=method, sampling=greedy, seed=0)
     assert np.asarray(out.images[0]).shape == (64, 64, 3)
-    if spec.split(":")[0] not in ("lantern", "gsd"):
+    if "accept=" not in spec:
         ar = pipe(prompts=PROMPTS[:1], method=sv.AR(), sampling=greedy, seed=0, decode=False).tokens
         assert torch.equal(out.tokens, ar)

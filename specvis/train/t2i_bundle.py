@@ -27,15 +27,15 @@ __all__ = ["prompt_table", "build", "main"]
 
 
 def prompt_table(data: str | Path) -> dict[str, dict]:
-    """``{short name: {"class", "split", "codepoint"}}`` for every glyph of the dataset (the first
-    glyph wins when two share a name)."""
+    """``{short name (lower case): {"class", "split", "codepoint"}}`` for every glyph of the dataset
+    (the first glyph wins when two share a name)."""
     data = Path(data)
     glyphs = json.loads((data / "captions.json").read_text())["glyphs"]
     table: dict[str, dict] = {}
     for split in ("train", "eval"):
         with np.load(data / f"{split}.npz") as z:
             for cp, label in zip(z["codepoints"].tolist(), z["labels"].tolist()):
-                name = glyphs[f"U+{cp:04X}"]["name"]
+                name = glyphs[f"U+{cp:04X}"]["name"].lower()  # the tokenizer lower-cases too
                 table.setdefault(name, {"class": int(label), "split": split, "codepoint": f"U+{cp:04X}"})
     return table
 
