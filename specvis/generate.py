@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -18,6 +19,7 @@ class Generation:
     stats: Stats
     images: list = field(default_factory=list)  # PIL images when a pipeline decoded them
     latents: torch.Tensor | None = None  # (B, H*W, C) continuous tokens (continuous-token models)
+    method: Any = None  # the method that ran (``sv.Auto()``: the one it chose)
 
 
 def check_conditions(model, conditions) -> None:
@@ -68,6 +70,9 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
         conditions = torch.as_tensor(conditions, device=device)
     check_conditions(model, conditions)
     condition = Condition.of(model, conditions)
+    auto = method if hasattr(method, "resolve") else None
+    if auto is not None:  # sv.Auto(): calibrate (first call for its key) and run the method it picks
+        method = auto.resolve(model, conditions, sampling, draft=draft, drafter=drafter, graphs=graphs)
     if draft is not None and draft.layout != model.layout:
         raise ValueError(f"draft layout {draft.layout} != target layout {model.layout}")
     pad = method.pad
@@ -81,7 +86,10 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     ctx.rule, ctx.progress = rule, progress
     wall = timed(lambda: method.decode(ctx), device)
     draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
-    return Generation(ctx.image_tokens().clone(), ctx.stats(wall, draft_forwards), latents=getattr(ctx, "latents", None))
+    if auto is not None:
+        ctx.extra["auto_calibration_s"] = auto.calibration_s
+    return Generation(ctx.image_tokens().clone(), ctx.stats(wall, draft_forwards), latents=getattr(ctx, "latents", None),
+                      method=method)
 
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ METHODS = {  # CLI name -> "module:Class"
     "adt": "specvis.methods.tree:ADTTree",
     "static-tree": "specvis.methods.static_tree:StaticTree",
     "cspd": "specvis.methods.cspd:CSpD",
+    "auto": "specvis.methods.auto:Auto",
 }
 
 ACCEPTANCE = {

@@ -1,0 +1,208 @@
+"""``Auto``: run the lossless method predicted fastest for this model, device, batch and sampling,
+or plain AR when none is predicted faster ("never slower than AR").
+
+The rule, on the first call for a key (target, draft, drafter, device, batch size, grid, sampling):
+1. Acceptance probe: every candidate runs once on the call's own conditions (the whole batch, seed
+   ``PROBE_SEED``; its samples are thrown away) and reports its forwards by block size
+   (``Stats.block_sizes``), its mean accepted length and its draft forwards per target forward.
+   AR is not run: its forwards are known (one 1-token target forward per stream token).
+2. Cost curve: the seconds of one cached target / draft / drafter forward over n tokens, measured on
+   this device at the call's batch size and CFG for every block size the probes used (at most
+   ``MAX_SIZES`` of them, the rest interpolated): ``specvis.bench.forward_cost``'s probe.
+3. Price: predicted time = sum over a run's forwards of the curve's cost of its block size
+   (``bench.report.predicted_time``, the formula of the bench's ``predicted_speedup``), and
+   predicted speedup = AR's predicted time / the candidate's.
+4. Choose the candidate with the highest predicted speedup when it is at least ``margin``
+   (default 1.05); otherwise AR.
+
+Candidates (all with ``Exact`` acceptance, so lossless): ``SJD`` window 4, 8, 16 (init random,
+Gumbel coupling); with a draft model ``Speculative`` gamma 2 and 4; with an EAGLE drafter
+``EagleTree`` with 24 and 60 tree tokens and ``StaticTree`` (its default topology). Continuous-token
+targets get AR (no lossless candidate).
+
+The probe and curve figures are cached per key for the process (a second call with the same key does
+not probe again); ``Auto.explain()`` says what was chosen and each candidate's figures. The user's
+generation runs after the choice with the user's seed, so its output equals the chosen method's output
+for that seed. The calibration is not part of ``Stats.wall_s`` (``Stats.extra["auto_calibration_s"]``
+is its cost on the call that paid it, 0 afterwards).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+PROBE_SEED = 1_000_003
+MAX_SIZES = 12  # most block sizes measured per kind in the cost curve
+_CACHE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # target -> {key: figures}
+
+
+def candidates(draft: bool, drafter: bool) -> list:
+    """The lossless candidates for a target with (or without) a draft model and an EAGLE drafter."""
+    from .sjd import SJD
+    from .speculative import Speculative
+    from .static_tree import StaticTree
+    from .tree import EagleTree
+
+    out: list = []
+    if draft:
+        out += [Speculative(gamma=2), Speculative(gamma=4)]
+    out += [SJD(window=w, init="random", coupling="gumbel") for w in (4, 8, 16)]
+    if drafter:
+        out += [EagleTree(depth=4, top_k=8, total_tokens=24), EagleTree(), StaticTree()]
+    return out
+
+
+FIGURES = ("label", "mean_accepted_length", "drafts_per_round", "predicted_speedup")  # Auto.figures keys
+KEY_FIELDS = ("gamma", "window", "depth", "top_k", "total_tokens", "tree")  # what tells candidates apart
+
+
+def label(method) -> str:
+    """``sjd(window=8)``: the method's name and its size options."""
+    shown = [f"{k}={getattr(method, k)}" for k in KEY_FIELDS if hasattr(method, k)]
+    return f"{method.name}({', '.join(shown)})" if shown else method.name
+
+
+def probe(model, conditions, method, sampling, draft=None, drafter=None, graphs=None):
+    """Stats of one run of ``method`` on ``conditions`` with seed ``PROBE_SEED`` (samples discarded)."""
+    from ..generate import generate
+
+    return generate(model, conditions, method, sampling, PROBE_SEED, draft=draft, drafter=drafter,
+                    graphs=graphs).stats
+
+
+def measure_curve(model, conditions, sampling, sizes: dict[str, list[int]], repeats: int, draft=None,
+                  drafter=None) -> dict[str, list[dict]]:
+    """The forward cost curve ({kind: [{"tokens", "median_s"}]}) at the call's batch and CFG."""
+    from ..bench.forward_cost import _Probe
+    from ..generate import generate
+
+    p = _Probe(sizes, repeats)
+    generate(model, conditions, p, sampling, 0, draft=draft, drafter=drafter, graphs=False)
+    return p.curve
+
+
+def _subset(sizes: set[int]) -> list[int]:
+    """At most ``MAX_SIZES`` of ``sizes``: all when few, else 1, the largest and a geometric spread."""
+    s = sorted(sizes | {1})
+    if len(s) <= MAX_SIZES:
+        return s
+    import math
+
+    picks = {s[0], s[-1]}
+    for i in range(MAX_SIZES - 2):
+        target = math.exp(math.log(s[-1]) * (i + 1) / (MAX_SIZES - 1))
+        picks.add(min(s, key=lambda n: abs(n - target)))
+    return sorted(picks)
+
+
+def _run_dict(stats) -> dict:
+    bs = stats.block_sizes
+    return {"draft_forwards": stats.draft_forwards,
+            **{f"{kind}_block_sizes": {str(n): c for n, c in bs.get(kind, {}).items()} for kind in ("target", "draft", "drafter")}}
+
+
+def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None, repeats: int = 3) -> dict:
+    """Probe every candidate and measure the cost curve: {"rows": [{"method", "label",
+    "mean_accepted_length", "drafts_per_round", "predicted_speedup"}, ...], "curve": ..., "skipped": [...]}."""
+    from ..bench.report import predicted_time
+
+    rows, skipped, sizes = [], [], {"target": {1}, "draft": set(), "drafter": set()}
+    for m in candidates(draft is not None, drafter is not None):
+        try:
+            st = probe(model, conditions, m, sampling, draft=draft, drafter=drafter, graphs=graphs)
+        except (ValueError, NotImplementedError) as e:  # a candidate this model cannot run
+            skipped.append(f"{label(m)}: {e}")
+            continue
+        for kind, hist in st.block_sizes.items():
+            sizes.setdefault(kind, set()).update(hist)
+        rows.append({"method": m, "label": label(m), "mean_accepted_length": st.mean_accepted_length,
+                     "drafts_per_round": st.draft_forwards / max(st.target_forwards, 1), "run": _run_dict(st)})
+    curve = measure_curve(model, conditions, sampling, {k: _subset(v) for k, v in sizes.items() if v}, repeats,
+                          draft=draft if sizes["draft"] else None, drafter=drafter if sizes["drafter"] else None)
+    t_ar = predicted_time({"target_block_sizes": {"1": model.layout.stream_len}}, curve)
+    for r in rows:
+        t = predicted_time(r["run"], curve)
+        r["predicted_speedup"] = t_ar / t if t and t_ar else 0.0
+    return {"rows": rows, "curve": curve, "skipped": skipped}
+
+
+@dataclass(frozen=True)
+class Auto:
+    """The lossless method predicted fastest here, or AR (module docstring: the rule). ``margin``:
+    the predicted speedup over AR a candidate needs (>= 1); ``repeats``: timed repeats per cost-curve
+    point. After a call, ``chosen`` is the method that ran, ``figures`` each candidate's probe figures
+    ({"label", "mean_accepted_length", "drafts_per_round", "predicted_speedup"}) and ``explain()``
+    (also ``choice``) says in one line what was chosen and why."""
+
+    margin: float = 1.05
+    repeats: int = 3
+    name = "auto"
+    lossless = True
+    acceptance = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.margin, (int, float)) or isinstance(self.margin, bool) or not self.margin >= 1.0:
+            raise ValueError(f"Auto.margin must be a number >= 1 (the predicted speedup over AR a method needs), got {self.margin!r}")
+        if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
+            raise ValueError(f"Auto.repeats must be an integer >= 1, got {self.repeats!r}")
+        object.__setattr__(self, "chosen", None)
+        object.__setattr__(self, "figures", [])
+        object.__setattr__(self, "calibration_s", 0.0)
+        object.__setattr__(self, "choice", "auto: no choice yet (it is made on the first call)")
+
+    pad = 1  # never decodes itself: specvis.generate runs the method ``resolve`` returns
+
+    def decode(self, ctx) -> None:
+        raise ValueError("Auto is resolved by specvis.generate before decoding (Auto.resolve)")
+
+    def explain(self) -> str:
+        """One line: the method chosen and each candidate's probe figures (mean accepted length, draft
+        forwards per round, predicted speedup over AR)."""
+        return self.choice
+
+    def resolve(self, model, conditions, sampling, draft=None, drafter=None, graphs=None):
+        """The method to run for this call (calibrating on the first call for its key)."""
+        from .ar import AR
+
+        from ..models.base import Condition
+
+        device = next(model.parameters()).device
+        B = Condition.of(model, conditions).batch
+        t0 = time.perf_counter()
+        if getattr(model, "token_dim", None) is not None:
+            return self._set(AR(), "auto: ar (continuous-token target: no lossless candidate)", 0.0)
+        layout = model.layout
+        key = (id(draft), id(drafter), str(device), B, (layout.height, layout.width, layout.stream_len), repr(sampling))
+        per_model = _CACHE.setdefault(model, {})
+        fig = per_model.get(key)
+        if fig is None:
+            fig = per_model[key] = calibrate(model, conditions, sampling, draft, drafter, graphs, self.repeats)
+        spent = time.perf_counter() - t0
+        rows = fig["rows"]
+        best = max(rows, key=lambda r: r["predicted_speedup"], default=None)
+        pick = best if best is not None and best["predicted_speedup"] >= self.margin else None
+        method = pick["method"] if pick else AR()
+        assert method.lossless
+        why = (f"predicted {pick['predicted_speedup']:.2f}x AR >= margin {self.margin:g}" if pick else
+               f"no candidate predicted >= {self.margin:g}x AR")
+        figs = "; ".join(f"{r['label']} mal {r['mean_accepted_length']:.2f} drafts/round {r['drafts_per_round']:.1f} "
+                         f"pred {r['predicted_speedup']:.2f}x" for r in rows)
+        skipped = f"; skipped {', '.join(fig['skipped'])}" if fig["skipped"] else ""
+        line = (f"auto: {label(method)} ({why}; batch {B} on {device}) | probe (mean accepted length, draft "
+                f"forwards per round, predicted speedup over AR): {figs}{skipped}")
+        return self._set(method, line, spent, [{k: r[k] for k in FIGURES} for r in rows])
+
+    def _set(self, method, line: str, spent: float, figures: list | None = None):
+        object.__setattr__(self, "figures", figures or [])
+        object.__setattr__(self, "chosen", method)
+        object.__setattr__(self, "choice", line)
+        object.__setattr__(self, "calibration_s", spent)
+        return method
+
+
+def clear_cache() -> None:
+    """Forget every cached calibration (the next Auto call probes again)."""
+    _CACHE.clear()

@@ -1,0 +1,140 @@
+"""sv.Auto / --method auto: calibrates once per (model, device, batch, sampling), runs a lossless
+method (or AR when nothing is predicted faster), its output is that method's output for the seed."""
+
+import pytest
+import torch
+
+import specvis as sv
+from specvis.methods import auto as auto_mod
+from specvis.registry import build_method, method_from_spec
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return sv.load("random-tiny")
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    auto_mod.clear_cache()
+    yield
+    auto_mod.clear_cache()
+
+
+def curve_of(cost):
+    """A synthetic cost curve: ``cost(kind, n)`` seconds for a forward over n tokens, at every size asked."""
+    def measure(model, conditions, sampling, sizes, repeats, draft=None, drafter=None):
+        return {kind: [{"tokens": n, "median_s": cost(kind, n)} for n in ns] for kind, ns in sizes.items()}
+    return measure
+
+
+def test_auto_runs_a_lossless_method_and_its_tokens_equal_that_methods(pipe, monkeypatch):
+    # drafts free, target cost flat: some speculative candidate wins, so the equality is not AR's
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if kind == "target" else 0.0))
+    a = sv.Auto()
+    out = pipe([0, 3], a, seed=7)
+    assert out.method is a.chosen and out.method.lossless and not isinstance(out.method, (sv.Auto, sv.AR))
+    ref = pipe([0, 3], out.method, seed=7)
+    assert torch.equal(out.tokens, ref.tokens)
+    assert out.stats.target_forwards == ref.stats.target_forwards
+
+
+def test_auto_with_the_measured_curve_equals_its_choice(pipe):
+    a = sv.Auto(repeats=1)
+    out = pipe([1], a, seed=2)
+    assert out.method.lossless and out.method == a.chosen
+    assert torch.equal(out.tokens, pipe([1], a.chosen, seed=2).tokens)
+
+
+def test_expensive_big_blocks_pick_ar(pipe, monkeypatch):
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if n == 1 else 100.0 * n))
+    a = sv.Auto()
+    out = pipe([0], a, seed=0)
+    assert isinstance(out.method, sv.AR) and isinstance(a.chosen, sv.AR)
+    assert all(f["predicted_speedup"] < 1.0 for f in a.figures) and len(a.figures) >= 3
+    assert a.explain().startswith("auto: ar (no candidate predicted >= 1.05x AR")
+    assert torch.equal(out.tokens, pipe([0], sv.AR(), seed=0).tokens)
+
+
+def test_flat_curve_picks_the_highest_mean_accepted_length(pipe, monkeypatch):
+    # batch 1, every target forward costs the same, drafts free: speedup = mean accepted length
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if kind == "target" else 0.0))
+    a = sv.Auto()
+    pipe([2], a, seed=0)
+    best = max(f["mean_accepted_length"] for f in a.figures)
+    assert best > 1.05
+    mine = [f for f in a.figures if f["label"] == auto_mod.label(a.chosen)]
+    assert len(mine) == 1 and mine[0]["mean_accepted_length"] == best
+    for f in a.figures:
+        assert f["predicted_speedup"] == pytest.approx(f["mean_accepted_length"], rel=1e-6)
+
+
+def test_margin_keeps_ar_when_the_best_is_not_enough(pipe, monkeypatch):
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if kind == "target" else 0.0))
+    a = sv.Auto(margin=50.0)
+    pipe([2], a, seed=0)
+    assert isinstance(a.chosen, sv.AR) and max(f["predicted_speedup"] for f in a.figures) > 1.05
+
+
+def test_choice_is_cached_per_batch_size(pipe, monkeypatch):
+    calls = []
+    real = auto_mod.probe
+    monkeypatch.setattr(auto_mod, "probe", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
+    n = len(auto_mod.candidates(draft=True, drafter=True))
+    pipe([0, 1], sv.Auto(), seed=0)
+    assert len(calls) == n
+    a = sv.Auto()  # another instance, other classes and seed, same model / batch / sampling: no probe
+    out = pipe([2, 3], a, seed=5)
+    assert len(calls) == n and a.chosen is not None and out.stats.extra["auto_calibration_s"] < 0.5
+    pipe([0, 1, 2], sv.Auto(), seed=0)  # another batch size: probes again
+    assert len(calls) == 2 * n
+    pipe([0, 1], sv.Auto(), sv.Sampling(temperature=0.5), seed=0)  # other sampling: probes again
+    assert len(calls) == 3 * n
+
+
+def test_explain_names_the_choice_and_every_candidates_figures(pipe, monkeypatch):
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if kind == "target" else 0.0))
+    a = sv.Auto()
+    assert "no choice yet" in a.explain()
+    pipe([1], a, seed=0)
+    line = a.explain()
+    assert "\n" not in line and line == a.choice
+    assert line.startswith(f"auto: {auto_mod.label(a.chosen)} (predicted ")
+    for f in a.figures:
+        assert f"{f['label']} mal {f['mean_accepted_length']:.2f}" in line
+        assert f"pred {f['predicted_speedup']:.2f}x" in line
+    assert {f["label"] for f in a.figures} >= {"sjd(window=4)", "sjd(window=8)", "sjd(window=16)",
+                                               "speculative(gamma=2)", "speculative(gamma=4)"}
+
+
+def test_candidates_are_lossless_and_follow_the_models_parts():
+    assert all(m.lossless for m in auto_mod.candidates(True, True))
+    names = [m.name for m in auto_mod.candidates(False, False)]
+    assert names == ["sjd", "sjd", "sjd"]
+    assert {"speculative", "eagle", "static-tree"} <= {m.name for m in auto_mod.candidates(True, True)}
+
+
+def test_registry_and_spec():
+    assert build_method("auto", {}) == sv.Auto()
+    assert method_from_spec("auto:margin=1.2:repeats=2") == sv.Auto(margin=1.2, repeats=2)
+    assert sv.Auto().lossless
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: method_from_spec("auto:bogus=1"), "method auto has no option 'bogus'; options: margin, repeats"),
+    (lambda: method_from_spec("auto:accept=lantern"), "method auto has no option 'accept'"),
+    (lambda: sv.Auto(margin=0.5), "Auto.margin must be a number >= 1"),
+    (lambda: sv.Auto(repeats=0), "Auto.repeats must be an integer >= 1"),
+])
+def test_bad_input_is_one_line(make, message):
+    with pytest.raises(ValueError) as e:
+        make()
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_continuous_target_gets_ar():
+    p = sv.load("random-tiny-continuous")
+    a = sv.Auto()
+    out = p([0], a, seed=0)
+    assert isinstance(out.method, sv.AR) and "continuous" in a.explain()
