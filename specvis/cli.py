@@ -367,11 +367,15 @@ def cmd_generate(a: argparse.Namespace) -> int:
              "default_method": not a.method, **conditions, "seed": a.seed,
              "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
              **s.to_dict(), **({"compare_ar": compare} if compare else {}), "accept_map": s.accept_map.tolist()}
+    if hasattr(method, "explain"):  # sv.Auto: the method it ran, and why
+        stats["chosen"] = dict(zip(("method", "config", "acceptance"), describe(out.method)), why=method.explain())
     write_text(out_dir / "stats.json", json.dumps(stats, indent=1))
     what = f"classes {sorted(set(conditions['classes']))}" if "classes" in conditions else f"{len(set(prompts))} prompts"
     chosen = " (the model's default; --method ar for plain AR)" if not a.method else ""
     print(f"specvis {a.model} | method {name} {json.dumps(config)}{chosen} | accept {rule} | {num} images, {what}")
     print(f"  device {_device_line(pipe)}")
+    if hasattr(method, "explain"):
+        print(f"  {method.explain()}")
     print(f"  tokens/image {s.tokens}  target forwards {s.target_forwards}  draft forwards {s.draft_forwards}")
     print(f"  step compression {s.step_compression:.2f}  mean accepted length {s.mean_accepted_length:.2f}  "
           f"wall {s.wall_s:.2f}s  ({num / s.wall_s:.2f} images/s)")

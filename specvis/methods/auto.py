@@ -104,7 +104,7 @@ def _run_dict(stats) -> dict:
             **{f"{kind}_block_sizes": {str(n): c for n, c in bs.get(kind, {}).items()} for kind in ("target", "draft", "drafter")}}
 
 
-def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None, repeats: int = 3) -> dict:
+def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None, repeats: int = 5) -> dict:
     """Probe every candidate and measure the cost curve: {"rows": [{"method", "label",
     "mean_accepted_length", "drafts_per_round", "predicted_speedup"}, ...], "curve": ..., "skipped": [...]}."""
     from ..bench.report import predicted_time
@@ -138,7 +138,7 @@ class Auto:
     (also ``choice``) says in one line what was chosen and why."""
 
     margin: float = 1.05
-    repeats: int = 3
+    repeats: int = 5
     name = "auto"
     lossless = True
     acceptance = None
