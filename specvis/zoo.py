@@ -6,6 +6,7 @@ continuous-token models as ``emoji-continuous`` (also ``load("emoji").continuous
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -127,13 +128,49 @@ BUNDLES = {
 }
 
 
+# Intra-op threads (``load``): torch's default, one thread per core, made SJD run at 0.07x of AR on a
+# busy 2-core machine: the forwards of a small model are too short to share between threads.
+SMALL_MODEL_PARAMS = 50_000_000  # targets below this many parameters run on one CPU thread by default
+THREADS_ENV = "SPECVIS_THREADS"
+
+
+def threads_for(n_params: int, device, threads: int | str | None = None) -> tuple[int | None, str]:
+    """(intra-op thread count to set, or None to leave torch's, and why). In order: ``threads``
+    (``sv.load(threads=)``), the environment variable ``SPECVIS_THREADS``, then: leave torch's when
+    ``OMP_NUM_THREADS`` is set, the device is not the CPU or the target has ``SMALL_MODEL_PARAMS``
+    parameters or more; else 1. A value of 0 means torch's default. A bad value is a ValueError."""
+    for value, what in ((threads, "threads="), (os.environ.get(THREADS_ENV), THREADS_ENV)):
+        if value is None or value == "":
+            continue
+        try:
+            n = int(value) if not isinstance(value, bool) else -1
+        except (TypeError, ValueError):
+            n = -1
+        if n < 0 or (isinstance(value, float) and value != n):
+            raise ValueError(f"{what} {value!r}: give a whole number of CPU threads >= 1 (0: torch's default)")
+        return (n or None), what
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None, "OMP_NUM_THREADS"
+    if torch.device(device).type != "cpu" or n_params >= SMALL_MODEL_PARAMS:
+        return None, "torch default"
+    return 1, f"default: target under {SMALL_MODEL_PARAMS // 1_000_000}M parameters on CPU"
+
+
 def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
          compile: bool = False, graphs: bool | None = None, draft: str | None = None,
-         drafter: str | None = None) -> Pipeline:
+         drafter: str | None = None, threads: int | None = None) -> Pipeline:
     """Load a bundle by name, offline, or a real checkpoint: a directory or Hugging Face Hub id
     (``specvis.families``; ``draft``: a smaller checkpoint of the same family; ``drafter``: an EAGLE
     head directory trained for it, ``specvis train-drafter --model``). ``dtype``,
-    ``compile``, ``graphs``: see ``Pipeline.configure``."""
+    ``compile``, ``graphs``: see ``Pipeline.configure``.
+
+    ``threads``: torch's intra-op CPU threads (``torch.set_num_threads``, process-wide). Default
+    (``threads_for``): 1 when the device is the CPU, the target has fewer than 50M parameters
+    (``SMALL_MODEL_PARAMS``) and neither ``SPECVIS_THREADS`` nor ``OMP_NUM_THREADS`` is set; else
+    torch's own. ``SPECVIS_THREADS=k`` or ``threads=k`` sets k (``threads=`` wins; 0: torch's
+    default). The count set is recorded in ``pipe.extras["threads"]`` (and why in
+    ``pipe.extras["threads_source"]``)."""
+    threads_for(0, "cuda", threads)  # a bad threads= / SPECVIS_THREADS fails before loading
     if name in BUNDLES:
         if draft is not None:
             raise ValueError(f"draft= is for checkpoint directories; bundle {name!r} ships its own draft")
@@ -146,6 +183,11 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
         pipe = load_pipeline(name, draft=draft, drafter=drafter)
     else:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(BUNDLES)}, a checkpoint directory or a Hub id")
+    n, source = threads_for(sum(p.numel() for p in pipe.target.parameters()), device, threads)
+    if n is not None:
+        torch.set_num_threads(n)
+        pipe.extras["threads"] = n
+        pipe.extras["threads_source"] = source
     return pipe.to(device).configure(dtype, compile, graphs)
 
 
