@@ -138,3 +138,18 @@ def test_continuous_target_gets_ar():
     a = sv.Auto()
     out = p([0], a, seed=0)
     assert isinstance(out.method, sv.AR) and "continuous" in a.explain()
+
+
+def test_cli_generate_auto_prints_and_records_the_choice(tmp_path, capsys, monkeypatch):
+    import json
+
+    from specvis.cli import main
+
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if n == 1 else 100.0 * n))
+    assert main(["generate", "--model", "random-tiny", "--method", "auto", "--num", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "method auto" in out and "  auto: ar (no candidate predicted >= 1.05x AR" in out
+    chosen = json.loads((tmp_path / "stats.json").read_text())["chosen"]
+    assert chosen["method"] == "ar" and chosen["why"].startswith("auto: ar")
+    assert main(["generate", "--model", "random-tiny", "--method", "auto", "--gamma", "3", "--out", str(tmp_path)]) == 2
+    assert "method auto has no option '--gamma'" in capsys.readouterr().err

@@ -103,6 +103,7 @@ def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress
         "images_per_s": n_images / wall if wall > 0 else float("nan"),
         "quality": {},
         **extra,  # method-specific means, e.g. mean_tree_depth (d-bar) of the tree methods
+        **({"auto_choice": method.explain()} if hasattr(method, "explain") else {}),  # sv.Auto: what it ran, why
         "accept_map_per_class": maps,
         "images_per_class": counts,
         "_outputs": first,
