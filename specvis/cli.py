@@ -30,9 +30,10 @@ DEFAULT_METHODS = {
 
 def default_method_spec(pipe=None) -> str:
     """The spec of ``DEFAULT_METHODS`` for ``pipe`` (None: the discrete-model default)."""
+    from .families.mar import MARPipeline
     from .pipeline import ContinuousPipeline
 
-    if isinstance(pipe, ContinuousPipeline):
+    if isinstance(pipe, (ContinuousPipeline, MARPipeline)):
         return DEFAULT_METHODS["continuous"]
     return DEFAULT_METHODS.get(getattr(pipe, "name", None), DEFAULT_METHODS["discrete"])
 
@@ -261,10 +262,11 @@ CONTINUOUS_METHODS = ("ar", "cspd")
 def pipeline_for(pipe, names: list[str]):
     """The pipeline that runs methods ``names``: cspd needs continuous-token models, so a bundle that
     ships them (``pipe.continuous``) switches to them when every method is ar or cspd."""
+    from .families.mar import MARPipeline
     from .pipeline import ContinuousPipeline
 
     other = sorted(set(names) - set(CONTINUOUS_METHODS))
-    if isinstance(pipe, ContinuousPipeline):
+    if isinstance(pipe, (ContinuousPipeline, MARPipeline)):
         if other:
             raise ValueError(f"model {pipe.name} has continuous tokens: methods {' and '.join(CONTINUOUS_METHODS)} only, got {other[0]}")
         return pipe

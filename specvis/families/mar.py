@@ -4,8 +4,9 @@
 (``pretrained_models/vae/kl16.ckpt``, two levels up).
 
 The pipeline runs MAR's own sampler (``MAR.sample``: random order, cosine mask schedule, linear CFG
-schedule, DiffLoss sampling); speculative methods on MAR (CSpD over the generation order) are not
-wired yet, so ``method`` must be None or ``sv.AR()``. ``sampling.cfg_scale`` is MAR's ``cfg`` (the
+schedule, DiffLoss sampling) for ``method`` None or ``sv.AR()``, and ``sv.CSpD(...)`` with a draft MAR
+(``draft=``: a smaller MAR directory or ``MAR`` sharing the grid, token dimension and classes) over the
+same generation order (``specvis.methods.cspd_mar``); discrete-token methods are refused. ``sampling.cfg_scale`` is MAR's ``cfg`` (the
 end point of its linear schedule), ``sampling.temperature`` its DiffLoss temperature; top-k/top-p do
 not apply to continuous tokens and must stay unset.
 """
@@ -66,9 +67,16 @@ class MARPipeline:
     drafter: Any = None
     class_names: list[str] = field(default_factory=list)
 
+    graphs = None  # MAR has no captured rounds or compiled forward (what the CLI's device line reports)
+    compiled = False
+
     @property
     def num_classes(self) -> int:
         return self.target.num_classes
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.target.parameters()).dtype
 
     @property
     def device(self) -> torch.device:
@@ -77,6 +85,8 @@ class MARPipeline:
     def to(self, device) -> "MARPipeline":
         self.target.to(device)
         self.vae.to(device)
+        if self.draft is not None:
+            self.draft.to(device)
         return self
 
     def configure(self, dtype=None, compile: bool = False, graphs: bool | None = None) -> "MARPipeline":
@@ -84,6 +94,8 @@ class MARPipeline:
             from ..pipeline import resolve_dtype
 
             self.target.to(dtype=resolve_dtype(dtype))
+            if self.draft is not None:
+                self.draft.to(dtype=resolve_dtype(dtype))
         return self
 
     @torch.no_grad()
@@ -93,7 +105,6 @@ class MARPipeline:
         from ..generate import Generation
         from ..methods.ar import AR
         from ..methods.base import Stats
-        from ..viz import to_pil
 
         if prompts is not None or negative_prompts is not None:
             raise ValueError(f"model {self.name} is class-conditional: give classes=, not prompts=")
@@ -101,15 +112,20 @@ class MARPipeline:
             raise ValueError(f"model {self.name} has a fixed grid: height/width cannot be set")
         if classes is None:
             raise ValueError(f"model {self.name} is class-conditional: give classes=[...]")
-        if method is not None and not isinstance(method, AR):
-            raise ValueError(f"model {self.name} (MAR) runs its own sampler: method must be None or sv.AR(), "
-                             f"got {type(method).__name__}")
+        from ..methods.cspd import CSpD
+
+        if method is not None and not isinstance(method, (AR, CSpD)):
+            raise ValueError(f"model {self.name} (MAR) has continuous tokens: method must be None, sv.AR() or "
+                             f"sv.CSpD(...), got {type(method).__name__} (a discrete-token method)")
         sampling = sampling or self.default_sampling
         if getattr(sampling, "top_k", None) is not None or getattr(sampling, "top_p", None) is not None:
             raise ValueError("top_k/top_p do not apply to MAR's continuous tokens")
         labels = torch.as_tensor(list(classes), dtype=torch.long, device=self.device)
         if labels.numel() and not bool(((labels >= 0) & (labels < self.num_classes)).all()):
             raise ValueError(f"class ids must be in 0..{self.num_classes - 1}, got {labels.tolist()}")
+        if isinstance(method, CSpD):
+            return self._cspd(method, labels, sampling, seed, decode, num_iter or self.num_iter,
+                              cfg_schedule or self.cfg_schedule)
         import time
 
         t0 = time.perf_counter()
@@ -126,8 +142,26 @@ class MARPipeline:
         out = Generation(torch.zeros(B, L, dtype=torch.long), stats, latents=s.tokens)
         out.extras = {"sample": s}
         if decode:
-            images = self.vae.decode(self.target.unpatchify(s.tokens).to(next(self.vae.parameters()).dtype))
-            out.images = to_pil(images)
+            out.images = self._decode(s.tokens)
+        return out
+
+    def _decode(self, tokens: torch.Tensor) -> list:
+        from ..viz import to_pil
+
+        return to_pil(self.vae.decode(self.target.unpatchify(tokens).to(next(self.vae.parameters()).dtype)))
+
+    def _cspd(self, method, labels, sampling, seed, decode, num_iter, cfg_schedule):
+        from ..generate import Generation
+        from ..methods.cspd_mar import cspd_mar
+
+        res = cspd_mar(method, self.target, self.draft, labels, sampling, num_iter=num_iter,
+                       cfg_schedule=cfg_schedule, seed=seed)
+        tokens = res.tokens
+        out = Generation(torch.zeros(tokens.shape[0], tokens.shape[1], dtype=torch.long), res.stats, latents=tokens,
+                         method=method)
+        out.extras = {"schedule": res.schedule, "order": res.order}
+        if decode:
+            out.images = self._decode(tokens)
         return out
 
 
@@ -136,14 +170,28 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None) -> MARPipelin
     from ..models.mar import DEFAULT_CFG
     from ..sampling import Sampling
 
-    if draft is not None or drafter is not None:
-        raise ValueError("MAR directories take no draft=/drafter= yet (CSpD on MAR is not wired)")
+    if drafter is not None:
+        raise ValueError("MAR directories take no drafter= (EAGLE heads are for discrete tokens); give draft= for CSpD")
     directory = Path(directory)
     model = load_decoder(directory)
+    if draft is not None and not isinstance(draft, torch.nn.Module):
+        draft_dir = Path(draft)
+        if draft_dir.is_file():
+            from ..models.mar import load_mar_checkpoint
+
+            draft = load_mar_checkpoint(draft_dir, ema=True)
+        elif matches_dir(draft_dir):
+            draft = load_decoder(draft_dir)
+        else:
+            raise ValueError(f"draft {draft_dir}: not a MAR directory (no {CHECKPOINT}) or checkpoint file")
+    if draft is not None:
+        from ..methods.cspd_mar import check_draft
+
+        check_draft(model, draft)
     vae = KLVAE.from_checkpoint(find_vae(directory))
     if vae.embed_dim != model.config.vae_embed_dim:
         raise ValueError(f"{directory}: the VAE has {vae.embed_dim} latent channels, MAR expects {model.config.vae_embed_dim}")
     cfg = DEFAULT_CFG.get(model.config.model, 1.0)
     return MARPipeline(directory.name, model, vae, default_sampling=Sampling(cfg_scale=cfg, temperature=1.0),
                        extras={"family": NAME, "directory": str(directory), "grid": (model.seq_h, model.seq_w)},
-                       class_names=[f"class{i}" for i in range(model.num_classes)])
+                       class_names=[f"class{i}" for i in range(model.num_classes)], draft=draft)

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..diffusion import gaussian_log_density, residual_sample, transition_log_density
+from ..diffusion import ResidualDraw, gaussian_log_density, residual_sample, transition_log_density
 from ..models.continuous import DiffusionHead, Trajectory
 from ..sampling import Sampling
 from .base import DecodeContext, GuidedModel
@@ -134,6 +134,39 @@ def _pick(t: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
         return None
     idx = index.reshape(-1, 1, *([1] * (t.ndim - 2))).expand(-1, 1, *t.shape[2:])
     return t.gather(1, idx).squeeze(1)
+
+
+def paper_residual(tau: float, at: dict, pending: torch.Tensor, max_tries: int,
+                   gen: torch.Generator | None) -> ResidualDraw:
+    """Eq. 11 per row: proposals x ~ p(. | x_1^p) (the target's last step, ``at["mean_p"]``,
+    ``at["logvar_p"]``), accepted with max(0, 1 - q(x | x_1^q) / (Sigma p(x | x_1^p))); ``at`` holds
+    (N, ...) rows of what ``CSpD._paper_log_ratio`` returns as aux. Rows with ``pending`` False keep
+    their first proposal. Shared by CSpD on ContinuousAR and on MAR (``cspd_mar``)."""
+    def propose() -> tuple[torch.Tensor, torch.Tensor]:
+        x = at["mean_p"] + torch.exp(0.5 * at["logvar_p"]) * tau * torch.randn(
+            at["mean_p"].shape, device=at["mean_p"].device, generator=gen)
+        return x, at["log_sigma"] + transition_log_density(x, at["mean_p"], at["logvar_p"], tau)
+
+    def log_q(x: torch.Tensor) -> torch.Tensor:
+        return transition_log_density(x, at["mean_q"], at["logvar_q"], tau)
+
+    return residual_sample(propose, log_q, pending, max_tries, gen)
+
+
+def trajectory_residual(target, draft, z_p: torch.Tensor, zu_p: torch.Tensor | None, z_q: torch.Tensor,
+                        zu_q: torch.Tensor | None, pending: torch.Tensor, max_tries: int,
+                        gen: torch.Generator | None) -> ResidualDraw:
+    """The residual on trajectory space per row: whole target runs (z_p) accepted with
+    max(0, 1 - q_traj / p_traj), the draft (z_q) scored along them; returns the runs' states (N, K+1, C).
+    ``target``/``draft`` are head views with ``sample``, ``path_log_density`` and ``temperature``."""
+    def propose() -> tuple[torch.Tensor, torch.Tensor]:
+        run = target.sample(z_p, zu_p, gen)
+        return run.states, run.step_log_densities(target.temperature).sum(-1)
+
+    def log_q(states: torch.Tensor) -> torch.Tensor:
+        return draft.path_log_density(states, z_q, zu_q)
+
+    return residual_sample(propose, log_q, pending, max_tries, gen)
 
 
 def commit_latents(ctx: DecodeContext, latents: torch.Tensor, block: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -334,17 +367,8 @@ class CSpD:
         k = accepted.clamp_max(g - 1)
         at = {name: _pick(t.reshape(B, g, *t.shape[1:]), k) for name, t in aux.items()}
         bonus = target.sample(pc[:, g], None if pu is None else pu[:, g], gen).x0
-
-        def propose() -> tuple[torch.Tensor, torch.Tensor]:
-            x = at["mean_p"] + torch.exp(0.5 * at["logvar_p"]) * tau * torch.randn(
-                at["mean_p"].shape, device=bonus.device, generator=gen)
-            return x, at["log_sigma"] + transition_log_density(x, at["mean_p"], at["logvar_p"], tau)
-
-        def log_q(x: torch.Tensor) -> torch.Tensor:
-            return transition_log_density(x, at["mean_q"], at["logvar_q"], tau)
-
         pending = accepted < g
-        draw = residual_sample(propose, log_q, pending, self.max_resample_tries, gen)
+        draw = paper_residual(tau, at, pending, self.max_resample_tries, gen)
         nxt = torch.where(pending[:, None], draw.samples, bonus)
         return nxt, draw.tries, draw.fallback
 
@@ -358,15 +382,7 @@ class CSpD:
         k = accepted.clamp_max(g - 1)
         z_p, zu_p = _pick(pc, accepted), _pick(pu, accepted)
         z_q, zu_q = _pick(zq, k), _pick(zqu, k)
-
-        def propose() -> tuple[torch.Tensor, torch.Tensor]:
-            run = target.sample(z_p, zu_p, gen)
-            return run.states, run.step_log_densities(target.temperature).sum(-1)
-
-        def log_q(states: torch.Tensor) -> torch.Tensor:
-            return draft.path_log_density(states, z_q, zu_q)
-
-        draw = residual_sample(propose, log_q, accepted < g, self.max_resample_tries, gen)
+        draw = trajectory_residual(target, draft, z_p, zu_p, z_q, zu_q, accepted < g, self.max_resample_tries, gen)
         return draw.samples[:, -1], draw.tries, draw.fallback
 
     def _greedy(self, target: GuidedContinuous, drafts: torch.Tensor, pz: torch.Tensor, pzu: torch.Tensor | None,

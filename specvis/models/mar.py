@@ -370,6 +370,13 @@ class MAR(nn.Module):
                 nn.init.zeros_(m.bias)
 
     # ---- layout ----
+    @property
+    def layout(self):
+        """The token grid (``models.base.Layout``: seq_h x seq_w, no codebook: continuous tokens)."""
+        from .base import Layout
+
+        return Layout(self.seq_h, self.seq_w, 0)
+
     def patchify(self, latents: torch.Tensor) -> torch.Tensor:
         """(B, c, h, w) VAE latents -> (B, h/p * w/p, c p^2), channels-then-patch order as official."""
         B, c, h, w = latents.shape
@@ -426,6 +433,26 @@ class MAR(nn.Module):
         cls = self.class_embedding(labels, tokens.shape[0])
         return self.forward_mae_decoder(self.forward_mae_encoder(tokens, mask, cls), mask)
 
+    def guided_class_embedding(self, labels: torch.Tensor | None, batch: int, guided: bool) -> torch.Tensor:
+        """(B, E), or (2B, E) with the null class (``fake_latent``) rows appended when ``guided``."""
+        cls = self.class_embedding(labels, batch)
+        return torch.cat([cls, self.fake_latent.expand(batch, -1)]) if guided else cls
+
+    def z_at(self, tokens: torch.Tensor, mask: torch.Tensor, class_embedding: torch.Tensor,
+             positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One MAR forward under bidirectional attention: the known tokens (``mask`` False) of ``tokens``
+        (B, L, C) are encoded, every masked position gets the mask token, and z (B, n, D_dec) is read at
+        ``positions`` (B, n) (masked ones: the positions to draw next). ``class_embedding`` has B rows,
+        or 2B (``guided_class_embedding``): then both CFG halves run as one batch and the second z (the
+        null-class half) is returned too, else None. Every row must have the same number of known tokens."""
+        B = tokens.shape[0]
+        guided = class_embedding.shape[0] == 2 * B
+        x_in, m_in = (torch.cat([tokens, tokens]), torch.cat([mask, mask])) if guided else (tokens, mask)
+        z = self.forward_mae_decoder(self.forward_mae_encoder(x_in, m_in, class_embedding), m_in)
+        at = torch.cat([positions, positions]) if guided else positions
+        z = z.gather(1, at[..., None].expand(-1, -1, z.shape[-1]))
+        return (z[:B], z[B:]) if guided else (z, None)
+
     # ---- training ----
     def sample_orders(self, batch: int, generators: list) -> torch.Tensor:
         dev = self.fake_latent.device
@@ -470,11 +497,18 @@ class MAR(nn.Module):
     def sample(self, labels: torch.Tensor | None, num_iter: int = 64, cfg: float = 1.0, cfg_schedule: str = "linear",
                temperature: float = 1.0, seed: int | list[int] | None = None,
                generator: torch.Generator | list[torch.Generator] | None = None, batch: int | None = None,
-               guidance: bool | None = None) -> MARSample:
+               guidance: bool | None = None, reveals: list[int] | None = None, scales: list[float] | None = None,
+               last_step_noise: bool = False, order: torch.Tensor | None = None) -> MARSample:
         """MAR's own sampler (see the module docstring). ``labels`` (B,) class ids (None or -1: the null
         class; then ``batch`` gives B); ``seed``: int (sample i uses seed + i) or one per sample;
         ``generator``: one or one per sample (on the model's device). ``guidance``: run the CFG branch
-        (None: iff cfg != 1, as official; True with cfg 1 gives the unguided law)."""
+        (None: iff cfg != 1, as official; True with cfg 1 gives the unguided law).
+
+        Beyond the official sampler (used by CSpD on MAR to state and test the law it samples):
+        ``reveals`` (tokens drawn per step, summing to L) replaces the cosine schedule and ``scales``
+        (one CFG scale per step) the CFG schedule; ``last_step_noise`` adds the step noise on the last
+        denoising step too (the official ``p_sample`` adds none there); ``order`` (B, L) replaces the
+        random order (the generators then draw no order)."""
         if labels is not None:
             labels = torch.as_tensor(labels, device=self.fake_latent.device).long().reshape(-1)
             B = labels.shape[0]
@@ -488,17 +522,25 @@ class MAR(nn.Module):
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
         L, C, K = self.seq_len, self.token_embed_dim, self.diffloss.num_steps
         dev = self.fake_latent.device
-        mask_lens, reveals = mask_schedule(L, num_iter)
-        scales = cfg_scales(cfg, cfg_schedule, L, mask_lens)
+        if reveals is None:
+            mask_lens, reveals = mask_schedule(L, num_iter)
+        else:
+            reveals = [int(n) for n in reveals]
+            if sum(reveals) != L or min(reveals) < 0:
+                raise ValueError(f"reveals must be counts >= 0 summing to {L}, got {reveals}")
+            num_iter = len(reveals)
+            mask_lens = [L - sum(reveals[:s + 1]) for s in range(num_iter)]
+        if scales is None:
+            scales = cfg_scales(cfg, cfg_schedule, L, mask_lens)
+        elif len(scales) != num_iter:
+            raise ValueError(f"need one CFG scale per step ({num_iter}), got {len(scales)}")
         guided = (cfg != 1.0) if guidance is None else bool(guidance)
         gens = _generators(B, seed, generator, dev)
 
-        order = self.sample_orders(B, gens)
+        order = self.sample_orders(B, gens) if order is None else order.to(dev)
         tokens = torch.zeros(B, L, C, device=dev)
         mask = torch.ones(B, L, dtype=torch.bool, device=dev)
-        cls = self.class_embedding(labels, B)
-        if guided:
-            cls = torch.cat([cls, self.fake_latent.expand(B, -1)])
+        cls = self.guided_class_embedding(labels, B, guided)
         steps, end = [], L
         for s in range(num_iter):
             n = reveals[s]
@@ -507,18 +549,16 @@ class MAR(nn.Module):
             end -= n
             if n == 0:
                 continue
-            x_in, m_in = (torch.cat([tokens, tokens]), torch.cat([mask, mask])) if guided else (tokens, mask)
-            z = self.forward_mae_decoder(self.forward_mae_encoder(x_in, m_in, cls), m_in)
-            at = torch.cat([idx, idx]) if guided else idx
-            z = z.gather(1, at[..., None].expand(-1, -1, z.shape[-1]))
-            zc = z[:B].reshape(B * n, -1)
-            zu = z[B:].reshape(B * n, -1) if guided else None
+            zc, zu = self.z_at(tokens, mask, cls, idx)
+            zc = zc.reshape(B * n, -1)
+            zu = zu.reshape(B * n, -1) if zu is not None else None
             x_T, noise = [], []
             for g in gens:
                 x_T.append(torch.randn(n, C, device=dev, generator=g))
                 noise.append(torch.randn(n, K, C, device=dev, generator=g))
             noise = torch.cat(noise)
-            noise[:, -1] = 0  # the official p_sample adds no noise at t == 0
+            if not last_step_noise:
+                noise[:, -1] = 0  # the official p_sample adds no noise at t == 0
             traj = self.diffloss.sample_trajectory(zc, zu, scales[s], temperature, x_T=torch.cat(x_T), noise=noise)
             x0 = traj.x0.reshape(B, n, C).to(tokens.dtype)
             tokens = tokens.scatter(1, idx[..., None].expand(-1, -1, C), x0)

@@ -1,0 +1,301 @@
+"""CSpD on MAR (Wang et al. 2024, paper 000), run as its authors' code runs it (MarkXCloud/CSpD at
+d91f721: ``spec_decode/spec_decode_runner.py`` ``SpecDecodeRunner.run``, lines 82-203, with
+``models/mar.py`` ``sample_tokens_step`` / ``sample_tokens_step_with_mask``, lines 298-398).
+
+MAR is bidirectional: there is no KV cache and no "next token". A forward encodes the known tokens,
+puts the mask token everywhere else and yields z at every masked position; MAR's own sampler draws, at
+step s of ``num_iter``, the tokens at the positions of a random order that its cosine schedule reveals
+(``MAR.sample``). What the paper's draft/verify round means here, in the authors' code:
+
+- One generation order (``orders``, runner line 104) and one noise per position, shared by draft and
+  target: x_K (``noise``, line 101) and every step noise (``inter_noise``, line 103), which is the
+  trajectory alignment of Eq. 3 (both models denoise a position from the same x_K with the same eps_k).
+- Pre-filling (lines 113-130): the steps s <= ``prefill * num_iter`` (``milestone``; the demo notebook
+  uses ratio 0.05, the paper's 5%) are MAR steps of the target alone (``sample_tokens_step``).
+- Drafting (lines 132-153): every later step s is a MAR step of the DRAFT on the draft's own tokens
+  (committed ones and its earlier drafts), revealing the schedule's positions for s at CFG scale
+  ``scale[s]``; each drafted token keeps the draft's last-step mean and variance.
+- Verification (lines 155-200): after draft step s with ``s % gamma == 0`` (and ``s != 0``) or at the
+  last step, ONE target forward (``sample_tokens_step_with_mask``, mar.py lines 351-398) runs on the
+  committed tokens only (``mask_target``: the drafts of the block are masked) and returns z for ALL
+  positions drafted since the last verification (``mask_to_pred = mask_target xor mask_draft``), at the
+  CFG scale of the block's last draft step (``draft_aux['mask_len']``). So ``gamma`` counts MAR draft
+  STEPS per target forward (each step reveals several tokens of the order), and the first block after
+  the pre-fill ends at the next multiple of gamma.
+- Acceptance (lines 190-200, ``DistributionProcessor.speculative_sample``): every drafted token of the
+  block is accepted or rejected INDEPENDENTLY (u < ratio); a rejected token is replaced by a residual
+  draw (``sample_distribution``, acceptance-rejection with target proposals, at most 100 tries), and
+  every token of the block is committed: there is no "stop at the first rejection" and no bonus token.
+
+Why independent acceptance is right here: the target's z for the block comes from one bidirectional
+pass over the committed set only, so its law for the block is the product of per-position laws p_j,
+exactly the law of a MAR step that reveals the whole block at once. The draft's proposal for position j
+depends on its own earlier drafts, but speculative sampling turns any proposal into a draw from p_j
+whatever it was conditioned on, so the committed tokens of a block are independent draws from the p_j.
+The law CSpD samples (with an exact ratio) is therefore MAR's sampler with a COARSER schedule:
+one step per pre-fill step and one per verified block (``CSpDSchedule.target_reveals``), each block at
+the CFG scale of its last draft step; ``gamma=1`` is MAR's own schedule. ``MAR.sample(reveals=,
+scales=, last_step_noise=True)`` samples that law directly (the tests compare against it).
+
+Ratios: the same three as ``specvis.methods.cspd`` (its ``_paper_log_ratio``, ``_trajectory_log_ratio``,
+``paper_residual`` and ``trajectory_residual`` are reused on N = B x block rows): ``"paper"`` Eq. 4/5
+with Eq. 11 (not exact), ``"coupled"`` (Eq. 5 with Sigma := 1, exact) and ``"trajectory"`` (exact).
+Departures from the authors' code, each deliberate:
+- The official sampler adds no noise on the last denoising step (``p_sample``: ``nonzero_mask``), so
+  x_0 = mu(x_1) is not a Gaussian draw and p(x_0 | x_1) of Eq. 5 has no density; the authors still
+  evaluate a Gaussian of the last step's std there (and propose residual tokens WITH that noise).
+  Here every run under CSpD, target pre-fill included, draws the last step with its noise, so Eq. 5
+  and the exact ratios are densities of what is sampled. The law is MAR's with that last noise
+  (``last_step_noise=True``), std sqrt(beta_tilde_1)-ish times the temperature.
+- The authors' ``judge_accept`` (runner lines 19, 35-38) multiplies by
+  ``fixed_term = exp(sum(log sigma_p - log sigma_q))`` over the non-last steps, i.e. 1 / Sigma of
+  Eq. 4, and divides the exponents of both last-step Gaussians by ``inner_temperature`` = 42 (line 72);
+  its residual (lines 40-43) uses the same 1/Sigma but the untempered densities. Here ``"paper"`` is
+  Eq. 4/5/11 as printed (Sigma, no inner temperature).
+- Randomness comes from one ``torch.Generator`` (``seed``) for the batch, not from the global CUDA RNG.
+Temperature 0 (MAR's convention, also in ``MAR.sample``: the temperature scales the step noise only,
+x_K stays random): a run is a deterministic function of its x_K; the target denoises the draft's x_K,
+a drafted token is accepted iff it equals the target's output (``GREEDY_ATOL``), and the block commits
+the target's outputs, so the result is the target's temperature-0 law exactly.
+
+Statistics (``Stats``): ``target_forwards`` counts pre-fill steps + verifications (MAR's own sampler
+needs one per non-empty step: ``extra["mar_steps"]``), ``mean_accepted_length`` = tokens per target
+forward, ``extra["acceptance_rate"]`` accepted / drafted tokens (the paper's alpha), ``resamples``,
+``resample_tries``, ``resample_fallbacks``, ``prefill_steps``, ``verify_rounds``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..diffusion import transition_log_density
+from ..models.continuous import Trajectory
+from .cspd import GREEDY_ATOL, CSpD, paper_residual, trajectory_residual
+
+
+@dataclass
+class CSpDSchedule:
+    """Which model draws which MAR step. ``reveals``/``scales``: MAR's own schedule (tokens drawn and
+    CFG scale per step s); ``rounds``: ("prefill", [s]) target-only steps and ("verify", [s, ...])
+    draft steps closed by one target forward, in order (empty steps dropped, empty rounds too)."""
+
+    reveals: list[int]
+    scales: list[float]
+    rounds: list[tuple[str, list[int]]] = field(default_factory=list)
+
+    @property
+    def target_reveals(self) -> list[int]:
+        """Tokens per target step of the law CSpD samples (a pre-fill step or a whole verified block)."""
+        return [sum(self.reveals[s] for s in steps) for _, steps in self.rounds]
+
+    @property
+    def target_scales(self) -> list[float]:
+        """CFG scale per target step: a block is verified at the scale of its last draft step."""
+        return [self.scales[steps[-1]] for _, steps in self.rounds]
+
+    @property
+    def mar_steps(self) -> int:
+        return sum(1 for n in self.reveals if n)
+
+
+def cspd_schedule(seq_len: int, num_iter: int, gamma: int, prefill: float, cfg: float,
+                  cfg_schedule: str) -> CSpDSchedule:
+    """The authors' split of MAR's ``num_iter`` steps (runner lines 113-155): steps s <= prefill *
+    num_iter by the target; later steps drafted, a verification after draft step s when
+    s % gamma == 0 or s == num_iter - 1."""
+    from ..models.mar import cfg_scales, mask_schedule
+
+    mask_lens, reveals = mask_schedule(seq_len, num_iter)
+    scales = cfg_scales(cfg, cfg_schedule, seq_len, mask_lens)
+    sched, block = CSpDSchedule(reveals, scales), []
+    milestone = num_iter * prefill
+    for s in range(num_iter):
+        if s <= milestone:
+            if reveals[s]:
+                sched.rounds.append(("prefill", [s]))
+            continue
+        if reveals[s]:
+            block.append(s)
+        if (s % gamma == 0 and s != 0) or s == num_iter - 1:
+            if block:
+                sched.rounds.append(("verify", block))
+            block = []
+    return sched
+
+
+class HeadView:
+    """A MAR DiffLoss seen as ``cspd``'s guided head: ``sample`` (every step noised, the last one too),
+    ``path_log_density`` and ``temperature``, at a CFG ``scale`` that is a float or one per row (N, 1)."""
+
+    def __init__(self, head, scale, temperature: float) -> None:
+        self.head, self.scale, self.temperature = head, scale, temperature
+
+    def sample(self, z: torch.Tensor, z_uncond: torch.Tensor | None, generator: torch.Generator,
+               x_T: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> Trajectory:
+        if x_T is None and self.temperature == 0:  # MAR: temperature scales the step noise only, x_K stays random
+            x_T = torch.randn(z.shape[0], self.head.token_dim, device=z.device, generator=generator)
+        return self.head.sample_trajectory(z, z_uncond, self.scale, self.temperature, generator, x_T, noise)
+
+    def path_log_density(self, states: torch.Tensor, z: torch.Tensor, z_uncond: torch.Tensor | None) -> torch.Tensor:
+        """log prod_k p(x_{k-1} | x_k) (N,) of runs (N, K+1, C), all K steps in one head call."""
+        N, K1, C = states.shape
+        K = K1 - 1
+        step = (K - 1 - torch.arange(K, device=states.device)).repeat(N)
+        scale = self.scale.repeat_interleave(K, 0) if torch.is_tensor(self.scale) else self.scale
+        zu = None if z_uncond is None else z_uncond.repeat_interleave(K, 0)
+        mean, logvar = self.head.predict(states[:, :K].reshape(N * K, C), step, z.repeat_interleave(K, 0), zu, scale)
+        return transition_log_density(states[:, 1:], mean.reshape(N, K, C), logvar.reshape(N, K, C),
+                                      self.temperature).sum(-1)
+
+
+def _flat(z: torch.Tensor | None) -> torch.Tensor | None:
+    return None if z is None else z.reshape(-1, z.shape[-1])
+
+
+def _cat_runs(runs: list[Trajectory], B: int) -> Trajectory:
+    """Runs of B * n_i rows (sample-major) -> one Trajectory of B * sum(n_i) rows, sample-major."""
+    def cat(name: str) -> torch.Tensor:
+        parts = [getattr(r, name).reshape(B, -1, *getattr(r, name).shape[1:]) for r in runs]
+        t = torch.cat(parts, 1)
+        return t.reshape(-1, *t.shape[2:])
+    return Trajectory(cat("states"), cat("means"), cat("logvars"), cat("noise"))
+
+
+def check_draft(target, draft) -> None:
+    """A MAR draft must share the target's grid, token dimension and classes."""
+    for what, a, b in (("seq_len", target.seq_len, draft.seq_len),
+                       ("token_embed_dim", target.token_embed_dim, draft.token_embed_dim),
+                       ("class_num", target.num_classes, draft.num_classes)):
+        if a != b:
+            raise ValueError(f"the MAR draft's {what} {b} differs from the target's {a}")
+
+
+@dataclass
+class CSpDMARResult:
+    tokens: torch.Tensor  # (B, L, C) MAR tokens
+    stats: object  # Stats
+    schedule: CSpDSchedule
+    order: torch.Tensor  # (B, L) the generation order shared by draft and target
+
+
+@torch.no_grad()
+def cspd_mar(method: CSpD, target, draft, labels: torch.Tensor, sampling, num_iter: int = 64,
+             cfg_schedule: str = "linear", seed: int = 0):
+    """CSpD over MAR's generation order (module docstring). ``labels`` (B,) class ids."""
+    from .base import Stats
+
+    if not isinstance(method, CSpD):
+        raise ValueError(f"cspd_mar runs sv.CSpD, got {type(method).__name__}")
+    if sampling.top_k is not None or sampling.top_p is not None:
+        raise ValueError("top_k/top_p do not apply to MAR's continuous tokens")
+    tau, cfg = float(sampling.temperature), float(sampling.cfg_scale)
+    if not tau >= 0:
+        raise ValueError(f"temperature must be >= 0, got {tau!r}")
+    L, C = target.seq_len, target.token_embed_dim
+    sched = cspd_schedule(L, num_iter, method.gamma, method.prefill, cfg, cfg_schedule)
+    if draft is None and any(kind == "verify" for kind, _ in sched.rounds):
+        raise ValueError("method cspd on MAR needs a draft MAR (draft=...) unless prefill=1")
+    if draft is not None:
+        check_draft(target, draft)
+    dev = target.fake_latent.device
+    labels = torch.as_tensor(labels, device=dev).long().reshape(-1)
+    B = labels.shape[0]
+    guided = cfg != 1.0
+    gen = torch.Generator(device=dev).manual_seed(int(seed))
+    t0 = time.perf_counter()
+
+    order = target.sample_orders(B, [gen] * B)
+    tokens = torch.zeros(B, L, C, device=dev)
+    mask = torch.ones(B, L, dtype=torch.bool, device=dev)  # True: not committed yet
+    accept_map = torch.zeros(B, L, dtype=torch.long, device=dev)
+    cls_t = target.guided_class_embedding(labels, B, guided)
+    cls_d = draft.guided_class_embedding(labels, B, guided) if draft is not None else None
+    starts, end = [], L  # positions of step s: order[:, end - n: end], revealed from the order's end
+    for n in sched.reveals:
+        starts.append(end - n)
+        end -= n
+
+    def positions(s: int) -> torch.Tensor:
+        return order[:, starts[s]:starts[s] + sched.reveals[s]]
+
+    def commit(idx: torch.Tensor, x: torch.Tensor) -> None:
+        nonlocal tokens, mask
+        tokens = tokens.scatter(1, idx[..., None].expand(-1, -1, C), x.reshape(B, -1, C))
+        mask = mask.scatter(1, idx, False)
+        accept_map.scatter_(1, idx, idx.shape[1])
+
+    acc = rej = tries = fallbacks = 0
+    t_fw = d_fw = 0
+    for kind, steps in sched.rounds:
+        if kind == "prefill":
+            s = steps[0]
+            idx = positions(s)
+            zc, zu = target.z_at(tokens, mask, cls_t, idx)
+            t_fw += 1
+            commit(idx, HeadView(target.diffloss, sched.scales[s], tau).sample(_flat(zc), _flat(zu), gen).x0)
+            continue
+        # draft steps on the draft's own tokens (committed + its earlier drafts of this block)
+        d_tok, d_mask = tokens, mask
+        runs, zq, zqu, qscale, idxs = [], [], [], [], []
+        for s in steps:
+            idx = positions(s)
+            qc, qu = draft.z_at(d_tok, d_mask, cls_d, idx)
+            d_fw += 1
+            run = HeadView(draft.diffloss, sched.scales[s], tau).sample(_flat(qc), _flat(qu), gen)
+            d_tok = d_tok.scatter(1, idx[..., None].expand(-1, -1, C), run.x0.reshape(B, -1, C))
+            d_mask = d_mask.scatter(1, idx, False)
+            runs.append(run)
+            zq.append(qc)
+            zqu.append(qu)
+            idxs.append(idx)
+            qscale.append(torch.full(idx.shape, float(sched.scales[s]), device=dev))
+        idx = torch.cat(idxs, 1)
+        q_runs = _cat_runs(runs, B)
+        drafted = q_runs.x0
+        # one target forward: z for every drafted position given the committed tokens only
+        pc, pu = target.z_at(tokens, mask, cls_t, idx)
+        t_fw += 1
+        pz, pzu = _flat(pc), _flat(pu)
+        pview = HeadView(target.diffloss, sched.scales[steps[-1]], tau)
+        if tau == 0:
+            own = pview.sample(pz, pzu, gen, x_T=q_runs.states[:, 0]).x0  # the draft's x_K
+            ok = ((drafted - own).abs() <= GREEDY_ATOL * (1 + own.abs())).all(-1)
+            out = own
+        else:
+            if method.ratio == "trajectory":
+                log_ratio = method._trajectory_log_ratio(pview, q_runs, pz, pzu)
+            else:
+                log_ratio, aux = method._paper_log_ratio(pview, q_runs, pz, pzu, gen)
+            u = torch.rand(log_ratio.shape, device=dev, generator=gen)
+            ok = torch.log(u) < log_ratio
+            if method.ratio == "trajectory":
+                dview = HeadView(draft.diffloss, torch.cat(qscale, 1).reshape(-1, 1), tau)
+                draw = trajectory_residual(pview, dview, pz, pzu, _flat(torch.cat(zq, 1)),
+                                           None if pu is None else _flat(torch.cat(zqu, 1)), ~ok,
+                                           method.max_resample_tries, gen)
+                resampled = draw.samples[:, -1]
+            else:
+                draw = paper_residual(tau, aux, ~ok, method.max_resample_tries, gen)
+                resampled = draw.samples
+            out = torch.where(ok[:, None], drafted, resampled)
+            tries += int((draw.tries * ~ok).sum())
+            fallbacks += int((draw.fallback & ~ok).sum())
+        acc += int(ok.sum())
+        rej += int((~ok).sum())
+        commit(idx, out)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    wall = time.perf_counter() - t0
+    prefill_steps = sum(1 for kind, _ in sched.rounds if kind == "prefill")
+    h = target.seq_h
+    stats = Stats(tokens=L, target_forwards=t_fw, draft_forwards=d_fw, step_compression=L / max(t_fw, 1),
+                  mean_accepted_length=L / max(t_fw, 1), wall_s=wall,
+                  accept_map=accept_map.reshape(B, h, L // h).cpu(),
+                  extra={"acceptance_rate": acc / max(acc + rej, 1), "resamples": float(rej),
+                         "resample_tries": tries / max(rej, 1), "resample_fallbacks": float(fallbacks),
+                         "prefill_steps": float(prefill_steps), "verify_rounds": float(len(sched.rounds) - prefill_steps),
+                         "mar_steps": float(sched.mar_steps), "num_iter": float(num_iter)})
+    return CSpDMARResult(tokens, stats, sched, order)
