@@ -100,6 +100,7 @@ class MARConfig:
     diffusion_batch_mul: int = 4
     num_train_steps: int = 1000
     norm_eps: float = 1e-6
+    clip_denoised: float | None = None  # specvis: clip the predicted x_0 when sampling (None: official, no clip)
     model: str = field(default="", compare=False)  # preset name, informational
 
     def __post_init__(self) -> None:
@@ -352,7 +353,8 @@ class MAR(nn.Module):
         # DiffLoss: SimpleMLPAdaLN (its own init, zero-initialised modulations and output), cosine
         # schedule of num_train_steps, learned sigma, sampling respaced to num_sampling_steps, no clipping
         self.diffloss = DiffusionHead(C, Dd, cfg.diffloss_w, cfg.diffloss_d, cfg.num_train_steps,
-                                      cfg.num_sampling_steps, "cosine", learn_sigma=True, clip_denoised=None)
+                                      cfg.num_sampling_steps, "cosine", learn_sigma=True,
+                                      clip_denoised=cfg.clip_denoised)
         self.register_state_dict_post_hook(_state_dict_hook)
         self.register_load_state_dict_pre_hook(_load_hook)
 
@@ -635,6 +637,8 @@ def infer_config(sd: dict[str, torch.Tensor], args=None, where: str = "") -> MAR
                      label_drop_prob=float(a.get("label_drop_prob", 0.1)),
                      diffusion_batch_mul=int(a.get("diffusion_batch_mul", 4)),
                      num_train_steps=int(a.get("num_train_steps", 1000)), norm_eps=float(a.get("norm_eps", 1e-6)),
+                     clip_denoised=None if a.get("clip_denoised") is None else float(a["clip_denoised"]),
+                     attn_dropout=float(a.get("attn_dropout", 0.1)), proj_dropout=float(a.get("proj_dropout", 0.1)),
                      model=str(a.get("model", "")))
 
 
