@@ -121,6 +121,17 @@ MUTANTS = [
     Mutant("chameleon: q/k norm affine not re-paired with the rotated rows", "specvis/models/decoder.py",
            'out[dst + f"attention.{norm}.{kind}"] = interleave_rows(w.reshape(-1), heads).view(heads, -1)',
            'out[dst + f"attention.{norm}.{kind}"] = w', ("tests/test_chameleon.py", "-k", "logits")),
+    Mutant("t2i training: prompt padding attended", "specvis/models/decoder.py",
+           "mask = (idx[None, :, None] >= idx[None, None, :]) & (real[:, None, :] | torch.eye(T, dtype=torch.bool, device=dev))",
+           "mask = (idx[None, :, None] >= idx[None, None, :])",
+           ("tests/test_train_t2i.py",)),
+    Mutant("t2i training: caption dropout keeps the caption", "specvis/train/train_t2i.py",
+           "ids = [t if t in self.keep else self.pad for t in ids]", "ids = list(ids)",
+           ("tests/test_train_t2i.py",)),
+    Mutant("janus export: q/k rows not de-interleaved", "specvis/train/janus_export.py",
+           "    return w.reshape(heads, d, *w.shape[1:])[:, inv].reshape(w.shape)", "    return w",
+           ("tests/test_janus_export.py",)),
+
 ]
 
 
