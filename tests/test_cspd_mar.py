@@ -122,6 +122,28 @@ def test_every_ratio_against_mars_own_sampler_on_the_cspd_schedule(models, monke
     assert pvalue(wrong.tokens, ref) < 0.01
 
 
+def test_each_forward_uses_its_steps_cfg_scale(models, monkeypatch):
+    """Draft step s runs at MAR's scale[s]; the target's pre-fill steps at theirs and each verification
+    at the scale of its block's last draft step (runner: ``draft_aux['mask_len']``). A wrong scale is
+    below the law test's power on this model (1.5 vs 1.75), so it is checked here directly."""
+    t, d, _ = models
+    seen = {"target": [], "draft": []}
+    init = cm.HeadView.__init__
+
+    def record(self, head, scale, temperature):
+        if not torch.is_tensor(scale):  # the trajectory residual's per-row draft view aside
+            seen["target" if head is t.diffloss else "draft"].append(float(scale))
+        init(self, head, scale, temperature)
+
+    monkeypatch.setattr(cm.HeadView, "__init__", record)
+    r = run(CSpD(gamma=2, prefill=0.0, ratio="coupled"), t, d, labels=torch.arange(3), num_iter=6)
+    sched = r.schedule
+    assert seen["target"] == pytest.approx(sched.target_scales)
+    assert seen["draft"] == pytest.approx([sched.scales[s] for kind, steps in sched.rounds if kind == "verify"
+                                           for s in steps])
+    assert any(sched.scales[st[0]] != sched.scales[st[-1]] for kind, st in sched.rounds if kind == "verify")
+
+
 def test_draft_equal_to_target_accepts_everything_at_gamma_one(models):
     """gamma 1 verifies one MAR step at a time: the draft's proposal and the target's law condition on
     the same tokens, so an identical draft gives ratio 1 for every ratio. (At gamma > 1 it does not:

@@ -30,6 +30,7 @@ def test_train_resume_and_official_checkpoint(tmp_path, capsys):
     report = json.loads((out / "report.json").read_text())
     assert report["steps"] == 40
     assert report["final_eval_loss"] < 0.9 * report["initial_eval_loss"], report
+    assert report["final_eval_loss_ema"] < 0.95 * report["initial_eval_loss"], report  # the EMA moved too
     ema = load_mar_checkpoint(out / "checkpoint-last.pth")  # model_ema
     raw = load_mar_checkpoint(out / "checkpoint-last.pth", ema=False)
     assert ema.config.clip_denoised == 2.0 and ema.seq_len == 16 and ema.token_embed_dim == 4
@@ -37,7 +38,9 @@ def test_train_resume_and_official_checkpoint(tmp_path, capsys):
     assert torch.isfinite(ema.sample(torch.tensor([0, 2]), num_iter=4, seed=0).tokens).all()
     capsys.readouterr()
     assert tm.main(argv(tokens, out, 50)) == 0  # resume: 10 more steps
-    assert "resuming from" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "resuming from" in printed
+    assert [int(line.split()[1]) for line in printed.splitlines() if line.startswith("step ") and " lr " in line] == [45, 50]
     assert json.loads((out / "report.json").read_text())["steps"] == 50
     with open(out / "losses.csv") as f:
         steps = [int(r["step"]) for r in csv.DictReader(f)]
