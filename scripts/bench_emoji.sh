@@ -66,15 +66,14 @@ case "${1:-main}" in
       --repeats $repeats --json $out/emoji-successors-b${2:-1}.json --md $out/emoji-successors-b${2:-1}.md ;;
   t2i)    # the text-to-image emoji bundle (emoji-t2i, Janus-Pro format): every method on the 64 prompts of
           # docs/benchmarks/emoji-t2i-prompts.txt (training glyph names spread over the 11 classes), seed 777,
-          # batch 1 ("t2i 1", one timed repeat) or 8 ("t2i 8", three repeats), one core each (CORE=)
+          # batch 1 ("t2i 1") or 8 ("t2i 8"), one timed repeat each, one core each (CORE=)
     specs="ar,speculative:gamma=2,speculative:gamma=4,sjd:window=8:init=vertical-sample:coupling=none"
     specs+=",sjd:window=16:init=vertical-sample:coupling=gumbel,eagle:depth=5:top_k=8:total_tokens=12"
     specs+=",adt:init=horizontal:total_tokens=12,static-tree:tree=chain,static-tree:tree=mc_sim_7b_63"
     specs+=",speculative:gamma=4:accept=lantern:k=50:delta=0.2,sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=8"
     specs+=",static-tree:tree=mc_sim_7b_63:accept=lantern:budget=relative:k=10:lam=5"
-    repeats=3; [ "${2:-1}" = 1 ] && repeats=1
     taskset -c "${CORE:-0}" specvis bench --model emoji-t2i --prompts docs/benchmarks/emoji-t2i-prompts.txt \
-      --methods "$specs" --num 64 --batch-size "${2:-1}" --seed 777 --repeats $repeats \
+      --methods "$specs" --num 64 --batch-size "${2:-1}" --seed 777 --repeats 1 \
       --json $out/emoji-t2i-b${2:-1}.json --md $out/emoji-t2i-b${2:-1}.md ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
