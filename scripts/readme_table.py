@@ -2,7 +2,8 @@
 
     python scripts/readme_table.py docs/benchmarks/emoji-cpu.json README.md
 
-Replaces everything between ``<!-- bench-table:start -->`` and ``<!-- bench-table:end -->`` with
+Replaces everything between ``<!-- bench-table:start -->`` and ``<!-- bench-table:end -->`` (with
+``--block NAME``: ``<!-- bench-table:NAME:start -->`` ... ``<!-- bench-table:NAME:end -->``) with
 ``specvis.bench.report.markdown_table`` of the JSON; exits 1 without writing if a marker is missing.
 """
 
@@ -19,8 +20,13 @@ from specvis.io import write_text
 START, END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 
 
-def render(report_path: Path, text: str) -> str:
+def markers(block: str | None) -> tuple[str, str]:
+    return (START, END) if block is None else (f"<!-- bench-table:{block}:start -->", f"<!-- bench-table:{block}:end -->")
+
+
+def render(report_path: Path, text: str, block: str | None = None) -> str:
     """``text`` with the marked block replaced by the table of ``report_path``."""
+    START, END = markers(block)
     if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
         raise ValueError(f"need exactly one {START} ... {END} block")
     report = json.loads(report_path.read_text())
@@ -35,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("report", type=Path, help="bench JSON (e.g. docs/benchmarks/emoji-cpu.json)")
     p.add_argument("readme", type=Path, help="markdown file with the bench-table markers")
+    p.add_argument("--block", help="name of the marked block (default: the unnamed one)")
     a = p.parse_args(argv)
     try:
         text = a.readme.read_text()
-        new = render(a.report, text)
+        new = render(a.report, text, a.block)
     except (OSError, ValueError, KeyError) as e:
         print(f"readme_table: {a.readme}: {e}", file=sys.stderr)
         return 1

@@ -54,6 +54,22 @@ def _row(stats: dict) -> str:
             f"{f('draft_top1_agreement')} | {f('draft_top3_agreement')} | {f('draft_acceptance_prob')} |")
 
 
+def recipe_markdown(meta: dict) -> str:
+    """The training record of the bundle's parts (``bundle.json``'s ``training``) as a markdown table."""
+    lines = ["| model | run | params | steps | epochs | minutes | final train loss | final held-out loss |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for k in ("target", "draft"):
+        r = meta.get(k, {})
+        if r:
+            lines.append(f"| emoji-t2i {k} | `runs/t2i_{k}` | {r['params'] / 1e6:.2f}M | {r['steps']} | {r['epochs']:.2f} | "
+                         f"{r['train_minutes']:.1f} | {r['final_train_loss']:.3f} | {r['final_eval_loss']:.3f} |")
+    d = meta.get("drafter")
+    if d:
+        lines.append(f"| emoji-t2i EAGLE head | `runs/t2i_drafter` | {d['trainable_params'] / 1e6:.2f}M trainable | "
+                     f"{d['steps']} | {d['samples']} target samples | {d['train_minutes']:.1f} | - | - |")
+    return "\n".join(lines)
+
+
 def build_report(args: argparse.Namespace) -> tuple[dict, dict[str, str]]:
     pipe = specvis.load("emoji-t2i")
     table = json.loads((ASSETS / "emoji_t2i" / "prompts.json").read_text())
@@ -81,18 +97,7 @@ def build_report(args: argparse.Namespace) -> tuple[dict, dict[str, str]]:
     rep["runs"] = {k: {kk: v for kk, v in r.items() if kk not in ("spec", "machine")} for k, r in meta.items()}
     class_rep = json.loads((out / "training_report.json").read_text()) if (out / "training_report.json").exists() else {}
 
-    lines = ["| model | run | params | steps | epochs | minutes | final train loss | final held-out loss |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for k in ("target", "draft"):
-        r = meta.get(k, {})
-        if r:
-            lines.append(f"| emoji-t2i {k} | `runs/t2i_{k}` | {r['params'] / 1e6:.2f}M | {r['steps']} | {r['epochs']:.2f} | "
-                         f"{r['train_minutes']:.1f} | {r['final_train_loss']:.3f} | {r['final_eval_loss']:.3f} |")
-    if meta.get("drafter"):
-        d = meta["drafter"]
-        lines.append(f"| emoji-t2i EAGLE head | `runs/t2i_drafter` | - | {d.get('steps', '-')} | - | "
-                     f"{d.get('train_minutes', '-')} | - | - |")
-    recipe = "\n".join(lines)
+    recipe = recipe_markdown(meta)
 
     s = rep["settings"]
     rows = [f"Laws: the guided, tempered next-token distributions the sampler used (T={s['temperature']}, "
@@ -123,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-sequences", type=int, default=64, help="held-out glyphs teacher-forced")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--recipe-only", action="store_true", help="only rewrite the t2i-recipe block from bundle.json")
     args = p.parse_args(argv)
+    if args.recipe_only:
+        meta = json.loads((ASSETS / "emoji_t2i" / "bundle.json").read_text())["training"]
+        print(update_md_blocks(Path(args.md), {"t2i-recipe": recipe_markdown(meta)}))
+        return 0
     torch.set_num_threads(args.threads)
     try:
         rep, blocks = build_report(args)
