@@ -201,19 +201,13 @@ def load_model(directory: str | os.PathLike) -> LlamaGen | ContinuousAR:
 
 # ---------------------------------------------------------------- logs
 # ---------------------------------------------------------------- training
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m specvis.train.train_ar", description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", default="data/emoji_tokens.npz", help="token .npz from specvis.train.tokenize")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="target", help="model size and optimiser defaults")
+def add_loop_arguments(p: argparse.ArgumentParser, minutes: float, weight_decay: float) -> None:
+    """The options of :func:`fit`'s loop that every trainer takes (run directory, budget, optimiser
+    extras, checkpoint/eval/log periods, resume)."""
     p.add_argument("--out", required=True, help="run directory (checkpoint, logs, final model, report)")
-    p.add_argument("--minutes", type=float, default=70.0, help="wall-clock budget, summed over resumes")
+    p.add_argument("--minutes", type=float, default=minutes, help="wall-clock budget, summed over resumes")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    for name, kind in (("dim", int), ("n-layer", int), ("n-head", int), ("multiple-of", int),
-                       ("batch-size", int), ("lr", float), ("warmup", int), ("head-width", int),
-                       ("head-depth", int), ("batch-mul", int)):
-        p.add_argument(f"--{name}", type=kind, default=None, help="override the preset")
-    p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--class-dropout", type=float, default=0.1, help="probability of the null condition")
+    p.add_argument("--weight-decay", type=float, default=weight_decay)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--ckpt-every", type=float, default=180.0, help="checkpoint period (seconds)")
     p.add_argument("--eval-every", type=float, default=300.0, help="held-out loss period (seconds)")
@@ -221,6 +215,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (tests, smoke runs)")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in --out")
     p.add_argument("--seed", type=int, default=0)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m specvis.train.train_ar", description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", default="data/emoji_tokens.npz", help="token .npz from specvis.train.tokenize")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="target", help="model size and optimiser defaults")
+    add_loop_arguments(p, minutes=70.0, weight_decay=0.05)
+    for name, kind in (("dim", int), ("n-layer", int), ("n-head", int), ("multiple-of", int),
+                       ("batch-size", int), ("lr", float), ("warmup", int), ("head-width", int),
+                       ("head-depth", int), ("batch-mul", int)):
+        p.add_argument(f"--{name}", type=kind, default=None, help="override the preset")
+    p.add_argument("--class-dropout", type=float, default=0.1, help="probability of the null condition")
     args = p.parse_args(argv)
     for key, value in {**HEAD_DEFAULTS, **PRESETS[args.preset]}.items():
         if getattr(args, key) is None:

@@ -41,7 +41,7 @@ from specvis.models.mar import MAR, MARConfig
 from specvis.train import atomic_write
 from specvis.io import write_text
 from specvis.train.common import machine_info, run_main
-from specvis.train.train_ar import _StopFlag, fit, load_tokens, make_optimizer, num_classes_of, read_checkpoint, restore
+from specvis.train.train_ar import _StopFlag, add_loop_arguments, fit, load_tokens, make_optimizer, num_classes_of, read_checkpoint, restore
 
 MODEL_PRESETS: dict[str, dict] = {
     "mar-emoji": dict(encoder_embed_dim=192, encoder_depth=3, encoder_num_heads=4, decoder_embed_dim=192,
@@ -142,21 +142,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specvis.train.train_mar", description=__doc__.split("\n")[0])
     p.add_argument("--tokens", default="data/emoji_latents.npz", help="latent .npz from specvis.train.tokenize --latents")
     p.add_argument("--preset", choices=sorted(MODEL_PRESETS), default="mar-emoji")
-    p.add_argument("--out", required=True, help="run directory (checkpoints, logs, report)")
-    p.add_argument("--minutes", type=float, default=75.0, help="wall-clock budget, summed over resumes")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_loop_arguments(p, minutes=75.0, weight_decay=0.02)
     p.add_argument("--config", default="{}", help="JSON object of MARConfig fields overriding the preset")
     for name, kind in (("batch-size", int), ("lr", float), ("warmup", int)):
         p.add_argument(f"--{name}", type=kind, default=None, help="override the preset")
-    p.add_argument("--weight-decay", type=float, default=0.02)
-    p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--ema-rate", type=float, default=0.999)
-    p.add_argument("--ckpt-every", type=float, default=180.0, help="checkpoint period (seconds)")
-    p.add_argument("--eval-every", type=float, default=300.0, help="held-out loss period (seconds)")
-    p.add_argument("--log-every", type=int, default=10, help="training-loss log period (steps)")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (tests, smoke runs)")
-    p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in --out")
-    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for key, value in TRAIN_PRESETS[args.preset].items():
         if getattr(args, key) is None:

@@ -31,7 +31,7 @@ from specvis.train import atomic_write
 from specvis.train.common import machine_info, run_main, write_text
 from specvis.train.emoji_captions import load_captions
 from specvis.train.janus_format import JanusSpec, new_decoder
-from specvis.train.train_ar import _StopFlag, fit, load_tokens, make_optimizer, read_checkpoint, restore
+from specvis.train.train_ar import _StopFlag, add_loop_arguments, fit, load_tokens, make_optimizer, read_checkpoint, restore
 
 PRESETS: dict[str, dict] = {
     "target": {"dim": 256, "n_layer": 5, "n_head": 4, "ffn_hidden": 704, "batch_size": 16, "lr": 8e-4, "warmup": 100},
@@ -96,21 +96,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", default="data/emoji_t2i", help="dataset directory of specvis.train.emoji_captions")
     p.add_argument("--tokenizer", default="data/emoji_t2i/tokenizer", help="caption tokenizer directory")
     p.add_argument("--preset", choices=sorted(PRESETS), default="target", help="model size and optimiser defaults")
-    p.add_argument("--out", required=True, help="run directory (checkpoint, logs, final model, report)")
-    p.add_argument("--minutes", type=float, default=80.0, help="wall-clock budget, summed over resumes")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_loop_arguments(p, minutes=80.0, weight_decay=0.05)
     for name, kind in (("dim", int), ("n-layer", int), ("n-head", int), ("ffn-hidden", int), ("batch-size", int),
                        ("lr", float), ("warmup", int)):
         p.add_argument(f"--{name}", type=kind, default=None, help="override the preset")
-    p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--caption-dropout", type=float, default=0.1, help="probability of the unconditional prompt")
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--ckpt-every", type=float, default=180.0, help="checkpoint period (seconds)")
-    p.add_argument("--eval-every", type=float, default=300.0, help="held-out loss period (seconds)")
-    p.add_argument("--log-every", type=int, default=10, help="training-loss log period (steps)")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (tests, smoke runs)")
-    p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in --out")
-    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
