@@ -58,7 +58,15 @@ def _add_device(p: argparse.ArgumentParser) -> None:
 def _load(a: argparse.Namespace):
     from .zoo import load
 
-    return load(a.model, a.device, a.dtype, a.compile, a.graphs, draft=a.draft, drafter=a.drafter)
+    num_iter = getattr(a, "num_iter", None)
+    if num_iter is not None and num_iter < 1:
+        raise ValueError(f"--num-iter must be >= 1, got {num_iter}")
+    pipe = load(a.model, a.device, a.dtype, a.compile, a.graphs, draft=a.draft, drafter=a.drafter)
+    if num_iter is not None:
+        if not hasattr(pipe, "num_iter"):
+            raise ValueError(f"--num-iter applies to MAR models only; model {a.model} decodes one token per step")
+        pipe.num_iter = num_iter
+    return pipe
 
 
 def _device_line(pipe) -> str:
@@ -73,6 +81,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, help="keep the k most likely image tokens (0 = no top-k)")
     g.add_argument("--top-p", type=float, help="nucleus: keep the smallest set of mass >= p (1 = off)")
     g.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale (1 = no guidance)")
+    g.add_argument("--num-iter", type=int, help="MAR models: sampler steps over the random order (default: the model's, 64)")
 
 
 # flag dest -> the API field it sets, where the flag name differs (--top-k is the sampling top-k)

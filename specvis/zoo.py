@@ -1,6 +1,6 @@
 """Model bundles by name: the embedded ``emoji`` bundle (shipped under ``specvis/assets/emoji``), its
 continuous-token models as ``emoji-continuous`` (also ``load("emoji").continuous``), the text-to-image
-``emoji-t2i`` (Janus-Pro checkpoints under ``specvis/assets/emoji_t2i``), and
+``emoji-t2i`` (Janus-Pro checkpoints under ``specvis/assets/emoji_t2i``), the MAR pair ``emoji-mar``, and
 ``random-tiny`` / ``random-tiny-continuous`` (seeded random models, for smoke tests without weights)."""
 
 from __future__ import annotations
@@ -117,12 +117,33 @@ def _emoji_t2i():
     return pipe
 
 
+def _emoji_mar():
+    """The emoji MAR target + CSpD draft (official ``checkpoint-last.pth`` layout) over the emoji VQ's
+    normalised latents, decoded by the VQ (``SphereLatentDecoder``)."""
+    from .families import mar
+
+    root, meta, vq = _emoji_parts()
+    if not (root / "mar_target").exists():
+        raise ValueError("the emoji bundle ships no MAR models (specvis/assets/emoji/mar_target missing)")
+    draft = root / "mar_draft"
+    pipe = mar.load_pipeline("emoji-mar", root / "mar_target", draft=draft if draft.exists() else None,
+                             vae=mar.SphereLatentDecoder(vq))
+    pipe.name = "emoji-mar"
+    pipe.class_names = meta["class_names"]
+    pipe.default_sampling = Sampling(**meta.get("mar_sampling", {"cfg_scale": 3.0, "temperature": 1.0}))
+    pipe.num_iter = meta.get("mar_num_iter", pipe.num_iter)
+    pipe.extras.update(meta=meta, root=root)
+    return pipe
+
+
 BUNDLES = {
     "emoji": ("colour-emoji LlamaGen target + draft and VQ tokenizer trained for specvis (embedded)", _emoji),
     "emoji-continuous": ("the emoji bundle's continuous-token models (ContinuousAR + diffusion head over VQ "
                          "latents) for cspd", _emoji_continuous_only),
     "emoji-t2i": ("text-to-image emoji target + draft + EAGLE head trained for specvis, Janus-Pro format "
                   "(embedded; prompts are emoji names)", _emoji_t2i),
+    "emoji-mar": ("the emoji bundle's MAR target + draft (masked AR with a diffusion head over VQ latents; "
+                  "MAR's own sampler and cspd)", _emoji_mar),
     "random-tiny": ("seeded random tiny LlamaGen target + draft, palette images (smoke tests)", _random_tiny),
     "random-tiny-continuous": ("seeded random tiny ContinuousAR target + draft (cspd smoke tests)", _random_tiny_continuous),
 }
@@ -194,6 +215,8 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
 def installed(name: str) -> bool:
     if name == "emoji-continuous":
         return (ASSETS / "emoji" / "continuous_target").exists()
+    if name == "emoji-mar":
+        return (ASSETS / "emoji" / "mar_target").exists()
     if name == "emoji-t2i":
         return (ASSETS / "emoji_t2i" / "bundle.json").exists()
     return name != "emoji" or (ASSETS / "emoji" / "bundle.json").exists()

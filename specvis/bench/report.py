@@ -13,7 +13,7 @@ from ..io import atomic_write, write_text
 from .quality import seed_groups, summarize
 
 # report fields that, with a run's method/config/acceptance, identify a completed configuration
-KEY_FIELDS = ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards", "shard_index")
+KEY_FIELDS = ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards", "shard_index", "num_iter")
 TIMING_FIELDS = ("wall_s", "wall_s_repeats", "images_per_s", "speedup", "predicted_speedup", "efficiency")
 
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from ..models.mar import CHECKPOINT_NAME as CHECKPOINT
+
 NAME = "mar"
-CHECKPOINT = "checkpoint-last.pth"
 VAE_NAME = "kl16.ckpt"
 
 
@@ -150,6 +151,11 @@ class MARPipeline:
 
         return to_pil(self.vae.decode(self.target.unpatchify(tokens).to(next(self.vae.parameters()).dtype)))
 
+    def images_of(self, out) -> list:
+        """PIL images of a ``Generation`` of this pipeline (``specvis bench``'s quality proxy)."""
+        return self._decode(out.latents)
+
+
     def _cspd(self, method, labels, sampling, seed, decode, num_iter, cfg_schedule):
         from ..generate import Generation
         from ..methods.cspd_mar import cspd_mar
@@ -165,7 +171,26 @@ class MARPipeline:
         return out
 
 
-def load_pipeline(name, directory: Path, draft=None, drafter=None) -> MARPipeline:
+class SphereLatentDecoder(torch.nn.Module):
+    """A VQ as MAR's image decoder when MAR's tokens are the VQ's L2-normalised pre-quantisation latents
+    (the emoji MAR, trained on ``tokenize --latents``): ``decode(z)`` with z (B, d, h, w) projects each
+    token onto the codebook sphere and decodes it (``VQModel.decode_continuous``)."""
+
+    def __init__(self, vq) -> None:
+        super().__init__()
+        self.vq = vq
+
+    @property
+    def embed_dim(self) -> int:
+        return self.vq.config.codebook_embed_dim
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.vq.decode_continuous(z.flatten(2).transpose(1, 2))
+
+
+def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None) -> MARPipeline:
+    """``sv.load(dir)`` of a MAR directory; ``draft``: a MAR directory, checkpoint file or ``MAR``;
+    ``vae``: the image decoder (``decode(latents (B, E, h, w))``; default: the KL-16 found by ``find_vae``)."""
     from ..models.kl_vae import KLVAE
     from ..models.mar import DEFAULT_CFG
     from ..sampling import Sampling
@@ -188,7 +213,7 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None) -> MARPipelin
         from ..methods.cspd_mar import check_draft
 
         check_draft(model, draft)
-    vae = KLVAE.from_checkpoint(find_vae(directory))
+    vae = vae if vae is not None else KLVAE.from_checkpoint(find_vae(directory))
     if vae.embed_dim != model.config.vae_embed_dim:
         raise ValueError(f"{directory}: the VAE has {vae.embed_dim} latent channels, MAR expects {model.config.vae_embed_dim}")
     cfg = DEFAULT_CFG.get(model.config.model, 1.0)

@@ -69,6 +69,7 @@ PRESETS: dict[str, dict[str, int]] = {  # models/mar.py mar_base/large/huge + RE
     "mar_huge": dict(encoder_embed_dim=1280, encoder_depth=20, encoder_num_heads=16, decoder_embed_dim=1280,
                      decoder_depth=20, decoder_num_heads=16, diffloss_d=12, diffloss_w=1536),
 }
+CHECKPOINT_NAME = "checkpoint-last.pth"  # the official file name of a MAR run (pretrained_models/mar/mar_base/)
 DEFAULT_CFG = {"mar_base": 2.9, "mar_large": 3.0, "mar_huge": 3.2}  # README evaluation commands
 
 

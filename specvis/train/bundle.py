@@ -2,10 +2,14 @@
 
     python -m specvis.train.bundle --runs runs --data data/emoji --out specvis/assets/emoji
     python -m specvis.train.bundle --runs runs --add continuous_target continuous_draft
+    python -m specvis.train.bundle --runs runs --add mar_target mar_draft
 
 Copies each component's ``final/`` model as fp16 safetensors + config (the VQ, the target and the
 draft are required; the classifier, the EAGLE drafter and the continuous models are added when their
 runs exist) and writes ``bundle.json`` with class names, default sampling and where each part came from.
+The MAR parts come from ``specvis.train.train_mar`` runs (``runs/mar_emoji``, ``runs/mar_emoji_draft``)
+and stay in MAR's official ``checkpoint-last.pth`` layout, slimmed to the EMA weights in fp16
+(``model_ema`` and ``args``; ``load_mar_checkpoint`` reads them).
 ``--add`` puts optional parts into an existing bundle and updates its ``bundle.json``, leaving the rest.
 """
 
@@ -22,7 +26,8 @@ from ..io import write_text
 from ..models.checkpoint import CONFIG_NAME, WEIGHTS_NAME, read_pretrained
 
 REQUIRED = ("vq", "target", "draft")
-OPTIONAL = ("classifier", "drafter", "continuous_target", "continuous_draft")
+MAR_RUNS = {"mar_target": "mar_emoji", "mar_draft": "mar_emoji_draft"}  # bundle part -> train_mar run directory
+OPTIONAL = ("classifier", "drafter", "continuous_target", "continuous_draft", *MAR_RUNS)
 DEFAULT_SAMPLING = {"temperature": 1.0, "top_k": None, "top_p": None, "cfg_scale": 3.0}
 
 
@@ -40,6 +45,35 @@ def _copy_fp16(src: Path, dst: Path) -> int:
     return (dst / WEIGHTS_NAME).stat().st_size
 
 
+def _copy_mar(src: Path, dst: Path) -> int:
+    """Copy a MAR run's ``checkpoint-last.pth`` keeping ``model_ema`` (fp16) and ``args``; returns bytes."""
+    import argparse
+
+    from ..models.mar import CHECKPOINT_NAME
+
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        ckpt = torch.load(str(src / CHECKPOINT_NAME), map_location="cpu", weights_only=True)
+    ema = {k: (v.half() if v.is_floating_point() else v) for k, v in ckpt["model_ema"].items()}
+    dst.mkdir(parents=True, exist_ok=True)
+    tmp = dst / f".{CHECKPOINT_NAME}.tmp"
+    torch.save({"model_ema": ema, "epoch": ckpt.get("epoch", 0), "args": ckpt["args"]}, str(tmp))
+    tmp.replace(dst / CHECKPOINT_NAME)
+    return (dst / CHECKPOINT_NAME).stat().st_size
+
+
+def _source(runs: Path, name: str) -> Path:
+    """Where part ``name`` comes from: ``runs/<name>/final``, or a MAR run directory."""
+    return runs / MAR_RUNS[name] if name in MAR_RUNS else runs / name / "final"
+
+
+def _report_path(runs: Path, name: str) -> Path:
+    return runs / (MAR_RUNS.get(name) or name) / "report.json"
+
+
+def _copy_part(runs: Path, name: str, dst: Path) -> int:
+    return _copy_mar(_source(runs, name), dst) if name in MAR_RUNS else _copy_fp16(_source(runs, name), dst)
+
+
 def build_bundle(runs: Path, data: Path, out: Path, sampling: dict | None = None) -> dict:
     missing = [name for name in REQUIRED if not (runs / name / "final").is_dir()]
     if missing:
@@ -49,10 +83,9 @@ def build_bundle(runs: Path, data: Path, out: Path, sampling: dict | None = None
     shutil.rmtree(staging, ignore_errors=True)
     parts, sizes = {}, {}
     for name in REQUIRED + OPTIONAL:
-        src = runs / name / "final"
-        if src.is_dir():
-            sizes[name] = _copy_fp16(src, staging / name)
-            report = runs / name / "report.json"
+        if _source(runs, name).is_dir():
+            sizes[name] = _copy_part(runs, name, staging / name)
+            report = _report_path(runs, name)
             parts[name] = json.loads(report.read_text()) if report.exists() else {}
     meta = {
         "name": "emoji",
@@ -79,17 +112,17 @@ def add_parts(runs: Path, out: Path, names: list[str], sampling: dict | None = N
     bad = [n for n in names if n not in OPTIONAL]
     if bad:
         raise ValueError(f"--add takes optional parts only ({', '.join(OPTIONAL)}), got {bad[0]}")
-    missing = [n for n in names if not (runs / n / "final").is_dir()]
+    missing = [n for n in names if not _source(runs, n).is_dir()]
     if missing:
-        raise ValueError(f"cannot add {missing[0]}: runs/{missing[0]}/final is missing (train it first)")
+        raise ValueError(f"cannot add {missing[0]}: {_source(runs, missing[0])} is missing (train it first)")
     meta = json.loads(meta_path.read_text())
     for name in names:
         staging = out / f".{name}.staging"
         shutil.rmtree(staging, ignore_errors=True)
-        meta["bytes"][name] = _copy_fp16(runs / name / "final", staging)
+        meta["bytes"][name] = _copy_part(runs, name, staging)
         shutil.rmtree(out / name, ignore_errors=True)
         staging.rename(out / name)
-        report = runs / name / "report.json"
+        report = _report_path(runs, name)
         meta["training"][name] = json.loads(report.read_text()) if report.exists() else {}
     meta["components"] = sorted(set(meta["components"]) | set(names))
     if sampling is not None:

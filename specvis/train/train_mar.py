@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specvis.models.mar import MAR, MARConfig
+from specvis.models.mar import CHECKPOINT_NAME, MAR, MARConfig
 from specvis.train import atomic_write
 from specvis.io import write_text
 from specvis.train.common import machine_info, run_main
@@ -219,7 +219,7 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
         blob = {"config": asdict(cfg), "hparams": hp, "model": model.state_dict(), "opt": opt.state_dict(),
                 "gen": gen.get_state(), "ema": ema.state(), "step": step, "elapsed": elapsed}
         atomic_write(ckpt_path, lambda tmp: torch.save(blob, tmp))
-        atomic_write(out / "checkpoint-last.pth", lambda tmp: model.save_checkpoint(tmp, ema_state_dict=ema.shadow))
+        atomic_write(out / CHECKPOINT_NAME, lambda tmp: model.save_checkpoint(tmp, ema_state_dict=ema.shadow))
 
     x_t = torch.from_numpy(train_x.astype(np.float32))
     y_t = torch.from_numpy(train_labels.astype(np.int64))
@@ -236,11 +236,11 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
               "final_eval_loss_ema": mean_loss(ema_model, eval_x, eval_labels),
               "steps": step, "train_minutes": round(elapsed / 60.0, 2), "budget_minutes": hp["minutes"],
               "hparams": hp, "params": n_params, "config": asdict(cfg), "tokens_file": str(args.tokens),
-              "checkpoint": str(out / "checkpoint-last.pth"), "machine": machine_info(args.threads)}
+              "checkpoint": str(out / CHECKPOINT_NAME), "machine": machine_info(args.threads)}
     write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
     print(f"eval loss {report['initial_eval_loss']:.4f} -> {report['final_eval_loss']:.4f} "
           f"(EMA {report['final_eval_loss_ema']:.4f}); {step} steps in {elapsed / 60:.1f} min; "
-          f"wrote {out / 'checkpoint-last.pth'} and {out / 'report.json'}", flush=True)
+          f"wrote {out / CHECKPOINT_NAME} and {out / 'report.json'}", flush=True)
     return report
 
 
