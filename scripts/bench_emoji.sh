@@ -49,6 +49,15 @@ case "${1:-main}" in
     esac
     specvis bench --model emoji --methods "$specs" --num $num --batch-size $2 --warmup $warm \
       --json $out/emoji-cspd-b$2.json --md $out/emoji-cspd-b$2.md ;;
+  mar)    # CSpD on the emoji MAR pair (sv.load("emoji-mar")), the structure of paper 000's Table 1: gamma 4/8/16/32
+          # for the paper ratio and the two exact ones, against MAR's own sampler (64 steps), batch 1 (8 images),
+          # 8 or 64 (one batch each): "mar 1", "mar 8", "mar 64", one core each (CORE=); then
+          # python scripts/cspd_mar_table.py docs/benchmarks/cspd-mar.md
+    specs="ar"
+    for r in paper coupled trajectory; do for g in 4 8 16 32; do specs+=",cspd:gamma=$g:ratio=$r"; done; done
+    num=$2; [ "$2" = 1 ] && num=8
+    taskset -c "${CORE:-0}" specvis bench --model emoji-mar --methods "$specs" --num $num --batch-size $2 \
+      --warmup row --no-cost-curve --json $out/emoji-mar-b$2.json --md $out/emoji-mar-b$2.md ;;
   successors) # the SJD successors (MC-SJD coupling, GSD, StaticTree, LANTERN++) at batch 1 or 8 ("successors 1",
               # "successors 8": one core each), 64 images, seed 777 (no other table uses it); batch 1 has one
               # timed repeat (64 one-image batches), batch 8 three

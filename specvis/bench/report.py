@@ -13,13 +13,15 @@ from ..io import atomic_write, write_text
 from .quality import seed_groups, summarize
 
 # report fields that, with a run's method/config/acceptance, identify a completed configuration
-KEY_FIELDS = ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards", "shard_index", "num_iter")
+KEY_FIELDS = ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards", "shard_index")
+OPTIONAL_KEY_FIELDS = ("num_iter",)  # in the key only where the report has them (older keys stay valid)
 TIMING_FIELDS = ("wall_s", "wall_s_repeats", "images_per_s", "speedup", "predicted_speedup", "efficiency")
 
 
 def run_key(report: dict[str, Any], run: dict[str, Any]) -> str:
     """Canonical key of a run within a report (what resume matches on)."""
     key = {k: report.get(k, 1 if k == "shards" else 0 if k == "shard_index" else None) for k in KEY_FIELDS}
+    key.update({k: report[k] for k in OPTIONAL_KEY_FIELDS if k in report})
     key.update(method=run["method"], config=run["config"], acceptance=run["acceptance"])
     return json.dumps(key, sort_keys=True)
 
