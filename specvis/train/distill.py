@@ -48,7 +48,7 @@ from specvis.models.drafter import EagleDrafter
 from specvis.models.llamagen import LlamaGen
 from specvis.sampling import Sampling
 from specvis.train.common import machine_info, run_main, save_final
-from specvis.train.train_ar import _StopFlag, add_loop_arguments, fit, make_optimizer, read_checkpoint, restore
+from specvis.train.train_ar import _StopFlag, add_loop_arguments, fit, make_optimizer, open_run, restore, stoppable
 
 BUNDLE = Path(__file__).resolve().parents[1] / "assets" / "emoji"
 DEFAULTS = {"draft": {"batch_size": 16, "lr": 2e-4, "warmup": 20},
@@ -197,17 +197,9 @@ def load_student(kind: str, directory: str, target: LlamaGen):
     return student
 
 
-def train(args: argparse.Namespace) -> dict | None:
-    """Run (or resume) the distillation; the report written to ``OUT/report.json`` (None when stopped by a signal)."""
-    with _StopFlag() as stop:
-        return _train(args, stop)
-
-
 def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    state = read_checkpoint(out / "ckpt.pt", args.fresh)
+    """Run (or resume) the distillation; the report written to ``OUT/report.json`` (None when stopped by a signal)."""
+    out, state = open_run(args)
     hp = state["hparams"] if state is not None else {
         k: getattr(args, k) for k in ("student", "target", "init", "batch_size", "lr", "warmup", "weight_decay",
                                       "grad_clip", "seed", "cfg_scale", "temperature", "v_weight")}
@@ -261,6 +253,9 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
               "machine": machine_info(args.threads)}
     save_final(student, out, report, f"after: {_fmt(after)}; {step} steps in {elapsed / 60:.1f} min")
     return report
+
+
+train = stoppable(_train)
 
 
 def _fmt(ev: dict[str, float]) -> str:

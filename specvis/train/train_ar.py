@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Self
+from typing import Callable, Self
 
 import numpy as np
 import torch
@@ -265,19 +265,31 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
-def train(args: argparse.Namespace) -> dict | None:
-    """Run (or resume) training; returns the report written to ``OUT/report.json``, or None when
-    stopped by SIGTERM/SIGINT (state checkpointed: rerun to resume, e.g. with a larger ``--minutes``)."""
-    with _StopFlag() as stop:
-        return _train(args, stop)
+def stoppable(run: Callable[[argparse.Namespace, "_StopFlag"], dict | None]) -> Callable[[argparse.Namespace], dict | None]:
+    """``train(args)`` of a trainer from its ``run(args, stop)``: SIGTERM/SIGINT set ``stop``, the loop
+    checkpoints and ``train`` returns None (rerun the same command to resume)."""
+    def train(args: argparse.Namespace) -> dict | None:
+        with _StopFlag() as stop:
+            return run(args, stop)
+
+    train.__doc__ = run.__doc__
+    return train
 
 
-def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
+def open_run(args: argparse.Namespace) -> tuple[Path, dict | None]:
+    """What every trainer does first: set the thread count, create ``OUT`` and read ``OUT/ckpt.pt``
+    (the state to resume, None for a fresh run)."""
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    return out, read_checkpoint(out / "ckpt.pt", args.fresh)
+
+
+def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
+    """Run (or resume) training; returns the report written to ``OUT/report.json``, or None when
+    stopped by SIGTERM/SIGINT (state checkpointed: rerun to resume, e.g. with a larger ``--minutes``)."""
+    out, state = open_run(args)
     ckpt_path = out / "ckpt.pt"
-    state = read_checkpoint(ckpt_path, args.fresh)
     continuous = is_continuous(state["hparams"]["preset"] if state is not None else args.preset)
     kind = "latents" if continuous else "codes"
     data = load_tokens(args.tokens, kind)
@@ -328,6 +340,9 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
         return None
     step, elapsed = done
     return finish(model, out, train_codes, train_labels, eval_codes, eval_labels, step, elapsed, hp, args, n_params)
+
+
+train = stoppable(_train)
 
 
 def read_checkpoint(path: Path, fresh: bool) -> dict | None:

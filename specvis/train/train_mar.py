@@ -8,7 +8,7 @@ ratio per batch on [mask_ratio_min, 1], the DiffLoss on the masked tokens, each 
 ``diffusion_batch_mul`` times, labels dropped to ``fake_latent`` with ``label_drop_prob``). The loop,
 optimiser (AdamW 0.9/0.95, decay on matrices), warm-up + cosine schedule over the wall-clock budget,
 clipping, logs, checkpoint/resume and signal handling are ``specvis.train.train_ar``'s (``fit``,
-``make_optimizer``, ``read_checkpoint``, ``restore``, ``_StopFlag``).
+``make_optimizer``, ``open_run``, ``restore``, ``stoppable``).
 
 EMA: after every optimiser step, ema = d ema + (1 - d) w with d = min(``--ema-rate``, (1 + step) /
 (10 + step)) (the official 0.9999 would keep a ~1,000-step CPU run at its initial weights; the warm-up
@@ -32,7 +32,6 @@ import json
 import math
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,7 +40,8 @@ from specvis.models.mar import CHECKPOINT_NAME, MAR, MARConfig
 from specvis.train import atomic_write
 from specvis.io import write_text
 from specvis.train.common import machine_info, run_main
-from specvis.train.train_ar import _StopFlag, add_loop_arguments, fit, load_tokens, make_optimizer, num_classes_of, read_checkpoint, restore
+from specvis.train.train_ar import (_StopFlag, add_loop_arguments, fit, load_tokens, make_optimizer, num_classes_of, open_run,
+                                    restore, stoppable)
 
 MODEL_PRESETS: dict[str, dict] = {
     "mar-emoji": dict(encoder_embed_dim=192, encoder_depth=3, encoder_num_heads=4, decoder_embed_dim=192,
@@ -167,18 +167,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def train(args: argparse.Namespace) -> dict | None:
-    """Run (or resume) training; the report (also ``OUT/report.json``), or None when stopped by a signal."""
-    with _StopFlag() as stop:
-        return _train(args, stop)
-
-
 def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    """Run (or resume) training; the report (also ``OUT/report.json``), or None when stopped by a signal."""
+    out, state = open_run(args)
     ckpt_path = out / "ckpt.pt"
-    state = read_checkpoint(ckpt_path, args.fresh)
     data = load_tokens(args.tokens, "latents")
     train_x, train_labels = data["train_latents"], data["train_labels"]
     eval_x, eval_labels = data["eval_latents"], data["eval_labels"]
@@ -242,6 +234,9 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
           f"(EMA {report['final_eval_loss_ema']:.4f}); {step} steps in {elapsed / 60:.1f} min; "
           f"wrote {out / CHECKPOINT_NAME} and {out / 'report.json'}", flush=True)
     return report
+
+
+train = stoppable(_train)
 
 
 def main(argv: list[str] | None = None) -> int:

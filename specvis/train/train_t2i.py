@@ -31,7 +31,7 @@ from specvis.train import atomic_write
 from specvis.train.common import machine_info, run_main, write_text
 from specvis.train.emoji_captions import load_captions
 from specvis.train.janus_format import JanusSpec, new_decoder
-from specvis.train.train_ar import _StopFlag, add_loop_arguments, fit, load_tokens, make_optimizer, read_checkpoint, restore
+from specvis.train.train_ar import _StopFlag, add_loop_arguments, fit, load_tokens, make_optimizer, open_run, restore, stoppable
 
 PRESETS: dict[str, dict] = {
     "target": {"dim": 256, "n_layer": 5, "n_head": 4, "ffn_hidden": 704, "batch_size": 16, "lr": 8e-4, "warmup": 100},
@@ -116,19 +116,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def train(args: argparse.Namespace) -> dict | None:
-    """Run (or resume) training; the report, or None when stopped by a signal (checkpointed)."""
-    with _StopFlag() as stop:
-        return _train(args, stop)
-
-
 def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
+    """Run (or resume) training; the report, or None when stopped by a signal (checkpointed)."""
     from specvis.train.text_tokenizer import load as load_tokenizer
 
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    state = read_checkpoint(out / "ckpt.pt", args.fresh)
+    out, state = open_run(args)
     data = load_tokens(args.tokens)
     try:
         with np.load(Path(args.data) / "train.npz") as z:
@@ -192,6 +184,9 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
     print(f"final train loss {report['final_train_loss']:.4f}, eval loss {report['final_eval_loss']:.4f}; "
           f"{step} steps in {elapsed / 60:.1f} min; wrote {out / 'final'}", flush=True)
     return report
+
+
+train = stoppable(_train)
 
 
 def save_final(model, spec: JanusSpec, directory: Path) -> None:
