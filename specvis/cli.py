@@ -265,32 +265,6 @@ def _save_png(image, path: Path) -> None:
     atomic_write(path, lambda tmp: image.save(tmp, format="PNG"))
 
 
-CONTINUOUS_METHODS = ("ar", "cspd")
-
-
-def pipeline_for(pipe, names: list[str]):
-    """The pipeline that runs methods ``names``: cspd needs continuous-token models, so a bundle that
-    ships them (``pipe.continuous``) switches to them when every method is ar or cspd."""
-    from .families.mar import MARPipeline
-    from .pipeline import ContinuousPipeline
-
-    other = sorted(set(names) - set(CONTINUOUS_METHODS))
-    if isinstance(pipe, (ContinuousPipeline, MARPipeline)):
-        if other:
-            raise ValueError(f"model {pipe.name} has continuous tokens: methods {' and '.join(CONTINUOUS_METHODS)} only, got {other[0]}")
-        return pipe
-    if "cspd" not in names:
-        return pipe
-    if pipe.continuous is None:
-        raise ValueError(f"method cspd needs continuous-token models and model {pipe.name} has none "
-                         "(try --model emoji-continuous or random-tiny-continuous)")
-    if other:
-        raise ValueError(f"method cspd runs on the continuous-token models of {pipe.name}: bench it with ar only, "
-                         f"not with {other[0]} (e.g. --methods ar,cspd)")
-    print(f"specvis: cspd: using {pipe.continuous.name}, the continuous-token models of {pipe.name}", file=sys.stderr)
-    return pipe.continuous
-
-
 def _check_draft(pipe, names: list[str]) -> None:
     """Text-to-image checkpoints have no draft unless ``--draft`` gives one: say so before running."""
     from .pipeline import TextPipeline
@@ -311,6 +285,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir}: exists and is not a directory")
     loaded = _load(a)
+    from .zoo import pipeline_for
+
     pipe = pipeline_for(loaded, [_method_name(a, loaded)])
     method = _method(a, pipe)  # without --method: the model's default (DEFAULT_METHODS)
     _check_draft(pipe, [method.name])
@@ -428,6 +404,8 @@ def cmd_sample(a: argparse.Namespace) -> int:
     dist, a.device = init_distributed(a.device)
     try:
         loaded = _load(a)
+        from .zoo import pipeline_for
+
         pipe = pipeline_for(loaded, [_method_name(a, loaded)])
         method = _method(a, pipe)
         _check_draft(pipe, [method.name])
@@ -463,6 +441,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
             method_from_spec(spec, a.accept)
         names = [parse_method_spec(s)[0] for s in specs]
         prompts = read_prompts(a.prompts) if a.prompts else None  # a bad file fails before the model loads
+        from .zoo import pipeline_for
+
         pipe = pipeline_for(_load(a), names)
         _check_draft(pipe, names)
         class_names = pipe.class_names

@@ -165,7 +165,7 @@ def compare(models: Models, model: str, condition: str, method: str, options: st
     """AR, then the method, on one condition with one seed. Every bad input is a ValueError (one line).
     ``on_phase(text, fraction)`` hears each phase as it starts, ``on_ar(image, stats)`` the AR result,
     ``on_tokens(run, fraction)`` each decoding round's committed fraction ("ar" or the method's name)."""
-    from .cli import pipeline_for
+    from .zoo import pipeline_for
     from .methods.ar import AR
     from .registry import describe, method_from_spec, parse_method_spec
     from .viz import heatmaps

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -220,3 +221,28 @@ def installed(name: str) -> bool:
     if name == "emoji-t2i":
         return (ASSETS / "emoji_t2i" / "bundle.json").exists()
     return name != "emoji" or (ASSETS / "emoji" / "bundle.json").exists()
+
+
+CONTINUOUS_METHODS = ("ar", "cspd")
+
+
+def pipeline_for(pipe, names: list[str]):
+    """The pipeline that runs methods ``names``: cspd needs continuous-token models, so a bundle that
+    ships them (``pipe.continuous``) switches to them when every method is ar or cspd."""
+    from .families.mar import MARPipeline
+
+    other = sorted(set(names) - set(CONTINUOUS_METHODS))
+    if isinstance(pipe, (ContinuousPipeline, MARPipeline)):
+        if other:
+            raise ValueError(f"model {pipe.name} has continuous tokens: methods {' and '.join(CONTINUOUS_METHODS)} only, got {other[0]}")
+        return pipe
+    if "cspd" not in names:
+        return pipe
+    if pipe.continuous is None:
+        raise ValueError(f"method cspd needs continuous-token models and model {pipe.name} has none "
+                         "(try --model emoji-continuous or random-tiny-continuous)")
+    if other:
+        raise ValueError(f"method cspd runs on the continuous-token models of {pipe.name}: bench it with ar only, "
+                         f"not with {other[0]} (e.g. --methods ar,cspd)")
+    print(f"specvis: cspd: using {pipe.continuous.name}, the continuous-token models of {pipe.name}", file=sys.stderr)
+    return pipe.continuous
