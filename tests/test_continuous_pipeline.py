@@ -131,10 +131,17 @@ def test_bundle_add_parts_and_zoo_loading(tmp_path):
     out.mkdir()
     (out / "bundle.json").write_text(json.dumps({"components": ["vq"], "bytes": {}, "training": {},
                                                  "class_names": tiny.class_names}))
-    with pytest.raises(ValueError, match="optional parts"):
+    with pytest.raises(ValueError, match="bundle parts"):
+        add_parts(runs, out, ["bogus"])
+    with pytest.raises(ValueError, match="is missing"):
         add_parts(runs, out, ["target"])
+    (runs / "continuous_target" / "report.json").write_text('{"steps": 3}')
     meta = add_parts(runs, out, ["continuous_target", "continuous_draft"], {"cfg_scale": 2.0})
     assert meta["components"] == ["continuous_draft", "continuous_target", "vq"]
+    tiny.target.save_pretrained(tmp_path / "distilled" / "final")  # replacing a part keeps its first record
+    (tmp_path / "distilled" / "report.json").write_text('{"steps": 9}')
+    meta = add_parts(runs, out, ["continuous_target"], {"cfg_scale": 2.0}, {"continuous_target": tmp_path / "distilled"})
+    assert meta["training"]["continuous_target"] == {"steps": 9, "replaced": {"steps": 3}}
     pipe = _emoji_continuous(out, meta, tiny.tokenizer)
     assert pipe.default_sampling.cfg_scale == 2.0 and pipe.draft is not None
     for a, b in zip(pipe.target.parameters(), tiny.target.parameters()):

@@ -3,6 +3,7 @@
     python -m specvis.train.bundle --runs runs --data data/emoji --out specvis/assets/emoji
     python -m specvis.train.bundle --runs runs --add continuous_target continuous_draft
     python -m specvis.train.bundle --runs runs --add mar_target mar_draft
+    python -m specvis.train.bundle --add draft drafter --source draft=runs/distill_draft --source drafter=runs/distill_drafter
 
 Copies each component's ``final/`` model as fp16 safetensors + config (the VQ, the target and the
 draft are required; the classifier, the EAGLE drafter and the continuous models are added when their
@@ -61,17 +62,22 @@ def _copy_mar(src: Path, dst: Path) -> int:
     return (dst / CHECKPOINT_NAME).stat().st_size
 
 
-def _source(runs: Path, name: str) -> Path:
-    """Where part ``name`` comes from: ``runs/<name>/final``, or a MAR run directory."""
-    return runs / MAR_RUNS[name] if name in MAR_RUNS else runs / name / "final"
+def _source(runs: Path, name: str, sources: dict[str, Path] | None = None) -> Path:
+    """Where part ``name`` comes from: ``<run>/final`` of ``sources[name]`` (default ``runs/<name>``),
+    or a MAR run directory."""
+    if name in MAR_RUNS:
+        return (sources or {}).get(name) or runs / MAR_RUNS[name]
+    return ((sources or {}).get(name) or runs / name) / "final"
 
 
-def _report_path(runs: Path, name: str) -> Path:
-    return runs / (MAR_RUNS.get(name) or name) / "report.json"
+def _report_path(runs: Path, name: str, sources: dict[str, Path] | None = None) -> Path:
+    src = _source(runs, name, sources)
+    return (src if name in MAR_RUNS else src.parent) / "report.json"
 
 
-def _copy_part(runs: Path, name: str, dst: Path) -> int:
-    return _copy_mar(_source(runs, name), dst) if name in MAR_RUNS else _copy_fp16(_source(runs, name), dst)
+def _copy_part(runs: Path, name: str, dst: Path, sources: dict[str, Path] | None = None) -> int:
+    src = _source(runs, name, sources)
+    return _copy_mar(src, dst) if name in MAR_RUNS else _copy_fp16(src, dst)
 
 
 def build_bundle(runs: Path, data: Path, out: Path, sampling: dict | None = None) -> dict:
@@ -104,26 +110,32 @@ def build_bundle(runs: Path, data: Path, out: Path, sampling: dict | None = None
     return meta
 
 
-def add_parts(runs: Path, out: Path, names: list[str], sampling: dict | None = None) -> dict:
-    """Copy optional parts ``names`` from ``runs/<name>/final`` into the bundle at ``out``."""
+def add_parts(runs: Path, out: Path, names: list[str], sampling: dict | None = None,
+              sources: dict[str, Path] | None = None) -> dict:
+    """Copy parts ``names`` from ``runs/<name>/final`` (or ``sources[name]/final``) into the bundle at
+    ``out``; a part already there is replaced and its earlier training record kept under ``replaced``
+    (e.g. the draft and drafter distilled by ``specvis.train.distill`` replacing the first ones)."""
     meta_path = out / "bundle.json"
     if not meta_path.exists():
         raise ValueError(f"no bundle at {out} (bundle.json missing): build it first")
-    bad = [n for n in names if n not in OPTIONAL]
+    bad = [n for n in names if n not in REQUIRED + OPTIONAL]
     if bad:
-        raise ValueError(f"--add takes optional parts only ({', '.join(OPTIONAL)}), got {bad[0]}")
-    missing = [n for n in names if not _source(runs, n).is_dir()]
+        raise ValueError(f"--add takes bundle parts ({', '.join(REQUIRED + OPTIONAL)}), got {bad[0]}")
+    missing = [n for n in names if not _source(runs, n, sources).is_dir()]
     if missing:
-        raise ValueError(f"cannot add {missing[0]}: {_source(runs, missing[0])} is missing (train it first)")
+        raise ValueError(f"cannot add {missing[0]}: {_source(runs, missing[0], sources)} is missing (train it first)")
     meta = json.loads(meta_path.read_text())
     for name in names:
         staging = out / f".{name}.staging"
         shutil.rmtree(staging, ignore_errors=True)
-        meta["bytes"][name] = _copy_part(runs, name, staging)
+        meta["bytes"][name] = _copy_part(runs, name, staging, sources)
         shutil.rmtree(out / name, ignore_errors=True)
         staging.rename(out / name)
-        report = _report_path(runs, name)
-        meta["training"][name] = json.loads(report.read_text()) if report.exists() else {}
+        report = _report_path(runs, name, sources)
+        record = json.loads(report.read_text()) if report.exists() else {}
+        if (sources or {}).get(name) is not None and meta["training"].get(name):
+            record["replaced"] = meta["training"][name]
+        meta["training"][name] = record
     meta["components"] = sorted(set(meta["components"]) | set(names))
     if sampling is not None:
         meta["continuous_sampling"] = sampling
@@ -136,12 +148,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", default="runs")
     p.add_argument("--data", default="data/emoji")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "assets" / "emoji"))
-    p.add_argument("--add", nargs="+", metavar="PART", help=f"add optional parts to an existing bundle: {', '.join(OPTIONAL)}")
+    p.add_argument("--add", nargs="+", metavar="PART", help=f"add or replace parts of an existing bundle: {', '.join(REQUIRED + OPTIONAL)}")
+    p.add_argument("--source", action="append", default=[], metavar="PART=RUN",
+                   help="with --add: take PART from RUN/final (e.g. draft=runs/distill_draft) instead of runs/PART")
     p.add_argument("--continuous-sampling", type=json.loads, help='with --add: JSON default sampling of the continuous models, e.g. \'{"cfg_scale": 3.0}\'')
     a = p.parse_args(argv)
     try:
         if a.add:
-            meta = add_parts(Path(a.runs), Path(a.out), a.add, a.continuous_sampling)
+            sources = {}
+            for item in a.source:
+                part, sep, run = item.partition("=")
+                if not sep or not run:
+                    raise ValueError(f"--source {item!r}: give PART=RUN_DIR")
+                sources[part] = Path(run)
+            meta = add_parts(Path(a.runs), Path(a.out), a.add, a.continuous_sampling, sources)
         else:
             meta = build_bundle(Path(a.runs), Path(a.data), Path(a.out))
     except ValueError as e:
