@@ -132,6 +132,14 @@ MUTANTS = [
            "    return w.reshape(heads, d, *w.shape[1:])[:, inv].reshape(w.shape)", "    return w",
            ("tests/test_janus_export.py",)),
 
+    Mutant("distill: guided law with cond and uncond swapped", "specvis/train/distill.py",
+           "sampling.guide(cond.float(), uncond.float())", "sampling.guide(uncond.float(), cond.float())",
+           ("tests/test_distill.py",)),
+    Mutant("emoji-mar: VQ decodes MAR tokens without the sphere projection", "specvis/families/mar.py",
+           "return self.vq.decode_continuous(z.flatten(2).transpose(1, 2))", "return self.vq.decode_latents(z)",
+           ("tests/test_emoji_mar.py",)),
+    Mutant("bundle: a MAR part ships the raw weights, not the EMA", "specvis/train/bundle.py",
+           'for k, v in ckpt["model_ema"].items()}', 'for k, v in ckpt["model"].items()}', ("tests/test_emoji_mar.py",)),
 ]
 
 
