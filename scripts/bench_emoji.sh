@@ -58,6 +58,12 @@ case "${1:-main}" in
     num=$2; [ "$2" = 1 ] && num=8
     taskset -c "${CORE:-0}" specvis bench --model emoji-mar --methods "$specs" --num $num --batch-size $2 \
       --warmup row --no-cost-curve --json $out/emoji-mar-b$2.json --md $out/emoji-mar-b$2.md ;;
+  mar-steps) # MAR's own sampler with as few steps as CSpD's target forwards at gamma 4/8/16/32 (20, 12, 8, 6),
+             # batch 64: the schedule coarsening that CSpD's block verification implies, without a draft
+    for n in 20 12 8 6; do
+      taskset -c "${CORE:-0}" specvis bench --model emoji-mar --methods ar --num 64 --batch-size 64 --num-iter $n \
+        --warmup row --no-cost-curve --json $out/emoji-mar-b64-iter$n.json
+    done ;;
   goal)   # issue 17's goals on the bundle after distillation: batch 1, 8 (the lossless methods and auto) or 64
           # (auto against AR), 64 images, 3 timed repeats, seed 4242 (no other table uses it), with the cost curve
           # (predicted speedup, efficiency): "goal 1", "goal 8", "goal 64", one core each (CORE=)

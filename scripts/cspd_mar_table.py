@@ -83,6 +83,13 @@ def speed_table(stem: str, with_quality: bool) -> str:
         row += [f"{fmt(q.get('class_accuracy'), '.3f')} ± {fmt(noise.get('class_accuracy'), '.3f')}",
                 f"{fmt(q.get('fid_proxy'), '.2f')} ± {fmt(noise.get('fid_proxy'), '.2f')}"]
         lines.append("| " + " | ".join(row) + " |")
+        for path in sorted(BENCH.glob(f"{stem}-b{big}-iter*.json"), key=lambda p: -json.loads(p.read_text())["num_iter"]):
+            rep = json.loads(path.read_text())  # MAR's own sampler with fewer steps (bench_emoji.sh mar-steps)
+            coarse, q = ar_run(rep), ar_run(rep).get("quality", {})
+            row = [f"MAR's own sampler, {rep['num_iter']} steps", "-", "-", "-", fmt(coarse["mean_accepted_length"]), "-", "-",
+                   fmt(coarse["images_per_s"] / ar["images_per_s"], ".2f", "x"), fmt(q.get("class_accuracy"), ".3f"),
+                   fmt(q.get("fid_proxy"), ".2f")]
+            lines.append("| " + " | ".join(row) + " |")
     for k in keys:
         ref = runs[big].get(k) or next(rs[k] for rs in runs.values() if k in rs)
         row = [RATIO_NAMES[k[0]], str(k[1]), fmt(k[2], "g"), fmt(ref.get("acceptance_rate")), fmt(ref["mean_accepted_length"])]
