@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,18 +86,27 @@ class Pipeline:
     def dtype(self) -> torch.dtype:
         return next(self.target.parameters()).dtype
 
-    def configure(self, dtype: str | torch.dtype | None = None, compile: bool = False,
+    def configure(self, dtype: str | torch.dtype | None = None, compile: bool | str = False,
                   graphs: bool | None = None) -> "Pipeline":
         """Weights and KV caches of the target, draft and drafter in ``dtype`` (fp32, bf16, fp16; the
         tokenizer stays fp32; laws are computed in fp32 either way), ``torch.compile`` of their cached
         block stacks, and captured rounds on or off. Lossless methods stay exact for the model as
-        run: a bf16 model samples bf16 logits."""
+        run: a bf16 model samples bf16 logits.
+
+        ``compile=True`` compiles on CUDA only: on CPU the compiled forward was measured slower
+        (docs/benchmarks/compile-cpu.md: inductor re-materialises the whole in-place KV cache on every
+        call), so it warns and stays eager; ``compile="always"`` compiles on any device."""
+        if compile not in (False, True, "always"):
+            raise ValueError(f"compile must be False, True or 'always', got {compile!r}")
         if dtype is not None:
             dt = resolve_dtype(dtype)
             for m in (self.target, self.draft, self.drafter):
                 if m is not None:
                     m.to(dtype=dt)
-        if compile and not self.compiled:
+        if compile is True and self.device.type == "cpu":
+            warnings.warn("torch.compile skipped on CPU, where it measured slower than eager "
+                          "(docs/benchmarks/compile-cpu.md); compile='always' forces it", stacklevel=2)
+        elif compile and not self.compiled:
             for m in (self.target, self.draft):
                 if m is not None and hasattr(m, "compile_decoder"):
                     m.compile_decoder()

@@ -179,7 +179,7 @@ def threads_for(n_params: int, device, threads: int | str | None = None) -> tupl
 
 
 def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
-         compile: bool = False, graphs: bool | None = None, draft: str | None = None,
+         compile: bool | str = False, graphs: bool | None = None, draft: str | None = None,
          drafter: str | None = None, threads: int | None = None) -> Pipeline:
     """Load a bundle by name, offline, or a real checkpoint: a directory or Hugging Face Hub id
     (``specvis.families``; ``draft``: a smaller checkpoint of the same family; ``drafter``: an EAGLE
