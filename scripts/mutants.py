@@ -140,6 +140,9 @@ MUTANTS = [
            ("tests/test_emoji_mar.py",)),
     Mutant("bundle: a MAR part ships the raw weights, not the EMA", "specvis/train/bundle.py",
            'for k, v in ckpt["model_ema"].items()}', 'for k, v in ckpt["model"].items()}', ("tests/test_emoji_mar.py",)),
+    Mutant("compile: CPU compiles anyway", "specvis/pipeline.py",
+           'if compile is True and self.device.type == "cpu":', 'if compile is True and self.device.type == "cuda":',
+           ("tests/test_compile_policy.py",)),
 ]
 
 
