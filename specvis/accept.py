@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import sample
+from .sampling import rows_at, sample
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ def verify_chain(rule, p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
         alpha, residual = rule(p[:, :g], q, draft, soft=soft[:, :g])
     u = torch.rand(alpha.shape, device=alpha.device, generator=generator)
     accepted = (u < alpha).long().cumprod(dim=-1).sum(dim=-1)
-    laws = torch.cat([normalise(residual, p[:, :g]), p[:, g:]], dim=1)
-    law = laws.gather(1, accepted[:, None, None].expand(-1, 1, laws.shape[-1])).squeeze(1)
+    at = accepted.clamp_max(g - 1)[:, None]  # the rejected position's residual, normalised alone
+    rejected = normalise(rows_at(residual, at), rows_at(p, at))[:, 0]
+    law = torch.where((accepted < g)[:, None], rejected, p[:, g])
     return accepted, sample(law, generator)

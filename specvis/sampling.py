@@ -86,10 +86,22 @@ def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
     )
 
 
+def rows_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[b, index[b, j]]`` for x (B, K, ...) and index (B, n): (B, n, ...), by indexing (on CPU about
+    2x faster than ``gather`` with an index expanded over the last dimension)."""
+    return x[torch.arange(x.shape[0], device=x.device)[:, None], index]
+
+
+def exponential(like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Exp(1) draws shaped like ``like``, as -log U with U ~ U[0, 1): strictly positive (U < 1), +inf
+    only at U = 0, which loses every race below. On CPU 4x faster than ``Tensor.exponential_``."""
+    return torch.rand(like.shape, device=like.device, dtype=like.dtype, generator=generator).log_().neg_()
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one index per row of ``probs`` (..., V) by the exponential race; no host sync."""
-    race = torch.empty_like(probs).exponential_(1.0, generator=generator).clamp_min_(1e-30)
-    return torch.argmax(probs / race, dim=-1)
+    """Draw one index per row of ``probs`` (..., V) by the exponential race argmax(p / E), E ~ Exp(1)
+    i.i.d.: index i wins with probability p_i; no host sync."""
+    return torch.argmax(probs / exponential(probs, generator), dim=-1)
 
 
 def uniform(shape: tuple[int, ...], like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

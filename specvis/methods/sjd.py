@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..accept import Exact, normalise, verify_chain
-from ..sampling import sample
+from ..sampling import exponential, rows_at, sample
 from .base import DecodeContext
 
 INITS = ("random", "horizontal-repeat", "vertical-repeat", "horizontal-sample", "vertical-sample")
@@ -224,8 +224,8 @@ class _Initialiser:
             self.race = torch.ones(ctx.n.shape[0], window, self.V, device=dev)
 
     def _ring_write(self, pos: torch.Tensor, laws: torch.Tensor) -> None:
-        idx = (pos % self.R)[..., None].expand(-1, -1, self.V)
-        self.ring.scatter_(1, idx, laws)
+        rows = torch.arange(pos.shape[0], device=pos.device)[:, None] * self.R
+        self.ring.view(-1, self.V).index_copy_(0, (rows + pos % self.R).flatten(), laws.reshape(-1, self.V))
 
     def next_window(self, p: torch.Tensor, base: torch.Tensor, start: torch.Tensor, first_init: torch.Tensor,
                     prev: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,12 +233,12 @@ class _Initialiser:
         The window covers start .. start+W-1; slots before ``first_init`` are refined from ``p``,
         the others initialised. ``prev``: the previous window (draft, q), which started at ``base``.
         Returns (draft (B, W), q (B, W, V))."""
-        ctx, W, V, width = self.ctx, self.W, self.V, self.width
+        ctx, W, width = self.ctx, self.W, self.width
         K = p.shape[1]
         pos = start[:, None] + self.slots  # (B, W) grid positions of the window slots
         s = first_init[:, None]
         refined = pos < s
-        p_ref = p.gather(1, (pos - base[:, None]).clamp(0, K - 1)[..., None].expand(-1, -1, V))
+        p_ref = rows_at(p, (pos - base[:, None]).clamp(0, K - 1))
         if self.ring is not None:  # committed and refined positions: their law is p
             self._ring_write(base[:, None] + torch.arange(K, device=p.device), p)
 
@@ -250,7 +250,7 @@ class _Initialiser:
             from_head = src >= s
             head = from_head & (col == 0)
             if self.init == "horizontal-sample":
-                left = p.gather(1, (first_init - 1 - base).clamp(0, K - 1)[:, None, None].expand(-1, 1, V))
+                left = rows_at(p, (first_init - 1 - base).clamp(0, K - 1)[:, None])
                 q_init = torch.where(from_head[..., None], self.uniform, left)
         else:  # vertical: walk up by rows to the first position before the initialised run
             k = torch.div(pos - s, width, rounding_mode="floor") + 1
@@ -259,7 +259,7 @@ class _Initialiser:
             src = torch.where(from_head, up + width, up)
             head = pos < width
             if self.init == "vertical-sample":
-                above = self.ring.gather(1, (src % self.R)[..., None].expand(-1, -1, V))
+                above = rows_at(self.ring, src % self.R)
                 q_init = torch.where(from_head[..., None], self.uniform, above)
         if self.init.endswith("repeat"):
             q_init = self.uniform  # heads draw uniformly; the others copy below
@@ -268,12 +268,12 @@ class _Initialiser:
         old = (pos - base[:, None]).clamp(0, W - 1)  # the slot of pos in the previous window
         had = pos - base[:, None] < W if prev is not None else torch.zeros_like(refined)
         if self.coupling == "gumbel":  # argmax(q / E_m), E_m kept while m stays in the window
-            fresh = torch.empty_like(q).exponential_(1.0, generator=ctx.generator).clamp_min_(1e-30)
-            race = torch.where(had[..., None], self.race.gather(1, old[..., None].expand(-1, -1, V)), fresh)
+            fresh = exponential(q, ctx.generator)
+            race = torch.where(had[..., None], rows_at(self.race, old), fresh)
             self.race.copy_(race)
             draft = torch.argmax(q / race, dim=-1)
         elif self.coupling == "maximal" and prev is not None:
-            x, q_old = prev[0].gather(1, old), prev[1].gather(1, old[..., None].expand(-1, -1, V))
+            x, q_old = prev[0].gather(1, old), rows_at(prev[1], old)
             keep, law = coupling_step(q, q_old, x, torch.rand(x.shape, device=x.device, generator=ctx.generator))
             draft = torch.where(had & keep, x, sample(torch.where(had[..., None], law, q), ctx.generator))
         else:
