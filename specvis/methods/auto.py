@@ -16,8 +16,8 @@ The rule, on the first call for a key (target, draft, drafter, device, batch siz
    (default 1.05); otherwise AR.
 
 Candidates (all with ``Exact`` acceptance, so lossless): ``SJD`` window 4, 8, 16 (init
-vertical-sample, Gumbel coupling: the SJD setting with the longest accepted runs on the emoji target,
-3.21 tokens per forward at window 16 against 2.88 with random init, docs/benchmarks/goal.md); with a draft model ``Speculative`` gamma 2 and 4; with an EAGLE drafter
+vertical-sample, Gumbel coupling: the CLI's default SJD, 3.34 tokens per forward at window 16 and
+batch 1 on the emoji target, docs/benchmarks/successors.md); with a draft model ``Speculative`` gamma 2 and 4; with an EAGLE drafter
 ``EagleTree`` with 24 and 60 tree tokens and ``StaticTree`` (its default topology). Continuous-token
 targets get AR (no lossless candidate).
 
