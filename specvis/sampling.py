@@ -93,9 +93,12 @@ def rows_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def exponential(like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Exp(1) draws shaped like ``like``, as -log U with U ~ U[0, 1): strictly positive (U < 1), +inf
-    only at U = 0, which loses every race below. On CPU 4x faster than ``Tensor.exponential_``."""
-    return torch.rand(like.shape, device=like.device, dtype=like.dtype, generator=generator).log_().neg_()
+    """Exp(1) draws shaped like ``like``: -log(1 - U), U ~ U[0, 1), so finite (at most 16.6 in fp32),
+    and clamped away from 0 so that a zero-probability entry of a race never divides 0 by 0 (NaN
+    would win the argmax). -log(U) instead would give +inf at U = 0, which zeroes a point mass's only
+    entry and lets an impossible token win. On CPU about 3x faster than ``Tensor.exponential_``."""
+    u = torch.rand(like.shape, device=like.device, dtype=like.dtype, generator=generator)
+    return u.neg_().log1p_().neg_().clamp_min_(1e-30)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
