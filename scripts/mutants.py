@@ -143,6 +143,8 @@ MUTANTS = [
     Mutant("compile: CPU compiles anyway", "specvis/pipeline.py",
            'if compile is True and self.device.type == "cpu":', 'if compile is True and self.device.type == "cuda":',
            ("tests/test_compile_policy.py",)),
+    Mutant("sampling: Exp(1) race as -log U", "specvis/sampling.py",
+           "return u.neg_().log1p_().neg_().clamp_min_(1e-30)", "return u.log_().neg_()", ("tests/test_sampling.py",)),
 ]
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specvis as sv
-from specvis.sampling import make_generator, sample
+from specvis.sampling import exponential, make_generator, sample
 
 
 def test_cfg_temperature_topk_topp_order():
@@ -55,3 +55,14 @@ def test_invalid_values_name_the_field(field, kw):
 def test_methods_validate_their_fields():
     with pytest.raises(ValueError, match="gamma"):
         sv.Speculative(gamma=0)
+
+
+@pytest.mark.parametrize("u", [0.0, 1 - 2**-24])  # the ends of torch.rand's float32 range
+def test_exponential_race_keeps_a_point_mass_at_the_ends_of_u(monkeypatch, u):
+    """The race argmax(p / E) with E = -log(1 - U) clamped: at U = 0 (E would be 0: 0/0 = NaN wins)
+    and at the largest U (E = 16.6) a point mass still draws its token. Catches E = -log U, which is
+    +inf at U = 0, zeroes the point mass and returns token 0 (seen once in the exactness tests)."""
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, u, dtype=kw.get("dtype")))
+    p = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    assert sample(p).tolist() == [2, 1]
+    assert torch.isfinite(exponential(p)).all() and (exponential(p) > 0).all()

@@ -17,9 +17,9 @@ The rule, on the first call for a key (target, draft, drafter, device, batch siz
 
 Candidates (all with ``Exact`` acceptance, so lossless): ``SJD`` window 4, 8, 16 (init
 vertical-sample, Gumbel coupling: the CLI's default SJD, 3.34 tokens per forward at window 16 and
-batch 1 on the emoji target, docs/benchmarks/successors.md); with a draft model ``Speculative`` gamma 2 and 4; with an EAGLE drafter
-``EagleTree`` with 24 and 60 tree tokens and ``StaticTree`` (its default topology). Continuous-token
-targets get AR (no lossless candidate).
+batch 1 on the emoji target, docs/benchmarks/successors.md); with a draft model ``Speculative``
+gamma 2 and 4; with an EAGLE drafter ``EagleTree`` with 24 and 60 tree tokens and ``StaticTree`` (its
+default topology). Continuous-token targets get AR (no lossless candidate).
 
 The probe and curve figures are cached per key for the process (a second call with the same key does
 not probe again); ``Auto.explain()`` says what was chosen and each candidate's figures. The user's
