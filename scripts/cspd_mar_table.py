@@ -83,9 +83,10 @@ def speed_table(stem: str, with_quality: bool) -> str:
         row += [f"{fmt(q.get('class_accuracy'), '.3f')} ± {fmt(noise.get('class_accuracy'), '.3f')}",
                 f"{fmt(q.get('fid_proxy'), '.2f')} ± {fmt(noise.get('fid_proxy'), '.2f')}"]
         lines.append("| " + " | ".join(row) + " |")
-        for path in sorted(BENCH.glob(f"{stem}-b{big}-iter*.json"), key=lambda p: -json.loads(p.read_text())["num_iter"]):
-            rep = json.loads(path.read_text())  # MAR's own sampler with fewer steps (bench_emoji.sh mar-steps)
-            coarse, q = ar_run(rep), ar_run(rep).get("quality", {})
+        coarser = [json.loads(p.read_text()) for p in BENCH.glob(f"{stem}-b{big}-iter*.json")]  # bench_emoji.sh mar-steps
+        for rep in sorted(coarser, key=lambda r: -r["num_iter"]):  # MAR's own sampler with fewer steps
+            coarse = ar_run(rep)
+            q = coarse.get("quality", {})
             row = [f"MAR's own sampler, {rep['num_iter']} steps", "-", "-", "-", fmt(coarse["mean_accepted_length"]), "-", "-",
                    fmt(coarse["images_per_s"] / ar["images_per_s"], ".2f", "x"), fmt(q.get("class_accuracy"), ".3f"),
                    fmt(q.get("fid_proxy"), ".2f")]
