@@ -222,7 +222,8 @@ def build_parser() -> Parser:
     b.add_argument("--num", type=int, default=16, help="number of images per method (default 16)")
     b.add_argument("--batch-size", type=int, default=1, help="images per batch (default 1)")
     b.add_argument("--seed", type=int, default=0, help="batch j runs with seed + j (default 0)")
-    b.add_argument("--repeats", type=int, default=1, help="timed repeats per method; the median wall-clock is "
+    b.add_argument("--repeats", type=int, default=1, help="timed passes per method, interleaved (pass 2 of every "
+                                                          "method after pass 1 of all); the median wall-clock is "
                                                           "reported (default 1)")
     b.add_argument("--warmup", default="batch", help="untimed warm-up before each method: batch (the first batch), row "
                                                      "(its first sample: same code paths, less time) or none")
@@ -452,7 +453,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         def show(run: dict) -> None:
             print(f"{run['method']:12s} {json.dumps(run['config']):40s} step compression {run['step_compression']:.2f}  "
                   f"accepted {run['mean_accepted_length']:.2f}  {run['images_per_s']:.3f} img/s  speedup {run['speedup']:.2f}x"
-                  + "".join(f"  {k} {v:.3f}" for k, v in run.get("quality", {}).items() if k in ("fid_proxy", "class_accuracy")),
+                  + "".join(f"  {k} {v:.3f}" for k, v in run.get("quality", {}).items() if k in ("fid_proxy", "class_accuracy"))
+                  + (f"  (timed pass 1 of {a.repeats})" if len(run["wall_s_repeats"]) < a.repeats else ""),
                   flush=True)
 
         report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept, prompts=prompts,

@@ -190,3 +190,27 @@ def test_tree_runs_report_mean_tree_depth(pipe):
     report = runner.run_bench(pipe, ["adt:total_tokens=8"], 2, 2, progress=False, metrics=[])
     depth = report["runs"][1]["mean_tree_depth"]
     assert 1.0 <= depth <= 10.0
+
+
+def test_repeats_interleave_across_methods_and_resume_adds_missing_passes(pipe, tmp_path, monkeypatch):
+    """Timed passes run AR, method, AR, method, ... (a machine slowing down mid-benchmark then slows
+    both alike); a rerun asking for more repeats adds only the missing passes to the stored runs.
+    Catches consecutive repeats, a median over the wrong list, or a resume that redoes reused runs."""
+    calls = []
+    real = runner._timed_pass
+    monkeypatch.setattr(runner, "_timed_pass", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+    path = tmp_path / "b.json"
+    report = runner.run_bench(pipe, ["speculative:gamma=2"], 2, 2, repeats=3, progress=False, json_path=path)
+    assert calls == ["ar", "speculative"] * 3
+    for run in report["runs"]:
+        assert len(run["wall_s_repeats"]) == 3 and run["wall_s"] == sorted(run["wall_s_repeats"])[1]
+        assert run["images_per_s"] == pytest.approx(2 / run["wall_s"])
+    stored = json.loads(path.read_text())["runs"]
+    assert [r["wall_s_repeats"] for r in stored] == [r["wall_s_repeats"] for r in report["runs"]]
+
+    calls.clear()
+    again = runner.run_bench(pipe, ["speculative:gamma=2"], 2, 2, repeats=4, progress=False, json_path=path)
+    assert calls == ["ar", "speculative"]
+    for old, new in zip(stored, again["runs"]):
+        assert new["wall_s_repeats"][:3] == old["wall_s_repeats"] and len(new["wall_s_repeats"]) == 4
+        assert new["target_forwards"] == old["target_forwards"]

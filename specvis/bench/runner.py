@@ -1,5 +1,6 @@
 """``specvis bench``: AR first, then each method on the same classes and seeds; warm-up excluded;
-each configuration repeated and the median wall-clock reported (API.md JSON).
+each configuration timed ``repeats`` times, the passes interleaved across methods (every method's
+pass 1, then every method's pass 2, ...), and the median wall-clock reported (API.md JSON).
 
 With ``json_path`` the report is written after every completed run and a rerun reuses the runs
 whose key (model, device, batch size, number of images, seed, sampling, shard, method, config,
@@ -57,36 +58,44 @@ def _run(pipe, conds: list[int], method, sampling: Sampling, seed: int, prompts:
                 height=grid[0], width=grid[1])
 
 
-def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress: bool = False,
-            bar: tqdm | None = None, warmup: str = "batch", prompts: list | None = None,
-            grid: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
-    """Run ``method`` over ``work`` ``repeats`` times after one untimed warm-up (the first batch; with
-    ``warmup="row"`` its first sample only: every code path, a fraction of the cost; ``"none"``: the
-    first timed batch pays any one-time cost, for runs where a warm-up would cost as much as the
-    measurement); token and forward counts come from the first repeat (identical across repeats),
-    wall-clock is the median."""
+def _timed_pass(pipe, method, work: Work, sampling: Sampling, progress: bool, bar: tqdm | None, warmup: str,
+                prompts: list | None, grid: tuple[int | None, int | None]) -> tuple[float, list[tuple[int, Any]]]:
+    """One untimed warm-up (the first batch; ``warmup="row"``: its first sample only, every code path at
+    a fraction of the cost; ``"none"``: the pass pays any one-time cost) and one timed pass over
+    ``work``: (summed wall-clock, [(batch size, output)])."""
     if warmup != "none":
         classes = work[0][0] if warmup == "batch" else work[0][0][:1]
         _run(pipe, classes, method, sampling, work[0][1], prompts, grid)  # warm-up, not timed
-    walls, first = [], None
-    for _ in range(repeats):
-        wall, per_batch = 0.0, []
-        for classes, seed in tqdm(work, disable=not progress or bar is not None, leave=False, desc=method.name):
-            out = _run(pipe, classes, method, sampling, seed, prompts, grid)
-            wall += out.stats.wall_s
-            per_batch.append((len(classes), out))
-            if bar is not None:
-                bar.update(1)
-        walls.append(wall)
-        first = first or per_batch
+    wall, per_batch = 0.0, []
+    for classes, seed in tqdm(work, disable=not progress or bar is not None, leave=False, desc=method.name):
+        out = _run(pipe, classes, method, sampling, seed, prompts, grid)
+        wall += out.stats.wall_s
+        per_batch.append((len(classes), out))
+        if bar is not None:
+            bar.update(1)
+    return wall, per_batch
+
+
+def add_repeat(run: dict[str, Any], wall: float) -> None:
+    """Record one more timed pass of ``run``: ``wall_s`` is the median of ``wall_s_repeats``."""
+    run["wall_s_repeats"] = [*run.get("wall_s_repeats", []), wall]
+    run["wall_s"] = statistics.median(run["wall_s_repeats"])
+    run["images_per_s"] = run["n_images"] / run["wall_s"] if run["wall_s"] > 0 else float("nan")
+
+
+def measure(pipe, method, work: Work, sampling: Sampling, progress: bool = False, bar: tqdm | None = None,
+            warmup: str = "batch", prompts: list | None = None,
+            grid: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
+    """The first timed pass of ``method`` over ``work`` (``_timed_pass``) as a run: token and forward
+    counts (identical in later passes, which ``run_bench`` adds with ``add_repeat``), one wall-clock."""
+    wall, first = _timed_pass(pipe, method, work, sampling, progress, bar, warmup, prompts, grid)
     n_images = sum(n for n, _ in first)
     tokens = sum(n * o.stats.tokens for n, o in first)
     name, config, rule = describe(method)
-    wall = statistics.median(walls)
     maps, counts = _accept_maps(first, work)
     extra_keys = sorted({k for _, o in first for k, v in o.stats.extra.items() if isinstance(v, (int, float))})
     extra = {k: sum(n * float(o.stats.extra.get(k, 0.0)) for n, o in first) / n_images for k in extra_keys}
-    return {
+    run = {
         "method": name,
         "config": config,
         "acceptance": rule,
@@ -98,9 +107,6 @@ def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress
         **_block_sizes(first),
         "step_compression": sum(n * o.stats.step_compression for n, o in first) / n_images,
         "mean_accepted_length": sum(n * o.stats.mean_accepted_length for n, o in first) / n_images,
-        "wall_s": wall,
-        "wall_s_repeats": walls,
-        "images_per_s": n_images / wall if wall > 0 else float("nan"),
         "quality": {},
         **extra,  # method-specific means, e.g. mean_tree_depth (d-bar) of the tree methods
         **({"auto_choice": method.explain()} if hasattr(method, "explain") else {}),  # sv.Auto: what it ran, why
@@ -108,6 +114,8 @@ def measure(pipe, method, work: Work, sampling: Sampling, repeats: int, progress
         "images_per_class": counts,
         "_outputs": first,
     }
+    add_repeat(run, wall)
+    return run
 
 
 def _block_sizes(per_batch: list[tuple[int, Any]]) -> dict[str, dict[str, int]]:
@@ -276,10 +284,22 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         name, config, rule = describe(method)
         key = run_key(report, {"method": name, "config": config, "acceptance": rule})
         todo.append((method, key, done.get(key)))
-    fresh = sum(prev is None for _, _, prev in todo)
-    bar = tqdm(total=fresh * repeats * len(work), desc="bench", disable=not progress or not fresh, leave=False)
+    for _, _, prev in todo:
+        if prev is not None:
+            prev.setdefault("wall_s_repeats", [prev["wall_s"]])
+    passes = sum(max(0, repeats - len(prev["wall_s_repeats"])) if prev else repeats for _, _, prev in todo) * len(work)
+    bar = tqdm(total=passes, desc="bench", disable=not progress or not passes, leave=False)
     quality: list[Metric] | None = None
-    for method, key, prev in todo:
+    grid = (report.get("height"), report.get("width"))
+
+    def save() -> None:
+        set_speedups(report)
+        if json_path is not None:
+            write_report(report, json_path)
+            if keep_obs:
+                save_observations(side_path(json_path), refs, keep_obs)
+
+    for method, key, prev in todo:  # first pass of every method: counts, accept maps, quality
         rid = key_id(key)
         if prev is not None:
             run = prev
@@ -288,8 +308,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
             tqdm.write(f"reusing {run['method']} {json.dumps(run['config'])} from {json_path}", file=sys.stderr)
         else:
             bar.set_description(method.name)
-            run = measure(pipe, method, work, sampling, repeats, progress, bar=bar, warmup=warmup, prompts=prompts,
-                          grid=(report.get("height"), report.get("width")))
+            run = measure(pipe, method, work, sampling, progress, bar=bar, warmup=warmup, prompts=prompts, grid=grid)
             outputs = run.pop("_outputs")
             if quality is None:  # built on first need: resumed runs never load the classifier
                 quality = build_metrics(metrics, QualitySource(pipe, Path(data_dir) if data_dir else None))
@@ -301,13 +320,16 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
                 run["quality"] = summarize(figures, refs, seed_groups(obs["batch"], len(full), quality_groups))
                 keep_obs[rid] = obs
         report["runs"].append(run)
-        set_speedups(report)
-        if json_path is not None:
-            write_report(report, json_path)
-            if keep_obs:
-                save_observations(side_path(json_path), refs, keep_obs)
+        save()
         if on_run is not None:
             on_run(run)
+    # further timed passes interleaved (pass 2 of every method, then pass 3, ...): a machine that
+    # drifts during the benchmark slows every method alike instead of whichever ran in the slow window
+    while pending := [(m, r) for (m, _, _), r in zip(todo, report["runs"]) if len(r["wall_s_repeats"]) < repeats]:
+        for method, run in pending:
+            bar.set_description(method.name)
+            add_repeat(run, _timed_pass(pipe, method, work, sampling, progress, bar, warmup, prompts, grid)[0])
+        save()
     bar.close()
     if cost_curve:
         try:
