@@ -11,6 +11,7 @@ import torch
 from .generate import Generation, generate
 from .models.base import Condition, Prompts
 from .models.checkpoint import one_line
+from .models.weight_layout import transpose_linear_weights
 from .sampling import Sampling
 from .viz import to_pil
 
@@ -110,6 +111,10 @@ class Pipeline:
                 if m is not None and hasattr(m, "compile_decoder"):
                     m.compile_decoder()
             self.compiled = True
+        if self.device.type == "cpu":  # faster small-row matmuls (models/weight_layout.py)
+            for m in (self.target, self.draft, self.drafter, self.continuous):
+                if isinstance(m, torch.nn.Module):
+                    transpose_linear_weights(m)
         self.graphs = graphs
         return self
 

@@ -72,7 +72,10 @@ def test_ar_on_a_continuous_model_is_target_only_cspd():
     pipe = load("random-tiny-continuous")
     a = pipe([0, 1, 2], AR(), seed=3)
     b = pipe([0, 1, 2], CSpD(prefill=1.0), seed=3)
-    assert torch.equal(a.latents, b.latents) and a.stats.extra == {}
+    # equal up to float rounding: on CPU the linear weights' layout (models/weight_layout.py) makes a
+    # matmul's rounding depend on its row count, and CSpD's target forwards take other row counts
+    torch.testing.assert_close(a.latents, b.latents, rtol=1e-5, atol=1e-4)
+    assert a.stats.extra == {}
     assert a.stats.step_compression == 1.0 and len(a.images) == 3
     c = pipe([0, 1, 2], CSpD(gamma=4, prefill=0.0), seed=3)
     assert 0.0 < c.stats.extra["acceptance_rate"] < 1.0  # distinct random heads: some rejections
