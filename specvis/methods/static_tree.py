@@ -142,9 +142,8 @@ class _Topology:
         self.depth = torch.tensor(depth, device=device)
         self.children = children.to(device)
         self.anc = anc.to(device)
-        # level j: its tree positions (contiguous: first[j]..first[j] + size - 1); for the draws of the
-        # children of level j, per rank r: which level-j nodes have an r-th child (cols) and its position
-        self.levels = [torch.tensor([t for t in range(T) if depth[t] == j], device=device) for j in range(self.D + 1)]
+        # level j: its tree positions (contiguous: first[j]..last[j]); for the draws of the children of
+        # level j, per rank r: which level-j nodes have an r-th child (cols) and its position
         self.first = [min(t for t in range(T) if depth[t] == j) for j in range(self.D + 1)]
         self.last = [max(t for t in range(T) if depth[t] == j) for j in range(self.D + 1)]
         self.draws = []
@@ -210,7 +209,7 @@ def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Te
     cannot be drawn (its parent is missing, or q has no mass left: a forced position after its
     structural id) is missing, and so is its subtree. Returns the tree with ``laws`` = q per node."""
     drafter, gen, n = ctx.drafter, ctx.generator, ctx.n
-    B, T, Dm = n.shape[0], topo.T, pending.shape[-1]
+    B, T = n.shape[0], topo.T
     root_feat, root_lp = catch_up(ctx, pending, count)
     forwards = 1
     tokens = torch.zeros(B, T, dtype=torch.long, device=n.device)
@@ -219,30 +218,31 @@ def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Te
     laws = torch.zeros(B, T, root_lp.shape[-1], dtype=root_lp.dtype, device=n.device)
     feat = root_feat  # (R, m, Dm): predicted features of the current level's nodes
     for d in range(1, topo.D + 1):  # draw the children (depth d) of the level d - 1 nodes
-        par = topo.levels[d - 1]
+        first, last = topo.first[d - 1], topo.last[d - 1]
+        level = slice(first, last + 1)  # the level's tree positions are contiguous
         if d == 1:
             lq = root_lp[:, None]
         else:  # the level's slots in the drafter's uncommitted region: first - 1 .. last - 1
-            first, last = topo.first[d - 1], topo.last[d - 1]
-            pos = (n + d - 2)[:, None].expand(-1, par.shape[0])  # stream positions of the level's nodes
-            mask = topo.anc[par][:, 1: last + 1][None].expand(B, -1, -1)
-            lg, f_out = drafter.forward_tokens(_rows(ctx, tokens[:, par]), feat, _rows(ctx, pos),
+            pos = (n + d - 2)[:, None].expand(-1, last + 1 - first)  # stream positions of the level's nodes
+            mask = topo.anc[level, 1: last + 1][None].expand(B, -1, -1)
+            lg, f_out = drafter.forward_tokens(_rows(ctx, tokens[:, level]), feat, _rows(ctx, pos),
                                                _rows(ctx, mask), start=first - 1)
             forwards += 1
             lq = _log_draft(lg, ctx, pos + 1)
         q = lq.exp()  # (B, m, V): the draft law of each level node's children
-        laws[:, par] = q
-        live = present[:, par]
-        for cols, slots in topo.draws[d - 1]:  # rank by rank
+        laws[:, level] = q
+        live = present[:, level]
+        ranks = topo.draws[d - 1]
+        for r, (cols, slots) in enumerate(ranks):  # rank by rank
             x = sample(q, gen)  # (B, m)
             tokens[:, slots] = x[:, cols]
             present[:, slots] = live[:, cols]
-            live = live & (q.scatter(-1, x[..., None], 0.0).sum(-1) > 1e-12)  # mass left for the next sibling
-            q = without(q, x)
+            if r + 1 < len(ranks):  # the next sibling is drawn from q without x, if q has mass left
+                live = live & (q.scatter(-1, x[..., None], 0.0).sum(-1) > 1e-12)
+                q = without(q, x)
         if d < topo.D:  # predicted features of the depth-d nodes: their parents' drafter outputs
             src = root_feat if d == 1 else f_out
-            idx = topo.parent_index[d][None, :, None].expand(src.shape[0], -1, Dm)
-            feat = src.gather(1, idx)
+            feat = src.index_select(1, topo.parent_index[d])
     children = torch.where(present.gather(1, topo.children.clamp_min(0).flatten()[None].expand(B, -1)).view(B, T, -1)
                            & (topo.children >= 0), topo.children, torch.full_like(topo.children, -1))
     positions = (n - 1)[:, None] + topo.depth[None]

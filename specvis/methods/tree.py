@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..accept import Exact, normalise
-from ..sampling import sample, uniform
+from ..sampling import rows_at, sample, uniform
 from .base import DecodeContext
 
 INITS = ("horizontal", "vertical", "random")
@@ -297,15 +297,13 @@ def catch_up(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor) -> 
     committed to the drafter cache; returns the root's predicted feature (R, 1, Dm), which predicts
     depth 1, and the draft log-law of depth 1 (B, V) (``_log_draft``)."""
     drafter, dev, n = ctx.drafter, ctx.device, ctx.n
-    V, Dm = ctx.layout.vocab_size, pending.shape[-1]  # the drafter scores image codes
     m = pending.shape[1]
     pos = (n - count)[:, None] + torch.arange(m, device=dev)
     toks = ctx.tokens.gather(1, pos.clamp_max(ctx.tokens.shape[1] - 1))
     logits, feats = drafter.forward_tokens(_rows(ctx, toks), pending, _rows(ctx, pos))
     drafter.commit(_rows(ctx, count))
-    last = _rows(ctx, (count - 1).clamp_min(0))[:, None, None]
-    root_feat = feats.gather(1, last.expand(-1, 1, Dm))
-    return root_feat, _log_draft(logits.gather(1, last.expand(-1, 1, V)), ctx, n[:, None])[:, 0]
+    last = _rows(ctx, (count - 1).clamp_min(0))[:, None]
+    return rows_at(feats, last), _log_draft(rows_at(logits, last), ctx, n[:, None])[:, 0]
 
 
 def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d_row: torch.Tensor,
@@ -447,9 +445,7 @@ def compact(ctx: DecodeContext, verdict: Verdict) -> tuple[torch.Tensor, torch.T
     count = ctx.commit(verdict.block, verdict.accepted + 1)
     keep = torch.cat([torch.zeros_like(verdict.accepted)[:, None], verdict.path], 1)
     ctx.target.keep_block(keep, count)
-    hidden = ctx.target.hidden
-    pending = hidden.gather(1, _rows(ctx, keep)[:, :, None].expand(-1, -1, hidden.shape[-1]))
-    return count, pending
+    return count, rows_at(ctx.target.hidden, _rows(ctx, keep))
 
 
 def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape, build=None, drafter_extra: int | None = None) -> None:
