@@ -67,6 +67,26 @@ def test_kl_zero_for_identical_student_positive_otherwise(pair):
     assert float(same["overlap"]) == pytest.approx(1.0, abs=1e-5) and float(same["top1"]) == 1.0
     other = distill.distill_losses(draft, target, labels, codes, S)
     assert float(other["kl"].detach()) > 0.05 and float(other["overlap"]) < 0.99
+    assert float(other["tv"].detach()) == pytest.approx(1.0 - float(other["overlap"]), abs=1e-6) and other["tv"].requires_grad
+
+
+def test_tv_divergence_trains_the_acceptance_probability(pair, tmp_path, monkeypatch):
+    """--divergence tv minimises 1 - sum min(p, q) and nothing else: the training step reads the
+    "tv" term, never "kl" (a flag that is ignored fails here), and the held-out acceptance
+    probability rises (a tv without gradient leaves it where it was)."""
+    d, _, _ = pair
+    used, real = set(), distill.distill_losses
+
+    class Spy(dict):
+        def __getitem__(self, key):
+            used.add(key)
+            return super().__getitem__(key)
+
+    monkeypatch.setattr(distill, "distill_losses", lambda *a, **k: Spy(real(*a, **k)))
+    rep = run(d, tmp_path / "tv", "draft", "--max-steps", "40", "--divergence", "tv")
+    assert "tv" in used and "kl" not in used and rep["hparams"]["divergence"] == "tv"
+    assert rep["after"]["overlap"] > rep["before"]["overlap"] + 0.05
+    assert rep["after"]["tv"] == pytest.approx(1.0 - rep["after"]["overlap"], abs=1e-6)
 
 
 def run(d, out, student, *extra):

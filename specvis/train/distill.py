@@ -7,7 +7,8 @@ so they match it poorly. Like DistillSpec / EAGLE self-distillation, this traine
 over all classes, ``--sample-batch`` per call; tokens and labels in ``OUT/samples.pt``, reused on
 resume; the last eighth is held out) and then minimises, online (teacher under ``no_grad``),
 
-    loss = mean_{x, i}  KL( p_guided(. | c, x_<i) || q_guided(. | c, x_<i) ),
+    loss = mean_{x, i}  KL( p_guided(. | c, x_<i) || q_guided(. | c, x_<i) )      (--divergence kl)
+    or     mean_{x, i}  1 - sum_v min(p_guided, q_guided)(v | c, x_<i)            (--divergence tv),
     p_guided = softmax((u_p + s * (c_p - u_p)) / T),   q_guided = softmax((u_q + s * (c_q - u_q)) / T),
 
 with c_., u_. the conditional and unconditional (null-class) logits and s = ``--cfg-scale``, exactly
@@ -92,17 +93,19 @@ def student_log_law(student, target: LlamaGen, labels: torch.Tensor, codes: torc
 
 def distill_losses(student, target: LlamaGen, labels: torch.Tensor, codes: torch.Tensor,
                    sampling: Sampling) -> dict[str, torch.Tensor]:
-    """Mean KL(p_guided || q_guided) over rows and positions, the feature term (head only), and the
-    per-position acceptance probability sum_x min(p, q) and top-1 agreement (means, no gradient)."""
+    """Means over rows and positions of KL(p_guided || q_guided) and of the total variation
+    tv = 1 - sum_x min(p, q) (the rejection probability of exact speculative sampling), both
+    differentiable; the feature term (head only); the acceptance probability ``overlap`` = 1 - tv and
+    top-1 agreement (no gradient)."""
     logp, hc, hu = teacher_log_law(target, labels, codes, sampling)
     logq, v, first = student_log_law(student, target, labels, codes, sampling, (hc, hu))
     logp = logp[:, first:]
-    kl = (logp.exp() * (logp - logq)).sum(-1).mean()
+    p = logp.exp()
+    kl = (p * (logp - logq)).sum(-1).mean()
+    tv = 1.0 - torch.minimum(p, logq.exp()).sum(-1).mean()
     with torch.no_grad():
-        p, q = logp.exp(), logq.exp()
-        overlap = torch.minimum(p, q).sum(-1).mean()
-        top1 = (p.argmax(-1) == q.argmax(-1)).float().mean()
-    return {"kl": kl, "v_loss": v, "overlap": overlap, "top1": top1}
+        top1 = (p.argmax(-1) == logq.argmax(-1)).float().mean()
+    return {"kl": kl, "tv": tv, "v_loss": v, "overlap": 1.0 - tv.detach(), "top1": top1}
 
 
 @torch.no_grad()
@@ -164,6 +167,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps")
     p.add_argument("--v-weight", type=float, default=0.1, help="drafter: weight of the feature regression term")
+    p.add_argument("--divergence", choices=["kl", "tv"], default="kl",
+                   help="kl: KL(p || q); tv: total variation 1 - sum min(p, q), the rejection probability "
+                        "itself (DistillSpec's TVD), e.g. to fine-tune a KL-distilled student")
     p.add_argument("--device", default="cpu")
     add_loop_arguments(p, minutes=30.0, weight_decay=0.0)
     args = p.parse_args(argv)
@@ -202,11 +208,12 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
     out, state = open_run(args)
     hp = state["hparams"] if state is not None else {
         k: getattr(args, k) for k in ("student", "target", "init", "batch_size", "lr", "warmup", "weight_decay",
-                                      "grad_clip", "seed", "cfg_scale", "temperature", "v_weight")}
+                                      "grad_clip", "seed", "cfg_scale", "temperature", "v_weight", "divergence")}
     hp["minutes"] = args.minutes
     if state is not None:
         print(f"resuming from {out / 'ckpt.pt'} at step {state['step']} ({state['elapsed'] / 60:.1f} min done)", flush=True)
     sampling = Sampling(temperature=hp["temperature"], cfg_scale=hp["cfg_scale"])
+    divergence = hp.get("divergence", "kl")  # runs begun before --divergence minimised KL
     target = LlamaGen.from_pretrained(hp["target"]).float().eval().to(args.device)
     for prm in target.parameters():
         prm.requires_grad_(False)
@@ -238,10 +245,10 @@ def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
         parts = distill_losses(student, target, tr_labels[idx.to(args.device)], tr_codes[idx.to(args.device)], sampling)
-        return parts["kl"] + hp["v_weight"] * parts["v_loss"]
+        return parts[divergence] + hp["v_weight"] * parts["v_loss"]
 
     done = fit(student, opt, gen, hp, args, step, elapsed, len(tr_codes), codes.shape[1], batch_loss,
-               lambda: evaluate(student, target, ev_labels, ev_codes, sampling)["kl"], save_ckpt, out, stop)
+               lambda: evaluate(student, target, ev_labels, ev_codes, sampling)[divergence], save_ckpt, out, stop)
     if done is None:
         return None
     step, elapsed = done
