@@ -95,7 +95,8 @@ class Pipeline:
 
         ``compile=True`` compiles on CUDA only: on CPU the compiled forward was measured slower
         (docs/benchmarks/compile-cpu.md: inductor re-materialises the whole in-place KV cache on every
-        call), so it warns and stays eager; ``compile="always"`` compiles on any device."""
+        call), so it warns and stays eager; ``compile="always"`` compiles on any device. On CPU the
+        linear weights are stored transposed (``models.weight_layout``: same values, faster matmuls)."""
         if compile not in (False, True, "always"):
             raise ValueError(f"compile must be False, True or 'always', got {compile!r}")
         if dtype is not None:
