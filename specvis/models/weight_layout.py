@@ -3,9 +3,11 @@
 ``F.linear(x, W)`` computes x W^T with W stored (out, in). On the CPU with few rows per call (a
 cached decode step: 1-34 rows at batch 1 with CFG) the matmul runs faster when W is the transpose
 of a contiguous (in, out) matrix, i.e. W has strides (1, out): x W^T is then a plain row-major
-product. Measured on this repository's 2-core AMD EPYC, one thread, 24 distinct 704 x 256 weights
-(more than L2): 2 rows 1.8x, 12 rows 1.5x, 34 rows 1.25x faster (docs/benchmarks/weight-layout-cpu.md).
-The values are unchanged; only the strides differ.
+product. Measured on this repository's 2-core machine, one thread, 24 distinct 704 x 256 weights
+(docs/benchmarks/weight-layout-cpu*.md, two runs minutes apart): where the weights stream at L3
+speed 1.05-1.12x and the emoji target's forward unchanged within drift; in a window where memory
+was 2.6x slower, 1.3-1.7x and the forward 13-16% faster. Never slower; the values are unchanged,
+only the strides differ.
 """
 from __future__ import annotations
 
