@@ -249,3 +249,21 @@ def test_text_to_image_cost_curve_with_prompts_and_a_draft(tmp_path, family):
         assert sum((r.get("draft_block_sizes") or {}).values()) == r["draft_forwards"]
         assert r["predicted_speedup"] > 0 and r["efficiency"] > 0
     assert report["runs"][0]["predicted_speedup"] == 1.0
+
+
+def test_cost_curve_is_sampled_after_every_round_and_its_median_kept(pipe, monkeypatch):
+    """With 3 timed passes the curve is measured after each round (pass r of every method) and the
+    report keeps the per-size median: a curve taken once, or the mean, or the last sample, fails."""
+    times = iter([1.0, 9.0, 2.0])
+    calls = []
+
+    def fake(pipe, need, *a, **k):
+        t = next(times)
+        calls.append(need)
+        return {kind: [{"tokens": n, "median_s": t * n} for n in sizes] for kind, sizes in need.items()}
+
+    monkeypatch.setattr(runner, "measure_curve", fake)
+    report = runner.run_bench(pipe, [SPECS["sjd"]], 2, 2, repeats=3, progress=False, metrics=[], cost_curve=True)
+    assert len(calls) == 3
+    assert report["cost_curve"]["target"] == [{"tokens": 1, "median_s": 2.0}, {"tokens": W + 1, "median_s": 2.0 * (W + 1)}]
+    assert all(len(r["wall_s_repeats"]) == 3 for r in report["runs"])

@@ -196,6 +196,17 @@ def measure_cost_curve(pipe, report: dict[str, Any], sampling: Sampling, prompts
                          grid=(report.get("height"), report.get("width")))
 
 
+def median_curve(samples: list[dict[str, list]]) -> dict[str, list]:
+    """Per kind and block size, the median over cost-curve samples of their ``median_s``."""
+    times: dict[str, dict[int, list[float]]] = {}
+    for curve in samples:
+        for kind, rows in curve.items():
+            for r in rows:
+                times.setdefault(kind, {}).setdefault(int(r["tokens"]), []).append(float(r["median_s"]))
+    return {kind: [{"tokens": n, "median_s": statistics.median(v)} for n, v in sorted(by.items())]
+            for kind, by in times.items()}
+
+
 def _load_previous(json_path: Path | None, report: dict[str, Any]) -> tuple[dict[str, dict], dict, dict]:
     """Completed runs of an earlier report at ``json_path`` by key, and its observation file (none when
     it was run on other prompts, grid or draft)."""
@@ -232,9 +243,10 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     in image tokens (default native). The report records the prompts, grid and draft.
 
     ``cost_curve`` (``specvis bench``'s default; off here, where callers time things themselves):
-    after the runs, measure the forward cost of the target (and draft model / EAGLE
-    drafter) at every block size the runs used (``report["cost_curve"]``, reused from ``json_path``
-    when it was measured under the same settings and covers them) and give every run
+    after every round of timed passes (every method's pass r), measure the forward cost of the target
+    (and draft model / EAGLE drafter) at every block size the runs used; ``report["cost_curve"]`` is
+    the median over rounds (reused from ``json_path`` when it was measured under the same settings
+    and covers them), and every run gets
     ``predicted_speedup`` and ``efficiency`` (``report.set_speedups``). Each run records its forwards
     by block size (``target_block_sizes``, ``draft_block_sizes``, ``drafter_block_sizes``).
     """
@@ -323,21 +335,30 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         save()
         if on_run is not None:
             on_run(run)
-    # further timed passes interleaved (pass 2 of every method, then pass 3, ...): a machine that
-    # drifts during the benchmark slows every method alike instead of whichever ran in the slow window
+    curves: list[dict[str, list]] = []  # a cost-curve sample after every round of passes
+    failed: list[str] = []
+
+    def sample_curve() -> None:
+        if cost_curve and not failed:
+            try:
+                curves.append(measure_cost_curve(pipe, report, sampling, prompts, old_curve))
+            except (ValueError, RuntimeError, NotImplementedError) as e:  # no prediction beats no report
+                failed.append(str(e))
+
+    sample_curve()
+    # further timed passes interleaved (pass 2 of every method, then pass 3, ...), the cost curve
+    # sampled after each round: a machine that drifts during the benchmark slows every method and the
+    # curve alike instead of whichever ran in the slow window
     while pending := [(m, r) for (m, _, _), r in zip(todo, report["runs"]) if len(r["wall_s_repeats"]) < repeats]:
         for method, run in pending:
             bar.set_description(method.name)
             add_repeat(run, _timed_pass(pipe, method, work, sampling, progress, bar, warmup, prompts, grid)[0])
         save()
+        sample_curve()
     bar.close()
-    if cost_curve:
-        try:
-            report["cost_curve"] = measure_cost_curve(pipe, report, sampling, prompts, old_curve)
-        except (ValueError, RuntimeError, NotImplementedError) as e:  # no prediction beats no report
-            print(f"specvis: could not measure the forward cost curve ({e}); no predicted speedups", file=sys.stderr)
-        else:
-            set_speedups(report)
-            if json_path is not None:
-                write_report(report, json_path)
+    if failed:
+        print(f"specvis: could not measure the forward cost curve ({failed[0]}); no predicted speedups", file=sys.stderr)
+    elif curves:
+        report["cost_curve"] = median_curve(curves)
+        save()
     return report
