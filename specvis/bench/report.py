@@ -190,7 +190,9 @@ def markdown_table(report: dict[str, Any]) -> str:
     shard = f", shard {report['shard_index']} of {report['shards']}" if report.get("shards", 1) > 1 else ""
     head = (f"model `{report['model']}` on {report['device']} ({report.get('device_name', '')}), "
             f"batch {report['batch_size']}, {n} images, seed {report['seed']}{shard}, "
-            f"torch {report['torch']}, median of {report.get('repeats', 1)}\n\n")
+            f"torch {report['torch']}, median of {report.get('repeats', 1)}"
+            + (" interleaved passes" if report.get("pass_order") == "interleaved" and report.get("repeats", 1) > 1 else "")
+            + "\n\n")
     qcols = [c for c in QUALITY_COLUMNS if any(c[0] in r.get("quality", {}) for r in report["runs"])]
     xcols = [c for c in EXTRA_COLUMNS if any(c[0] in r for r in report["runs"])]
     pcols = any("predicted_speedup" in r for r in report["runs"])
@@ -221,7 +223,9 @@ def markdown_table(report: dict[str, Any]) -> str:
                 "so differences well inside it are noise.\n")
     if pcols:
         note += ("\nPredicted speedup: AR's forward time over the run's, from the forward cost curve (target, "
-                 "draft, drafter by block size) measured in the same benchmark; efficiency = speedup / predicted.\n")
+                 "draft, drafter by block size) measured in the same benchmark"
+                 + (" after every round of passes (median over rounds)" if report.get("pass_order") == "interleaved" else "")
+                 + "; efficiency = speedup / predicted.\n")
     return head + "\n".join(rows) + "\n" + note
 
 

@@ -284,7 +284,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         **({"prompts": prompts, "height": grid[0], "width": grid[1], "draft": (pipe.extras or {}).get("draft")}
            if prompts else {}),
         **({"num_iter": pipe.num_iter} if hasattr(pipe, "num_iter") else {}),  # MAR: its sampler's steps
-        "repeats": repeats, "warmup": warmup, "shards": shards, "shard_index": shard_index,
+        "repeats": repeats, "pass_order": "interleaved", "warmup": warmup, "shards": shards, "shard_index": shard_index,
         "n_images": sum(len(c) for c, _ in work), "quality_groups": quality_groups, "runs": [],
     }
     json_path = Path(json_path) if json_path is not None else None
