@@ -267,3 +267,19 @@ def test_cost_curve_is_sampled_after_every_round_and_its_median_kept(pipe, monke
     assert len(calls) == 3
     assert report["cost_curve"]["target"] == [{"tokens": 1, "median_s": 2.0}, {"tokens": W + 1, "median_s": 2.0 * (W + 1)}]
     assert all(len(r["wall_s_repeats"]) == 3 for r in report["runs"])
+
+
+def test_interleaved_speedup_is_the_median_of_within_round_ratios():
+    """AR slowed down in round 2 only: the per-round ratios are 2, 2, 1 (median 2), while the ratio
+    of median walls would say 1.0; passes that were not interleaved keep the ratio of images/s."""
+    def run(method, walls):
+        return {"method": method, "n_images": 4, "wall_s_repeats": walls, "images_per_s": 4 / sorted(walls)[1]}
+
+    report = {"pass_order": "interleaved", "runs": [run("ar", [10.0, 20.0, 10.0]), run("sjd", [5.0, 10.0, 10.0])]}
+    set_speedups(report)
+    sjd = report["runs"][1]
+    assert sjd["speedup_rounds"] == [2.0, 2.0, 1.0] and sjd["speedup"] == 2.0
+    assert report["runs"][0]["speedup"] == 1.0
+    del report["pass_order"]
+    set_speedups(report)
+    assert sjd["speedup"] == 1.0 and "speedup_rounds" not in sjd

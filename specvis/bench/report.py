@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from .quality import seed_groups, summarize
 # report fields that, with a run's method/config/acceptance, identify a completed configuration
 KEY_FIELDS = ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards", "shard_index")
 OPTIONAL_KEY_FIELDS = ("num_iter",)  # in the key only where the report has them (older keys stay valid)
-TIMING_FIELDS = ("wall_s", "wall_s_repeats", "images_per_s", "speedup", "predicted_speedup", "efficiency")
+TIMING_FIELDS = ("wall_s", "wall_s_repeats", "images_per_s", "speedup", "speedup_rounds", "predicted_speedup",
+                 "efficiency")
 
 
 def run_key(report: dict[str, Any], run: dict[str, Any]) -> str:
@@ -77,17 +79,34 @@ def predicted_time(run: dict[str, Any], curve: dict[str, list]) -> float | None:
     return total
 
 
+def paired_speedups(run: dict[str, Any], ar: dict[str, Any]) -> list[float] | None:
+    """Per round of interleaved passes, the run's images/s over AR's in the same round (None when
+    the passes were not interleaved or the two runs have different pass counts)."""
+    walls, ar_walls = run.get("wall_s_repeats") or [], ar.get("wall_s_repeats") or []
+    if len(walls) != len(ar_walls) or len(walls) < 2 or min(walls + ar_walls) <= 0:
+        return None
+    return [(run["n_images"] / w) / (ar["n_images"] / a) for w, a in zip(walls, ar_walls)]
+
+
 def set_speedups(report: dict[str, Any]) -> None:
-    """``speedup`` = images_per_s over the ``ar`` run's (the first run). With a ``cost_curve`` in the
-    report: ``predicted_speedup`` = AR's predicted time over the run's (``predicted_time``: what the
-    forwards alone would take on this device; AR's is exactly 1) and ``efficiency`` = speedup /
+    """``speedup`` = images_per_s over the ``ar`` run's (the first run); with interleaved passes
+    (``pass_order``) the median over rounds of that ratio within each round (``speedup_rounds``), so
+    that a machine drifting between rounds cancels. With a ``cost_curve`` in the report:
+    ``predicted_speedup`` = AR's predicted time over the run's (``predicted_time``: what the forwards
+    alone would take on this device; AR's is exactly 1) and ``efficiency`` = speedup /
     predicted_speedup (how much of the forward-bound speedup the run realises)."""
     runs = report["runs"]
     ar = next((r for r in runs if r["method"] == "ar"), runs[0] if runs else None)
     curve = report.get("cost_curve") or {}
     t_ar = predicted_time(ar, curve) if ar and curve else None
     for r in runs:
-        r["speedup"] = r["images_per_s"] / ar["images_per_s"] if ar and ar["images_per_s"] > 0 else float("nan")
+        rounds = paired_speedups(r, ar) if ar and report.get("pass_order") == "interleaved" else None
+        if rounds is not None:
+            r["speedup_rounds"] = rounds
+            r["speedup"] = statistics.median(rounds)
+        else:
+            r.pop("speedup_rounds", None)
+            r["speedup"] = r["images_per_s"] / ar["images_per_s"] if ar and ar["images_per_s"] > 0 else float("nan")
         t = predicted_time(r, curve) if t_ar else None
         if t is None or t <= 0:
             r.pop("predicted_speedup", None)
@@ -221,6 +240,9 @@ def markdown_table(report: dict[str, Any]) -> str:
         note = (f"\nQuality over {nq} images per method; ± is the std of the metric over "
                 f"{report.get('quality_groups', 4)} seed groups (a quarter of the images each), "
                 "so differences well inside it are noise.\n")
+    if any(r.get("speedup_rounds") for r in report["runs"]):
+        note += ("\nSpeedup: in each round of passes (every method's pass r), the run's images/s over AR's; "
+                 "the median over rounds (drift between rounds cancels).\n")
     if pcols:
         note += ("\nPredicted speedup: AR's forward time over the run's, from the forward cost curve (target, "
                  "draft, drafter by block size) measured in the same benchmark"
