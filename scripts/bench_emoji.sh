@@ -67,11 +67,11 @@ case "${1:-main}" in
   goal)   # issue 17's goals on the bundle after distillation: batch 1, 8 (the lossless methods and auto) or 64
           # (auto against AR), 64 images, 3 timed passes interleaved across methods, seed 4242 (no other table
           # uses it), with the cost curve sampled after each round (predicted speedup, efficiency): "goal 1",
-          # "goal 8", "goal 64", one core each (CORE=)
+          # "goal 8", "goal 64", one core each (CORE=); REPEATS=5 reruns add two rounds to a finished run
     specs="ar,auto"
     [ "$2" != 64 ] && specs+=",sjd:window=16:init=vertical-sample:coupling=gumbel,sjd:window=8:init=vertical-sample:coupling=gumbel,speculative:gamma=4,static-tree:tree=chain"
     taskset -c "${CORE:-0}" specvis bench --model emoji --methods "$specs" --num 64 --batch-size $2 --seed 4242 \
-      --repeats 3 --json $out/emoji-goal-b$2.json --md $out/emoji-goal-b$2.md ;;
+      --repeats ${REPEATS:-3} --json $out/emoji-goal-b$2.json --md $out/emoji-goal-b$2.md ;;
   successors) # the SJD successors (MC-SJD coupling, GSD, StaticTree, LANTERN++) at batch 1 or 8 ("successors 1",
               # "successors 8": one core each), 64 images, seed 777 (no other table uses it); batch 1 has one
               # timed repeat (64 one-image batches), batch 8 three

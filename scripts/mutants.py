@@ -63,7 +63,8 @@ MUTANTS = [
     Mutant("exact: acceptance q/p instead of p/q", "specvis/accept.py",
            "px / qx.clamp_min(1e-30)", "qx / px.clamp_min(1e-30)", (EXACT, "tests/test_sjd.py")),
     Mutant("chain: bonus token from the last draft's law", "specvis/accept.py",
-           "p[:, g:]], dim=1)", "p[:, g - 1:g]], dim=1)", (EXACT, "tests/test_sjd.py")),
+           "law = torch.where((accepted < g)[:, None], rejected, p[:, g])",
+           "law = torch.where((accepted < g)[:, None], rejected, p[:, g - 1])", (EXACT, "tests/test_sjd.py")),
     Mutant("exact sibling: rejected candidate kept in the residual", "specvis/accept.py",
            "return alpha, p.scatter(-1, x[..., None], 0.0)", "return alpha, p", ("tests/test_tree.py",)),
     Mutant("static tree: q not renormalised after removing the rejected sibling", "specvis/accept.py",
@@ -93,7 +94,7 @@ MUTANTS = [
     Mutant("coupled sjd: keep probability p_old / p_new", "specvis/methods/sjd.py",
            "keep = u * qx < px", "keep = u * px < qx", ("tests/test_coupling.py",)),
     Mutant("coupled sjd: Gumbel noise redrawn every round", "specvis/methods/sjd.py",
-           "race = torch.where(had[..., None], self.race.gather(1, old[..., None].expand(-1, -1, V)), fresh)",
+           "race = torch.where(had[..., None], rows_at(self.race, old), fresh)",
            "race = fresh", ("tests/test_coupling.py", "-k", "stays or emoji")),
     Mutant("lantern++: relative budget lam p(x) instead of (lam - 1) p(x)", "specvis/lantern.py",
            "in_a = moved <= (self.lam - 1.0) * px", "in_a = moved <= self.lam * px", ("tests/test_relaxed.py",)),
@@ -145,6 +146,12 @@ MUTANTS = [
            ("tests/test_compile_policy.py",)),
     Mutant("sampling: Exp(1) race as -log U", "specvis/sampling.py",
            "return u.neg_().log1p_().neg_().clamp_min_(1e-30)", "return u.log_().neg_()", ("tests/test_sampling.py",)),
+    Mutant("kv cache: values written one slot late", "specvis/models/base.py",
+           "self.v[layer][rows, :, slots] = v.transpose(1, 2)",
+           "self.v[layer][rows, :, (slots + 1).clamp_max(self.slots - 1)] = v.transpose(1, 2)", (ORACLE,)),
+    Mutant("rope: rotation by minus the angle", "specvis/models/decoder.py",
+           "xc * torch.view_as_complex(rope.float().contiguous())",
+           "xc * torch.view_as_complex(rope.float().contiguous()).conj()", ("tests/test_families.py",)),
 ]
 
 
