@@ -195,6 +195,9 @@ def test_report_keeps_cost_curve_and_resume_reuses_it(pipe, tmp_path, monkeypatc
     # another batch size: the old curve does not apply
     runner.run_bench(pipe, [SPECS["sjd"]], 2, 1, progress=False, metrics=[], json_path=path, cost_curve=True)
     assert len(calls) == 3
+    # more repeats on a finished report: the added passes get their own curve samples
+    runner.run_bench(pipe, [SPECS["sjd"]], 2, 1, repeats=2, progress=False, metrics=[], json_path=path, cost_curve=True)
+    assert len(calls) == 5  # one after the resume's first (reused) pass, one after the added round
 
 
 def test_shards_merge_block_sizes_and_keep_the_curve(pipe, tmp_path):

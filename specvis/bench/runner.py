@@ -300,6 +300,8 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         if prev is not None:
             prev.setdefault("wall_s_repeats", [prev["wall_s"]])
     passes = sum(max(0, repeats - len(prev["wall_s_repeats"])) if prev else repeats for _, _, prev in todo) * len(work)
+    if passes:  # timed passes to run: the curve is sampled alongside them, not taken from the earlier report
+        old_curve = None
     bar = tqdm(total=passes, desc="bench", disable=not progress or not passes, leave=False)
     quality: list[Metric] | None = None
     grid = (report.get("height"), report.get("width"))
