@@ -258,6 +258,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     if (prompts is None) == (pipe.num_classes == 0):
         raise ValueError(f"model {pipe.name}: " + ("text-to-image, give --prompts FILE" if prompts is None
                                                    else "class-conditional, --prompts does not apply"))
+    grid: tuple[int | None, int | None] = (None, None)
     if prompts is not None:
         prompts = list(prompts)
         if not prompts:
@@ -288,7 +289,6 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         "n_images": sum(len(c) for c, _ in work), "quality_groups": quality_groups, "runs": [],
     }
     json_path = Path(json_path) if json_path is not None else None
-    old_curve = _previous_curve(json_path, report) if cost_curve else None
     done, refs, all_obs = _load_previous(json_path, report)
     keep_obs: dict[str, dict[str, np.ndarray]] = {}
     todo = []
@@ -300,11 +300,10 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         if prev is not None:
             prev.setdefault("wall_s_repeats", [prev["wall_s"]])
     passes = sum(max(0, repeats - len(prev["wall_s_repeats"])) if prev else repeats for _, _, prev in todo) * len(work)
-    if passes:  # timed passes to run: the curve is sampled alongside them, not taken from the earlier report
-        old_curve = None
+    # with timed passes to run the curve is sampled alongside them, else taken from the earlier report
+    old_curve = _previous_curve(json_path, report) if cost_curve and not passes else None
     bar = tqdm(total=passes, desc="bench", disable=not progress or not passes, leave=False)
     quality: list[Metric] | None = None
-    grid = (report.get("height"), report.get("width"))
 
     def save() -> None:
         set_speedups(report)
