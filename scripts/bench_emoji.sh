@@ -65,8 +65,8 @@ case "${1:-main}" in
         --warmup row --no-cost-curve --json $out/emoji-mar-b64-iter$n.json
     done ;;
   goal)   # issue 17's goals on the bundle after distillation: batch 1, 8 (the lossless methods and auto) or 64
-          # (auto against AR), 64 images, 3 timed passes interleaved across methods, seed 4242 (no other table
-          # uses it), with the cost curve sampled after each round (predicted speedup, efficiency): "goal 1",
+          # (auto against AR), 64 images, 3 timed passes interleaved batch by batch across methods, seed 4242 (no
+          # other table uses it), the cost curve sampled during the passes (predicted speedup, efficiency): "goal 1",
           # "goal 8", "goal 64", one core each (CORE=); REPEATS=5 reruns add two rounds to a finished run
     specs="ar,auto"
     [ "$2" != 64 ] && specs+=",sjd:window=16:init=vertical-sample:coupling=gumbel,sjd:window=8:init=vertical-sample:coupling=gumbel,speculative:gamma=4,static-tree:tree=chain"

@@ -222,9 +222,9 @@ def build_parser() -> Parser:
     b.add_argument("--num", type=int, default=16, help="number of images per method (default 16)")
     b.add_argument("--batch-size", type=int, default=1, help="images per batch (default 1)")
     b.add_argument("--seed", type=int, default=0, help="batch j runs with seed + j (default 0)")
-    b.add_argument("--repeats", type=int, default=1, help="timed passes per method, interleaved (pass 2 of every "
-                                                          "method after pass 1 of all); the median wall-clock is "
-                                                          "reported (default 1)")
+    b.add_argument("--repeats", type=int, default=1, help="timed passes per method, interleaved batch by batch "
+                                                          "(batch 1 of every method, then batch 2, ...); the median "
+                                                          "wall-clock is reported (default 1)")
     b.add_argument("--warmup", default="batch", help="untimed warm-up before each method: batch (the first batch), row "
                                                      "(its first sample: same code paths, less time) or none")
     b.add_argument("--json", help="write the report JSON here (after every run); rerunning resumes from it")

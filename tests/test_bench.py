@@ -61,27 +61,35 @@ def assert_close(a, b, path="report"):
 
 
 def test_resume_skips_completed_runs(pipe, tmp_path, monkeypatch):
-    calls = []
-    real = runner.measure
-    monkeypatch.setattr(runner, "measure", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+    """An interrupted benchmark keeps its completed rounds and a rerun runs only what is missing; an
+    equal rerun runs nothing, another seed everything. Catches a resume that redoes or drops passes."""
+    calls, stop = [], [4]  # a round of one batch: two warm-ups, two timed batches
+    real = runner._run
+
+    def counting(*a, **k):
+        if stop[0] and len(calls) >= stop[0]:
+            raise KeyboardInterrupt
+        calls.append(a[2].name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "_run", counting)
     path = tmp_path / "b.json"
     specs = ["speculative:gamma=2"]
-
-    def interrupt(run):
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):  # interrupted after the AR run was written
-        runner.run_bench(pipe, specs, 2, 2, progress=False, on_run=interrupt, json_path=path)
+    with pytest.raises(KeyboardInterrupt):  # interrupted in round 2, round 1 written
+        runner.run_bench(pipe, specs, 2, 2, repeats=2, progress=False, json_path=path)
     first = json.loads(path.read_text())
-    assert calls == ["ar"] and [r["method"] for r in first["runs"]] == ["ar"]
+    assert [(r["method"], len(r["wall_s_repeats"])) for r in first["runs"]] == [("ar", 1), ("speculative", 1)]
 
-    report = runner.run_bench(pipe, specs, 2, 2, progress=False, json_path=path)
-    assert calls == ["ar", "speculative"]  # AR reused, not redone
-    assert report["runs"][0]["wall_s"] == first["runs"][0]["wall_s"]
-    assert [r["method"] for r in json.loads(path.read_text())["runs"]] == ["ar", "speculative"]
+    stop[0] = 0
+    calls.clear()
+    report = runner.run_bench(pipe, specs, 2, 2, repeats=2, progress=False, json_path=path)
+    assert calls == ["ar", "speculative"] * 2  # round 2 only
+    assert [r["wall_s_repeats"][0] for r in report["runs"]] == [r["wall_s_repeats"][0] for r in first["runs"]]
+    assert [len(r["wall_s_repeats"]) for r in json.loads(path.read_text())["runs"]] == [2, 2]
 
-    runner.run_bench(pipe, specs, 2, 2, progress=False, json_path=path)
-    assert len(calls) == 2  # everything reused
+    calls.clear()
+    runner.run_bench(pipe, specs, 2, 2, repeats=2, progress=False, json_path=path)
+    assert calls == []  # everything reused
     runner.run_bench(pipe, specs, 2, 2, seed=1, progress=False, json_path=path)
     assert len(calls) == 4  # another seed is another configuration
 
@@ -193,24 +201,26 @@ def test_tree_runs_report_mean_tree_depth(pipe):
 
 
 def test_repeats_interleave_across_methods_and_resume_adds_missing_passes(pipe, tmp_path, monkeypatch):
-    """Timed passes run AR, method, AR, method, ... (a machine slowing down mid-benchmark then slows
-    both alike); a rerun asking for more repeats adds only the missing passes to the stored runs.
-    Catches consecutive repeats, a median over the wrong list, or a resume that redoes reused runs."""
+    """A round of timed passes runs every method's warm-up, then batch 1 of AR and the method, batch 2
+    of both, ... (a machine slowing down mid-benchmark then slows both alike); a rerun asking for more
+    repeats adds only the missing passes to the stored runs. Catches per-method passes, consecutive
+    repeats, a median over the wrong list, or a resume that redoes reused runs."""
     calls = []
-    real = runner._timed_pass
-    monkeypatch.setattr(runner, "_timed_pass", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+    real = runner._run
+    monkeypatch.setattr(runner, "_run", lambda *a, **k: calls.append((a[2].name, a[4])) or real(*a, **k))
     path = tmp_path / "b.json"
-    report = runner.run_bench(pipe, ["speculative:gamma=2"], 2, 2, repeats=3, progress=False, json_path=path)
-    assert calls == ["ar", "speculative"] * 3
+    report = runner.run_bench(pipe, ["speculative:gamma=2"], 4, 2, repeats=3, progress=False, json_path=path)
+    one_round = [("ar", 0), ("speculative", 0), ("ar", 0), ("speculative", 0), ("ar", 1), ("speculative", 1)]
+    assert calls == one_round * 3
     for run in report["runs"]:
         assert len(run["wall_s_repeats"]) == 3 and run["wall_s"] == sorted(run["wall_s_repeats"])[1]
-        assert run["images_per_s"] == pytest.approx(2 / run["wall_s"])
+        assert run["images_per_s"] == pytest.approx(4 / run["wall_s"])
     stored = json.loads(path.read_text())["runs"]
     assert [r["wall_s_repeats"] for r in stored] == [r["wall_s_repeats"] for r in report["runs"]]
 
     calls.clear()
-    again = runner.run_bench(pipe, ["speculative:gamma=2"], 2, 2, repeats=4, progress=False, json_path=path)
-    assert calls == ["ar", "speculative"]
+    again = runner.run_bench(pipe, ["speculative:gamma=2"], 4, 2, repeats=4, progress=False, json_path=path)
+    assert calls == one_round
     for old, new in zip(stored, again["runs"]):
         assert new["wall_s_repeats"][:3] == old["wall_s_repeats"] and len(new["wall_s_repeats"]) == 4
         assert new["target_forwards"] == old["target_forwards"]

@@ -192,12 +192,17 @@ def test_report_keeps_cost_curve_and_resume_reuses_it(pipe, tmp_path, monkeypatc
                             json_path=path, cost_curve=True)
     assert calls[1] == {"target": [1, G + 1, W + 1], "draft": [1, 2]}
     assert {r["tokens"] for r in more["cost_curve"]["draft"]} == {1, 2}
-    # another batch size: the old curve does not apply
+    # another batch size: the old curve does not apply; sampled after each of the two batches
     runner.run_bench(pipe, [SPECS["sjd"]], 2, 1, progress=False, metrics=[], json_path=path, cost_curve=True)
-    assert len(calls) == 3
-    # more repeats on a finished report: the added passes get their own curve samples
+    assert len(calls) == 4
+    # more repeats on a finished report: the added round samples its own curve, batch by batch
     runner.run_bench(pipe, [SPECS["sjd"]], 2, 1, repeats=2, progress=False, metrics=[], json_path=path, cost_curve=True)
-    assert len(calls) == 5  # one after the resume's first (reused) pass, one after the added round
+    assert len(calls) == 6
+    # a round of more batches than CURVE_SAMPLES_PER_ROUND: one sample every few batches, the last included
+    calls.clear()
+    n = runner.CURVE_SAMPLES_PER_ROUND + 3
+    runner.run_bench(pipe, ["ar"], n, 1, progress=False, metrics=[], cost_curve=True)
+    assert len(calls) == n // 2 + 1
 
 
 def test_shards_merge_block_sizes_and_keep_the_curve(pipe, tmp_path):

@@ -100,7 +100,7 @@ def set_speedups(report: dict[str, Any]) -> None:
     curve = report.get("cost_curve") or {}
     t_ar = predicted_time(ar, curve) if ar and curve else None
     for r in runs:
-        rounds = paired_speedups(r, ar) if ar and report.get("pass_order") == "interleaved" else None
+        rounds = paired_speedups(r, ar) if ar and str(report.get("pass_order", "")).startswith("interleaved") else None
         if rounds is not None:
             r["speedup_rounds"] = rounds
             r["speedup"] = statistics.median(rounds)
@@ -210,7 +210,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     head = (f"model `{report['model']}` on {report['device']} ({report.get('device_name', '')}), "
             f"batch {report['batch_size']}, {n} images, seed {report['seed']}{shard}, "
             f"torch {report['torch']}, median of {report.get('repeats', 1)}"
-            + (" interleaved passes" if report.get("pass_order") == "interleaved" and report.get("repeats", 1) > 1 else "")
+            + (f" passes ({report['pass_order']})" if report.get("pass_order") and report.get("repeats", 1) > 1 else "")
             + "\n\n")
     qcols = [c for c in QUALITY_COLUMNS if any(c[0] in r.get("quality", {}) for r in report["runs"])]
     xcols = [c for c in EXTRA_COLUMNS if any(c[0] in r for r in report["runs"])]
@@ -235,18 +235,22 @@ def markdown_table(report: dict[str, Any]) -> str:
             cells.append(cell)
         rows.append("| " + " | ".join(cells) + " |")
     note = ""
+    per_batch = report.get("pass_order") == "interleaved per batch"
     if qcols:
         nq = next((r["quality"].get("n_images") for r in report["runs"] if r.get("quality")), n)
         note = (f"\nQuality over {nq} images per method; ± is the std of the metric over "
                 f"{report.get('quality_groups', 4)} seed groups (a quarter of the images each), "
                 "so differences well inside it are noise.\n")
     if any(r.get("speedup_rounds") for r in report["runs"]):
-        note += ("\nSpeedup: in each round of passes (every method's pass r), the run's images/s over AR's; "
-                 "the median over rounds (drift between rounds cancels).\n")
+        note += ("\nSpeedup: in each round of passes (every method's pass r"
+                 + (", batch by batch: batch 1 of every method, then batch 2, ..." if per_batch else "")
+                 + "), the run's images/s over AR's; the median over rounds ("
+                 + ("drift within and between rounds cancels" if per_batch else "drift between rounds cancels") + ").\n")
     if pcols:
         note += ("\nPredicted speedup: AR's forward time over the run's, from the forward cost curve (target, "
                  "draft, drafter by block size) measured in the same benchmark"
-                 + (" after every round of passes (median over rounds)" if report.get("pass_order") == "interleaved" else "")
+                 + (" during the passes (median of its samples)" if per_batch
+                    else " after every round of passes (median over rounds)" if report.get("pass_order") == "interleaved" else "")
                  + "; efficiency = speedup / predicted.\n")
     return head + "\n".join(rows) + "\n" + note
 

@@ -1,8 +1,8 @@
 """``specvis bench``: AR first, then each method on the same classes and seeds; warm-up excluded;
-each configuration timed ``repeats`` times, the passes interleaved across methods (every method's
-pass 1, then every method's pass 2, ...), and the median wall-clock reported (API.md JSON).
+each configuration timed ``repeats`` times in rounds, a round interleaved batch by batch across the
+methods (batch 1 of every method, then batch 2, ...), and the median wall-clock reported (API.md JSON).
 
-With ``json_path`` the report is written after every completed run and a rerun reuses the runs
+With ``json_path`` the report is written after every round and a rerun reuses the runs
 whose key (model, device, batch size, number of images, seed, sampling, shard, method, config,
 acceptance) matches, so an interrupted benchmark resumes. ``shards``/``shard_index`` take every
 ``shards``-th batch of the work list; ``report.merge_reports`` joins the shard reports.
@@ -58,22 +58,31 @@ def _run(pipe, conds: list[int], method, sampling: Sampling, seed: int, prompts:
                 height=grid[0], width=grid[1])
 
 
-def _timed_pass(pipe, method, work: Work, sampling: Sampling, progress: bool, bar: tqdm | None, warmup: str,
-                prompts: list | None, grid: tuple[int | None, int | None]) -> tuple[float, list[tuple[int, Any]]]:
-    """One untimed warm-up (the first batch; ``warmup="row"``: its first sample only, every code path at
-    a fraction of the cost; ``"none"``: the pass pays any one-time cost) and one timed pass over
-    ``work``: (summed wall-clock, [(batch size, output)])."""
+def _round(pipe, methods: list, work: Work, sampling: Sampling, bar: tqdm | None, warmup: str,
+           prompts: list | None, grid: tuple[int | None, int | None],
+           between: Callable[[list[list[tuple[int, Any]]]], None] | None = None) -> list[tuple[float, list[tuple[int, Any]]]]:
+    """One timed pass of every method over ``work``, interleaved per batch: every method's untimed
+    warm-up (the first batch; ``warmup="row"``: its first sample only, every code path at a fraction of
+    the cost; ``"none"``: the pass pays any one-time cost), then batch 1 of every method, batch 2 of
+    every method, ... so that a machine drifting within the round slows every method alike.
+    ``between(outputs so far)`` runs after each batch of every method (untimed: the cost-curve sampler).
+    Returns per method (summed wall-clock, [(batch size, output)])."""
     if warmup != "none":
         classes = work[0][0] if warmup == "batch" else work[0][0][:1]
-        _run(pipe, classes, method, sampling, work[0][1], prompts, grid)  # warm-up, not timed
-    wall, per_batch = 0.0, []
-    for classes, seed in tqdm(work, disable=not progress or bar is not None, leave=False, desc=method.name):
-        out = _run(pipe, classes, method, sampling, seed, prompts, grid)
-        wall += out.stats.wall_s
-        per_batch.append((len(classes), out))
-        if bar is not None:
-            bar.update(1)
-    return wall, per_batch
+        for method in methods:
+            _run(pipe, classes, method, sampling, work[0][1], prompts, grid)  # warm-up, not timed
+    walls = [0.0] * len(methods)
+    outputs: list[list[tuple[int, Any]]] = [[] for _ in methods]
+    for classes, seed in work:
+        for i, method in enumerate(methods):
+            out = _run(pipe, classes, method, sampling, seed, prompts, grid)
+            walls[i] += out.stats.wall_s
+            outputs[i].append((len(classes), out))
+            if bar is not None:
+                bar.update(1)
+        if between is not None:
+            between(outputs)
+    return list(zip(walls, outputs))
 
 
 def add_repeat(run: dict[str, Any], wall: float) -> None:
@@ -83,12 +92,9 @@ def add_repeat(run: dict[str, Any], wall: float) -> None:
     run["images_per_s"] = run["n_images"] / run["wall_s"] if run["wall_s"] > 0 else float("nan")
 
 
-def measure(pipe, method, work: Work, sampling: Sampling, progress: bool = False, bar: tqdm | None = None,
-            warmup: str = "batch", prompts: list | None = None,
-            grid: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
-    """The first timed pass of ``method`` over ``work`` (``_timed_pass``) as a run: token and forward
-    counts (identical in later passes, which ``run_bench`` adds with ``add_repeat``), one wall-clock."""
-    wall, first = _timed_pass(pipe, method, work, sampling, progress, bar, warmup, prompts, grid)
+def new_run(method, work: Work, first: list[tuple[int, Any]], wall: float) -> dict[str, Any]:
+    """A run from ``method``'s first timed pass over ``work`` (``_round``): token and forward counts
+    (identical in later passes, which ``run_bench`` adds with ``add_repeat``), one wall-clock."""
     n_images = sum(n for n, _ in first)
     tokens = sum(n * o.stats.tokens for n, o in first)
     name, config, rule = describe(method)
@@ -112,7 +118,6 @@ def measure(pipe, method, work: Work, sampling: Sampling, progress: bool = False
         **({"auto_choice": method.explain()} if hasattr(method, "explain") else {}),  # sv.Auto: what it ran, why
         "accept_map_per_class": maps,
         "images_per_class": counts,
-        "_outputs": first,
     }
     add_repeat(run, wall)
     return run
@@ -154,6 +159,7 @@ TEXT_FIELDS = ("prompts", "height", "width", "draft")
 CURVE_FIELDS = ("model", "device", "device_name", "torch", "dtype", "graphs", "compile", "batch_size", "sampling",
                 "prompts", "height", "width", "draft")
 CURVE_REPEATS = 5
+CURVE_SAMPLES_PER_ROUND = 8  # cost-curve samples taken during each round of timed passes
 
 
 def needed_sizes(runs: list[dict[str, Any]]) -> dict[str, list[int]]:
@@ -184,11 +190,12 @@ def _previous_curve(json_path: Path | None, report: dict[str, Any]) -> dict[str,
 
 
 def measure_cost_curve(pipe, report: dict[str, Any], sampling: Sampling, prompts: list | None,
-                       previous: dict[str, list] | None = None, repeats: int = CURVE_REPEATS) -> dict[str, list]:
-    """The forward cost curve the report's runs need (``needed_sizes``): ``previous`` when it covers
-    them, else measured now on the pipeline's device at the report's batch size and sampling (median
-    of ``repeats``; ``forward_cost.cost_curve``)."""
-    need = needed_sizes(report["runs"])
+                       runs: list[dict[str, Any]], previous: dict[str, list] | None = None,
+                       repeats: int = CURVE_REPEATS) -> dict[str, list]:
+    """The forward cost curve ``runs`` need (``needed_sizes``): ``previous`` when it covers them, else
+    measured now on the pipeline's device at the report's batch size and sampling (median of
+    ``repeats``; ``forward_cost.cost_curve``)."""
+    need = needed_sizes(runs)
     if previous is not None and _covers(previous, need):
         print("specvis: reusing the forward cost curve of the earlier report", file=sys.stderr)
         return previous
@@ -285,7 +292,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         **({"prompts": prompts, "height": grid[0], "width": grid[1], "draft": (pipe.extras or {}).get("draft")}
            if prompts else {}),
         **({"num_iter": pipe.num_iter} if hasattr(pipe, "num_iter") else {}),  # MAR: its sampler's steps
-        "repeats": repeats, "pass_order": "interleaved", "warmup": warmup, "shards": shards, "shard_index": shard_index,
+        "repeats": repeats, "pass_order": "interleaved per batch", "warmup": warmup, "shards": shards, "shard_index": shard_index,
         "n_images": sum(len(c) for c, _ in work), "quality_groups": quality_groups, "runs": [],
     }
     json_path = Path(json_path) if json_path is not None else None
@@ -312,17 +319,41 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
             if keep_obs:
                 save_observations(side_path(json_path), refs, keep_obs)
 
-    for method, key, prev in todo:  # first pass of every method: counts, accept maps, quality
-        rid = key_id(key)
+    runs: list[dict[str, Any] | None] = []
+    for method, key, prev in todo:
         if prev is not None:
-            run = prev
+            rid = key_id(key)
             if rid in all_obs:
                 keep_obs[rid] = all_obs[rid]
-            tqdm.write(f"reusing {run['method']} {json.dumps(run['config'])} from {json_path}", file=sys.stderr)
-        else:
-            bar.set_description(method.name)
-            run = measure(pipe, method, work, sampling, progress, bar=bar, warmup=warmup, prompts=prompts, grid=grid)
-            outputs = run.pop("_outputs")
+            tqdm.write(f"reusing {prev['method']} {json.dumps(prev['config'])} from {json_path}", file=sys.stderr)
+        runs.append(prev)
+    curves: list[dict[str, list]] = []  # cost-curve samples taken during the timed passes
+    failed: list[str] = []
+    stride = -(-len(work) // CURVE_SAMPLES_PER_ROUND)
+
+    def sample_curve(sized: list[dict[str, Any]]) -> None:
+        if cost_curve and not failed:
+            try:
+                curves.append(measure_cost_curve(pipe, report, sampling, prompts, sized, old_curve))
+            except (ValueError, RuntimeError, NotImplementedError) as e:  # no prediction beats no report
+                failed.append(str(e))
+
+    # rounds of timed passes (pass r of every method that lacks it, interleaved per batch: ``_round``),
+    # the cost curve sampled every ``stride`` batches of a round: a machine that drifts during the
+    # benchmark slows every method and the curve alike instead of whichever ran in the slow window
+    def between(outputs: list[list[tuple[int, Any]]]) -> None:
+        if len(outputs[0]) % stride == 0 or len(outputs[0]) == len(work):
+            sample_curve([r for r in runs if r is not None] + [_block_sizes(o) for o in outputs])
+
+    while pending := [i for i, run in enumerate(runs) if run is None or len(run["wall_s_repeats"]) < repeats]:
+        new = []
+        bar.set_description(f"pass {min(len(r['wall_s_repeats']) if r else 0 for r in runs) + 1}")
+        for i, (wall, outputs) in zip(pending, _round(pipe, [todo[i][0] for i in pending], work, sampling, bar,
+                                                      warmup, prompts, grid, between)):
+            if runs[i] is not None:
+                add_repeat(runs[i], wall)
+                continue
+            runs[i] = run = new_run(todo[i][0], work, outputs, wall)  # first pass: counts, accept maps, quality
             if quality is None:  # built on first need: resumed runs never load the classifier
                 quality = build_metrics(metrics, QualitySource(pipe, Path(data_dir) if data_dir else None))
                 for m in quality:
@@ -331,35 +362,19 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
                 obs = observe(pipe, quality, outputs, work, batch_index, prompts)
                 figures = {k: v for k, v in obs.items() if k not in ("labels", "batch")}
                 run["quality"] = summarize(figures, refs, seed_groups(obs["batch"], len(full), quality_groups))
-                keep_obs[rid] = obs
-        report["runs"].append(run)
+                keep_obs[key_id(todo[i][1])] = obs
+            new.append(run)
+        report["runs"] = [r for r in runs if r is not None]
         save()
-        if on_run is not None:
+        for run in new if on_run is not None else ():
             on_run(run)
-    curves: list[dict[str, list]] = []  # a cost-curve sample after every round of passes
-    failed: list[str] = []
-
-    def sample_curve() -> None:
-        if cost_curve and not failed:
-            try:
-                curves.append(measure_cost_curve(pipe, report, sampling, prompts, old_curve))
-            except (ValueError, RuntimeError, NotImplementedError) as e:  # no prediction beats no report
-                failed.append(str(e))
-
-    sample_curve()
-    # further timed passes interleaved (pass 2 of every method, then pass 3, ...), the cost curve
-    # sampled after each round: a machine that drifts during the benchmark slows every method and the
-    # curve alike instead of whichever ran in the slow window
-    while pending := [(m, r) for (m, _, _), r in zip(todo, report["runs"]) if len(r["wall_s_repeats"]) < repeats]:
-        for method, run in pending:
-            bar.set_description(method.name)
-            add_repeat(run, _timed_pass(pipe, method, work, sampling, progress, bar, warmup, prompts, grid)[0])
-        save()
-        sample_curve()
     bar.close()
+    report["runs"] = runs
+    if not curves and cost_curve:  # nothing timed: the earlier report's curve when it covers the runs
+        sample_curve(runs)
     if failed:
         print(f"specvis: could not measure the forward cost curve ({failed[0]}); no predicted speedups", file=sys.stderr)
     elif curves:
         report["cost_curve"] = median_curve(curves)
-        save()
+    save()
     return report
