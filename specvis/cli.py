@@ -227,7 +227,7 @@ def build_parser() -> Parser:
                                                           "wall-clock is reported (default 1)")
     b.add_argument("--warmup", default="batch", help="untimed warm-up before each method: batch (the first batch), row "
                                                      "(its first sample: same code paths, less time) or none")
-    b.add_argument("--json", help="write the report JSON here (after every run); rerunning resumes from it")
+    b.add_argument("--json", help="write the report JSON here (after every round of passes); rerunning resumes from it")
     b.add_argument("--md", help="write a markdown table here")
     b.add_argument("--plots", help="write speedup, step-compression and acceptance-heatmap PNGs to this directory")
     b.add_argument("--metrics", help="quality metrics, comma-separated: proxy (default when the model ships a "

@@ -30,7 +30,7 @@ from .forward_cost import cost_curve as measure_curve
 from .report import (BLOCK_FIELDS, key_id, load_observations, markdown_table, run_key, save_observations,
                      set_speedups, side_path, write_report)
 
-__all__ = ["batches", "shard_work", "measure", "run_bench", "markdown_table"]
+__all__ = ["batches", "shard_work", "run_bench", "markdown_table"]
 
 def _accept_maps(per_batch: list[tuple[int, Any]], work: Work) -> tuple[dict[str, list], dict[str, int]]:
     """Per-class mean accept maps (rounded to 1e-4) and image counts."""
