@@ -112,15 +112,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def in_situ_rows(pipe, batch: int, calls: dict[tuple[str, int], list[float]]) -> list[str]:
     """Table rows: per model and block size, the median forward inside the decodes against the curve."""
+    situ = {key: (statistics.median(v), len(v)) for key, v in sorted(calls.items())}  # before the curve's own calls
     sizes: dict[str, list[int]] = {}
-    for kind, n in calls:
+    for kind, n in situ:
         sizes.setdefault(kind, []).append(n)
-    curve = cost_curve(pipe, {k: sorted(v) for k, v in sizes.items()}, batch, repeats=20)
+    curve = cost_curve(pipe, sizes, batch, repeats=20)
     rows = []
-    for kind, n in sorted(calls):
-        situ = statistics.median(calls[(kind, n)])
+    for (kind, n), (t, count) in situ.items():
         ref = next(r["median_s"] for r in curve[kind] if r["tokens"] == n)
-        rows.append(f"| {batch} | {kind} | {n} | {len(calls[(kind, n)])} | {situ * 1e3:.2f} | {ref * 1e3:.2f} | {situ / ref:.2f} |")
+        rows.append(f"| {batch} | {kind} | {n} | {count} | {t * 1e3:.2f} | {ref * 1e3:.2f} | {t / ref:.2f} |")
         print(rows[-1], flush=True)
     return rows
 
