@@ -259,9 +259,10 @@ def test_text_to_image_cost_curve_with_prompts_and_a_draft(tmp_path, family):
     assert report["runs"][0]["predicted_speedup"] == 1.0
 
 
-def test_cost_curve_is_sampled_after_every_round_and_its_median_kept(pipe, monkeypatch):
-    """With 3 timed passes the curve is measured after each round (pass r of every method) and the
-    report keeps the per-size median: a curve taken once, or the mean, or the last sample, fails."""
+def test_cost_curve_is_sampled_during_every_round_and_its_median_kept(pipe, monkeypatch):
+    """With 3 timed passes of one batch the curve is measured once in each round (after its batch of
+    every method) and the report keeps the per-size median: a curve taken once, or the mean, or the
+    last sample, fails."""
     times = iter([1.0, 9.0, 2.0])
     calls = []
 

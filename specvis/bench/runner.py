@@ -349,7 +349,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         new = []
         bar.set_description(f"pass {min(len(r['wall_s_repeats']) if r else 0 for r in runs) + 1}")
         for i, (wall, outputs) in zip(pending, _round(pipe, [todo[i][0] for i in pending], work, sampling, bar,
-                                                      warmup, prompts, grid, between)):
+                                                      warmup, prompts, grid, between if cost_curve else None)):
             if runs[i] is not None:
                 add_repeat(runs[i], wall)
                 continue
