@@ -140,7 +140,7 @@ MUTANTS = [
            "return self.vq.decode_continuous(z.flatten(2).transpose(1, 2))", "return self.vq.decode_latents(z)",
            ("tests/test_emoji_mar.py",)),
     Mutant("grow: norm eps not rescaled with the width", "specvis/train/grow.py",
-           ", norm_eps=cfg.norm_eps * cfg.dim / dim))", "))", ("tests/test_grow.py",)),
+           ", norm_eps=cfg.norm_eps * cfg.dim / dim)", ")", ("tests/test_grow.py",)),
     Mutant("grow: a new head writes into the residual stream", "specvis/train/grow.py",
            "            w.zero_()\n", "", ("tests/test_grow.py",)),
     Mutant("bundle: a MAR part ships the raw weights, not the EMA", "specvis/train/bundle.py",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 
@@ -42,10 +42,10 @@ def widen(model: LlamaGen, dim: int, n_head: int, seed: int = 0) -> LlamaGen:
         raise ValueError(f"widen: dim must be n_head x {head} (the old head size) with n_head > {cfg.n_head}, "
                          f"got dim {dim}, n_head {n_head}")
     torch.manual_seed(seed)
-    new = LlamaGen(replace(cfg, dim=dim, n_head=n_head, n_kv_head=n_head, norm_eps=cfg.norm_eps * cfg.dim / dim)).to(model.output.weight.dtype)
+    wide = replace(cfg, dim=dim, n_head=n_head, n_kv_head=n_head, norm_eps=cfg.norm_eps * cfg.dim / dim)
+    new = LlamaGen(wide).to(model.output.weight.dtype)
     old_sd, sd = model.state_dict(), new.state_dict()
     d0, h0 = cfg.dim, cfg.n_head * head
-    f0 = model.layers[0].feed_forward.w1.weight.shape[0]
     scale = math.sqrt(d0 / dim)
 
     for key, w in sd.items():
@@ -62,7 +62,7 @@ def widen(model: LlamaGen, dim: int, n_head: int, seed: int = 0) -> LlamaGen:
                 w[part * dim:part * dim + h0, :d0] = o[part * h0:(part + 1) * h0]
         elif key.endswith(("wo.weight", "w2.weight")):
             w.zero_()
-            w[:d0, :(h0 if key.endswith("wo.weight") else f0)] = o
+            w[:d0, :o.shape[1]] = o
         else:
             raise ValueError(f"widen: no rule for weight {key}")
     new.load_state_dict(sd)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     new.save_pretrained(args.out)
     n = lambda m: sum(t.numel() for t in m.parameters())  # noqa: E731
-    print(f"widened {args.src} ({n(old) / 1e6:.2f}M, {asdict(old.config)['dim']} wide) -> {args.out} "
+    print(f"widened {args.src} ({n(old) / 1e6:.2f}M, {old.config.dim} wide) -> {args.out} "
           f"({n(new) / 1e6:.2f}M, {args.dim} wide, {args.n_head} heads)")
     return 0
 
