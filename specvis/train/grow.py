@@ -41,9 +41,10 @@ def widen(model: LlamaGen, dim: int, n_head: int, seed: int = 0) -> LlamaGen:
     if dim != n_head * head or n_head <= cfg.n_head:
         raise ValueError(f"widen: dim must be n_head x {head} (the old head size) with n_head > {cfg.n_head}, "
                          f"got dim {dim}, n_head {n_head}")
-    torch.manual_seed(seed)
     wide = replace(cfg, dim=dim, n_head=n_head, n_kv_head=n_head, norm_eps=cfg.norm_eps * cfg.dim / dim)
-    new = LlamaGen(wide).to(model.output.weight.dtype)
+    with torch.random.fork_rng(devices=[]):  # the new random reads, without moving the caller's generator
+        torch.manual_seed(seed)
+        new = LlamaGen(wide).to(model.output.weight.dtype)
     old_sd, sd = model.state_dict(), new.state_dict()
     d0, h0 = cfg.dim, cfg.n_head * head
     scale = math.sqrt(d0 / dim)
