@@ -209,7 +209,8 @@ def markdown_table(report: dict[str, Any]) -> str:
     shard = f", shard {report['shard_index']} of {report['shards']}" if report.get("shards", 1) > 1 else ""
     head = (f"model `{report['model']}` on {report['device']} ({report.get('device_name', '')}), "
             f"batch {report['batch_size']}, {n} images, seed {report['seed']}{shard}, "
-            f"torch {report['torch']}, median of {report.get('repeats', 1)}"
+            f"torch {report['torch']}" + (f", {report['dtype']}" if report.get("dtype", "float32") != "float32" else "")
+            + f", median of {report.get('repeats', 1)}"
             + (f" passes ({report['pass_order']})" if report.get("pass_order") and report.get("repeats", 1) > 1 else "")
             + "\n\n")
     qcols = [c for c in QUALITY_COLUMNS if any(c[0] in r.get("quality", {}) for r in report["runs"])]

@@ -44,6 +44,7 @@ from torch import nn
 from ..diffusion import GaussianDiffusion, make_betas, respace, transition_log_density
 from .base import KVCache, Layout
 from .checkpoint import load_strict, read_pretrained, save_pretrained
+from .decoder import Float32Rope
 from .llamagen import LabelEmbedder, LlamaGenConfig, RMSNorm, TransformerBlock, TransformerConfig, rope_2d_table
 
 
@@ -261,7 +262,7 @@ class DiffusionHead(nn.Module):
 
 # ---------------------------------------------------------------- the model
 
-class ContinuousAR(nn.Module):
+class ContinuousAR(Float32Rope, nn.Module):
     """Class-conditional continuous-token AR model implementing the cached protocol of ``models/base.py``
     with z in place of logits (see the module docstring)."""
 

@@ -32,6 +32,20 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     return out.flatten(3).type_as(x)
 
 
+class Float32Rope:
+    """Mixin for an ``nn.Module`` with a ``rope`` buffer (a cos/sin table): the table follows device
+    moves but stays float32 when the module is cast to bf16 or fp16, as LlamaGen keeps its freqs_cis
+    (a bf16 table would round every angle's cos and sin to 8 bits; ``apply_rope`` rotates in float32)."""
+
+    def _apply(self, fn, recurse: bool = True):
+        rope = self._buffers.get("rope")
+        super()._apply(fn, recurse)
+        moved = self._buffers.get("rope")
+        if rope is not None and moved is not None and moved.dtype != rope.dtype:
+            self._buffers["rope"] = rope.to(moved.device)
+        return self
+
+
 def rope_1d(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
     """Llama RoPE (B, T, head_dim/2, 2) at integer ``positions`` (B, T): angle_i = p * theta^(-2i/d)."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))

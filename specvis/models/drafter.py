@@ -38,7 +38,7 @@ from torch import nn
 
 from .base import KVCache
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_tensors, one_line, read_state_dict
-from .decoder import rope_1d
+from .decoder import Float32Rope, rope_1d
 from .llamagen import LlamaGenConfig, TransformerBlock, rope_2d_table
 
 BIN_NAME = "pytorch_model.bin"
@@ -113,7 +113,7 @@ def _grid_rope(cfg: DrafterConfig, head_dim: int) -> torch.Tensor:
 ROPES = {"grid": _grid_rope, "stream": lambda cfg, head_dim: None}
 
 
-class EagleDrafter(nn.Module):
+class EagleDrafter(Float32Rope, nn.Module):
     """EAGLE feature-regression head with its own static KV cache (see module docstring)."""
 
     def __init__(self, config: DrafterConfig) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 
 from .base import Captions, Layout
 from .checkpoint import load_strict, read_pretrained, read_state_dict, save_pretrained
-from .decoder import CachedStack, DrafterParts, RMSNorm, TransformerBlock, apply_rope  # noqa: F401 (re-exported)
+from .decoder import CachedStack, DrafterParts, Float32Rope, RMSNorm, TransformerBlock, apply_rope  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -156,7 +156,7 @@ class CaptionEmbedder(nn.Module):
         return self.cap_proj(captions)
 
 
-class LlamaGen(CachedStack, nn.Module):
+class LlamaGen(Float32Rope, CachedStack, nn.Module):
     """Class-conditional LlamaGen GPT implementing ``CachedTokenModel`` (see models/base.py)."""
 
     config_class = LlamaGenConfig

@@ -1,0 +1,70 @@
+"""bf16 on CPU (``sv.load(..., dtype="bf16")``, ``--dtype bf16``): where the CPU has bf16 dot products
+its forward cost curve is flatter than fp32's (docs/benchmarks/bf16-cpu.md), so this is a dtype users
+run for speed. Every step of these methods runs in bf16 weights and cache on the CPU (a float32 tensor
+written into the bf16 cache, or a bf16 law sampled without the float32 upcast, fails here), and the
+output law passes the chi-square harness against the law enumerated from the same bf16 model.
+
+What "exact" means in bf16: the law of a position depends, at rounding level, on the block it is
+computed in (docs/benchmarks/bf16-cpu.md measures it on the emoji target); 20,000 samples cannot see
+that, and the harness checks the same things as in fp32 (a wrong residual, position or bonus token)."""
+
+import pytest
+import torch
+from exactness import check_method, tiny_llamagen
+
+import specvis as sv
+from specvis.models.continuous import ContinuousAR
+from specvis.models.drafter import EagleDrafter
+from specvis.models.weight_layout import transpose_linear_weights
+
+SAMPLING = sv.Sampling(temperature=0.7, cfg_scale=2.5)
+METHODS = {
+    "ar": sv.AR(),
+    "speculative": sv.Speculative(3),
+    "sjd": sv.SJD(window=3, init="vertical-sample", coupling="gumbel"),
+    "static-tree": sv.StaticTree(tree="chain"),
+}
+
+
+@pytest.fixture(scope="module")
+def bf16_models():
+    target = tiny_llamagen(0).to(torch.bfloat16)
+    draft = tiny_llamagen(1, dim=16, n_layer=1, sharpness=25.0).to(torch.bfloat16)
+    drafter = EagleDrafter.from_target(target, seed=1).eval().to(torch.bfloat16)
+    for m in (target, draft, drafter):  # the CPU layout sv.load gives (Pipeline.configure)
+        transpose_linear_weights(m)
+    return target, draft, drafter
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_bf16_cpu_passes_the_harness(bf16_models, name):
+    target, draft, drafter = bf16_models
+    assert next(target.parameters()).dtype == torch.bfloat16
+    assert check_method(target, METHODS[name], SAMPLING, draft=draft, drafter=drafter) > 1e-3
+
+
+def test_bf16_pipeline_generates_in_bf16():
+    """``sv.load(dtype="bf16")`` puts the target, draft and drafter in bf16 and a default-method run
+    completes with in-range tokens."""
+    pipe = sv.load("emoji", dtype="bf16", threads=1)
+    for m in (pipe.target, pipe.draft, pipe.drafter):
+        assert {p.dtype for p in m.parameters()} == {torch.bfloat16}
+    out = pipe([0, 5], method=sv.SJD(window=16, init="vertical-sample", coupling="gumbel"), seed=1)
+    assert out.tokens.shape == (2, pipe.target.layout.num_tokens)
+    assert int(out.tokens.min()) >= 0 and int(out.tokens.max()) < pipe.target.layout.vocab_size
+
+
+def test_rope_tables_stay_float32_under_casts():
+    """A bf16 cast keeps every RoPE table float32 with the fp32 values (``Float32Rope``; LlamaGen keeps
+    its freqs_cis float32 too): a table rounded to bf16 would rotate every query and key by up to
+    2^-9 of cos / sin. Catches a family whose table follows the cast."""
+    from test_cspd import tiny_config
+
+    for model in (tiny_llamagen(0), EagleDrafter.from_target(tiny_llamagen(0), seed=1), ContinuousAR(tiny_config())):
+        table = model.rope.clone()
+        assert table.dtype == torch.float32
+        model.to(torch.bfloat16)
+        assert next(model.parameters()).dtype == torch.bfloat16
+        assert model.rope.dtype == torch.float32 and torch.equal(model.rope, table), type(model).__name__
+        model.half().float()
+        assert torch.equal(model.rope, table)
