@@ -25,6 +25,9 @@ CASES = {
     "wide_t1_cfg_topk": (WIDE, sv.Sampling(temperature=1.0, top_k=3, cfg_scale=2.0)),
     "four_three_t1_cfg": ([[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0]], sv.Sampling(temperature=1.0, cfg_scale=2.5)),
     "chainlike_t07_topk": ([[0], [1], [0, 0], [0, 0, 0]], sv.Sampling(temperature=0.7, top_k=2, cfg_scale=1.5)),
+    # one child per node: verified as a chain (tree._verify_path), deeper than the grid and shorter than it
+    "chain_t1_cfg": ("chain", sv.Sampling(temperature=1.0, cfg_scale=2.5)),
+    "chain2_t07_topk": ([[0], [0, 0]], sv.Sampling(temperature=0.7, top_k=2, cfg_scale=1.5)),
 }
 
 
@@ -34,7 +37,7 @@ def test_static_tree_is_exact(target, drafter, case):
     assert check_method(target, sv.StaticTree(tree=tree), sampling, n=N, batch=N, drafter=drafter) > P_MIN
 
 
-@pytest.mark.parametrize("tree", ["mc_sim_7b_63", "naive_extend_57", WIDE], ids=["mc_sim", "naive57", "wide"])
+@pytest.mark.parametrize("tree", ["mc_sim_7b_63", "naive_extend_57", WIDE, "chain"], ids=["mc_sim", "naive57", "wide", "chain"])
 def test_greedy_static_tree_equals_greedy_ar(target, drafter, tree):
     greedy = sv.Sampling(temperature=0.0, cfg_scale=2.0)
     cond = torch.arange(48) % 3
@@ -58,10 +61,11 @@ def test_prompt_model_with_row_ends(drafter):
     assert hot.tokens.shape == ar.shape and int(hot.tokens.max()) < model.layout.vocab_size
 
 
-def test_prompt_model_with_row_ends_is_exact():
+@pytest.mark.parametrize("tree", [WIDE, "chain"], ids=["wide", "chain"])
+def test_prompt_model_with_row_ends_is_exact(tree):
     model = tiny_prompt_model(0, janus=False, row_end=1)
     head = EagleDrafter.from_target(model, seed=1).eval()
-    assert check_method(model, sv.StaticTree(tree=WIDE), sv.Sampling(cfg_scale=2.5, top_k=2), n=N, batch=N,
+    assert check_method(model, sv.StaticTree(tree=tree), sv.Sampling(cfg_scale=2.5, top_k=2), n=N, batch=N,
                         drafter=head) > P_MIN
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..accept import Exact, normalise
+from ..accept import Exact, normalise, verify_chain
 from ..sampling import rows_at, sample, uniform
 from .base import DecodeContext
 
@@ -281,6 +281,7 @@ class Tree:
     forwards: int  # drafter forwards spent
     laws: torch.Tensor | None = None  # (B, T, V) sampled trees (StaticTree): the draft law q each node's
     # children were drawn from without replacement; None: deterministic candidates (EAGLE-2, ADT)
+    chain: bool = False  # one sampled child per node, tree position = depth (``verify_tree`` verifies it as a chain)
 
 
 @dataclass
@@ -398,6 +399,8 @@ def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | 
     one sample of the residuals. ``draws=(T', K')`` (T' >= T, K' >= K): draw as for a tree of T'
     positions and K' ranks and use the first T x K, so that a tree which is a prefix of a padded one
     (ADT-Tree's host-synced rounds, see ``ADTTree``) reads the same random numbers as the padded one."""
+    if tree.chain:
+        return _verify_path(rule, tree, p, generator, soft)
     B, T, K = tree.children.shape
     Td, Kd = (T, K) if draws is None else draws
     children = tree.children
@@ -436,6 +439,21 @@ def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | 
     path = torch.stack(path, 1)
     z = final.gather(1, cur[:, None])
     block = torch.cat([tree.tokens.gather(1, path), z], 1).scatter(1, accepted[:, None], z)
+    return Verdict(accepted, path, block)
+
+
+def _verify_path(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | None,
+                 soft: torch.Tensor | None) -> Verdict:
+    """A sampled chain (``tree.chain``): with one child per node the sibling walk is the chain rule
+    at every node, i.e. speculative sampling of the path drawn from ``tree.laws``, so it is verified
+    by ``verify_chain`` (one uniform per node; the residual normalised and sampled only where the walk
+    stops, instead of at every node): the same law, fewer operations."""
+    D = tree.levels
+    draft = tree.tokens[:, 1:]
+    accepted, z = verify_chain(rule, p, tree.laws[:, :D], draft, generator, soft)
+    depth = torch.arange(1, D + 1, device=p.device)[None]
+    path = torch.where(depth <= accepted[:, None], depth, torch.zeros_like(depth))
+    block = torch.cat([draft, z[:, None]], 1).scatter(1, accepted[:, None], z[:, None])
     return Verdict(accepted, path, block)
 
 
