@@ -46,7 +46,9 @@ class Parser(argparse.ArgumentParser):
 def _add_device(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("device")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="weights and KV cache (default: the model's, fp32)")
+    g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
+                   help="weights and KV cache (default: the model's, fp32); on a CPU with bf16 dot products "
+                        "(AVX512-BF16, AMX) bf16 flattens the forward cost curve: docs/benchmarks/bf16-cpu.md")
     g.add_argument("--compile", action="store_true", help="torch.compile the cached forward (one graph per block size); CUDA only: on CPU it measured slower and is skipped")
     g.add_argument("--no-graphs", dest="graphs", action="store_false", default=None,
                    help="run rounds eagerly on CUDA (default: captured CUDA graphs; no effect on CPU)")
