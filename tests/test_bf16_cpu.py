@@ -68,3 +68,19 @@ def test_rope_tables_stay_float32_under_casts():
         assert model.rope.dtype == torch.float32 and torch.equal(model.rope, table), type(model).__name__
         model.half().float()
         assert torch.equal(model.rope, table)
+
+
+def test_cpu_cache_of_a_bf16_model_is_float32():
+    """On CPU a bf16/fp16 model keeps its KV cache in float32 (``storage_dtype``: bf16 attention over one
+    query is slower there); elsewhere, and for fp32 models, the cache takes the model's dtype."""
+    from specvis.models.base import storage_dtype
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert storage_dtype(torch.bfloat16, cpu) == storage_dtype(torch.float16, cpu) == torch.float32
+    assert storage_dtype(torch.bfloat16, cuda) == torch.bfloat16 and storage_dtype(torch.float32, cpu) == torch.float32
+    target = tiny_llamagen(0).to(torch.bfloat16)
+    target.setup_cache(2, 4)
+    target.prefill(torch.tensor([0, 1]))
+    assert target.cache.k.dtype == torch.float32
+    logits, _ = target.forward_tokens(torch.tensor([[1], [2]]), torch.zeros(2, 1, dtype=torch.long))
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()

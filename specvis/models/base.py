@@ -258,6 +258,13 @@ class CachedTokenModel(TokenModel, Protocol):
     def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None: ...
 
 
+def storage_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV cache's dtype for a model in ``dtype`` on ``device``: float32 on CPU for bf16 and fp16
+    models (torch's CPU flash attention for a single query is 2-4x slower in bf16 than in fp32, and
+    the cast of one block on write costs little), the model's own dtype elsewhere."""
+    return torch.float32 if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) else dtype
+
+
 class KVCache:
     """Static cache: keys/values of all layers in one tensor each, (layers, rows, heads, slots, dim),
     plus the committed length of every row (in slots, prefix included).
@@ -266,11 +273,16 @@ class KVCache:
     written so far (each ``live(n)`` adds n; ``refresh`` sets it to the exact longest row read by a
     done-check). ``mark`` starts a round: ``trace`` then holds each forward's need (bound + n) relative
     to the mark, and ``pin``, when set (by ``methods/rounds.py``), is the span every forward of the
-    round uses, so that a captured round has one shape per bucket."""
+    round uses, so that a captured round has one shape per bucket.
+
+    ``dtype`` is the model's; on CPU a bf16 or fp16 model's cache is stored in float32 (``storage_dtype``:
+    attention over one query runs 2-4x slower in bf16 than in fp32 there, docs/benchmarks/bf16-cpu.md);
+    ``write`` casts, and attention reads the cache in its own dtype."""
 
     def __init__(self, layers: int, rows: int, heads: int, slots: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, bucket: int | None = None) -> None:
         shape = (layers, rows, heads, slots, head_dim)
+        dtype = storage_dtype(dtype, torch.device(device))
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.length = torch.zeros(rows, dtype=torch.long, device=device)
@@ -331,8 +343,8 @@ class KVCache:
         """Store k, v (rows, heads, n, dim) at ``slots`` (rows, n), by indexing (on CPU 2.6x faster
         than ``scatter_`` with the slots expanded over heads and dim at n = 17)."""
         rows = self.row_ids[:, None]
-        self.k[layer][rows, :, slots] = k.transpose(1, 2)
-        self.v[layer][rows, :, slots] = v.transpose(1, 2)
+        self.k[layer][rows, :, slots] = k.transpose(1, 2).to(self.k.dtype)
+        self.v[layer][rows, :, slots] = v.transpose(1, 2).to(self.v.dtype)
 
     def attention_mask(self, n: int, tree_mask: torch.Tensor | None, live: int | None = None) -> torch.Tensor:
         """Boolean mask (rows, 1, n, live): committed slots, plus the block itself (causal or tree), over

@@ -104,8 +104,8 @@ class Attention(nn.Module):
             live = cache.slots if mask is None else mask.shape[-1]  # the live span: the mask's width
             k, v = cache.k[layer, :, :, :live], cache.v[layer, :, :, :live]
         gqa = self.n_kv_head != self.n_head
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
-        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(B, T, -1)))
+        out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+        return self.resid_dropout(self.wo(out.to(x.dtype).transpose(1, 2).reshape(B, T, -1)))
 
 
 class FeedForward(nn.Module):
