@@ -89,9 +89,11 @@ class Pipeline:
     def configure(self, dtype: str | torch.dtype | None = None, compile: bool | str = False,
                   graphs: bool | None = None) -> "Pipeline":
         """Weights and KV caches of the target, draft and drafter in ``dtype`` (fp32, bf16, fp16; the
-        tokenizer stays fp32; laws are computed in fp32 either way), ``torch.compile`` of their cached
-        block stacks, and captured rounds on or off. Lossless methods stay exact for the model as
-        run: a bf16 model samples bf16 logits.
+        tokenizer, RoPE tables and, on CPU, the KV caches stay fp32: ``models.base.storage_dtype``; laws
+        are computed in fp32 either way), ``torch.compile`` of their cached block stacks, and captured
+        rounds on or off. Lossless methods stay exact for the model as run: a bf16 model samples its
+        bf16 logits, which depend at rounding level on the block a forward computes them in
+        (docs/benchmarks/bf16-cpu.md).
 
         ``compile=True`` compiles on CUDA only: on CPU the compiled forward was measured slower
         (docs/benchmarks/compile-cpu.md: inductor re-materialises the whole in-place KV cache on every
