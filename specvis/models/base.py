@@ -275,9 +275,8 @@ class KVCache:
     to the mark, and ``pin``, when set (by ``methods/rounds.py``), is the span every forward of the
     round uses, so that a captured round has one shape per bucket.
 
-    ``dtype`` is the model's; on CPU a bf16 or fp16 model's cache is stored in float32 (``storage_dtype``:
-    attention over one query runs 2-4x slower in bf16 than in fp32 there, docs/benchmarks/bf16-cpu.md);
-    ``write`` casts, and attention reads the cache in its own dtype."""
+    ``dtype`` is the model's; the cache stores ``storage_dtype(dtype, device)`` (float32 on CPU for a
+    bf16 or fp16 model); ``write`` casts, and attention reads the cache in its own dtype."""
 
     def __init__(self, layers: int, rows: int, heads: int, slots: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, bucket: int | None = None) -> None:
