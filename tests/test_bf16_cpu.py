@@ -1,8 +1,8 @@
 """bf16 on CPU (``sv.load(..., dtype="bf16")``, ``--dtype bf16``): where the CPU has bf16 dot products
 its forward cost curve is flatter than fp32's (docs/benchmarks/bf16-cpu.md), so this is a dtype users
-run for speed. Every step of these methods runs in bf16 weights and cache on the CPU (a float32 tensor
-written into the bf16 cache, or a bf16 law sampled without the float32 upcast, fails here), and the
-output law passes the chi-square harness against the law enumerated from the same bf16 model.
+run for speed. Every step of these methods runs with bf16 weights on the CPU (there the KV cache stays
+float32, ``storage_dtype``: a block not cast on write, or a query not cast for attention, fails here),
+and the output law passes the chi-square harness against the law enumerated from the same bf16 model.
 
 What "exact" means in bf16: the law of a position depends, at rounding level, on the block it is
 computed in (docs/benchmarks/bf16-cpu.md measures it on the emoji target); 20,000 samples cannot see

@@ -10,7 +10,7 @@ then verified one by one with the multi-draft recursive rejection (SpecInfer; Ex
     q_{r+1} <- q_r with x_r removed and renormalised; after every child is rejected (or at a leaf)
     the next token is drawn from the current p.
 
-With one child per node (``chain``) this walk is speculative sampling of the drafted path, and it is
+With one child per node (the ``chain`` preset) this walk is speculative sampling of the drafted path, and it is
 run as such (``tree._verify_path``: the residual normalised only where the walk stops).
 
 This differs from EagleTree, whose candidates are deterministic (the drafter's top-k) and are
@@ -251,5 +251,5 @@ def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Te
     positions = (n - 1)[:, None] + topo.depth[None]
     depth = torch.where(present, topo.depth[None], torch.zeros_like(topo.depth[None])).amax(1)
     mask = topo.anc[None].expand(B, -1, -1)
-    return Tree(tokens, positions, mask, children, depth, topo.D, forwards, laws=laws, chain=topo.K == 1)
+    return Tree(tokens, positions, mask, children, depth, topo.D, forwards, laws=laws)
 

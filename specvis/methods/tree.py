@@ -281,7 +281,6 @@ class Tree:
     forwards: int  # drafter forwards spent
     laws: torch.Tensor | None = None  # (B, T, V) sampled trees (StaticTree): the draft law q each node's
     # children were drawn from without replacement; None: deterministic candidates (EAGLE-2, ADT)
-    chain: bool = False  # one sampled child per node, tree position = depth (``verify_tree`` verifies it as a chain)
 
 
 @dataclass
@@ -399,7 +398,7 @@ def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | 
     one sample of the residuals. ``draws=(T', K')`` (T' >= T, K' >= K): draw as for a tree of T'
     positions and K' ranks and use the first T x K, so that a tree which is a prefix of a padded one
     (ADT-Tree's host-synced rounds, see ``ADTTree``) reads the same random numbers as the padded one."""
-    if tree.chain:
+    if tree.laws is not None and tree.children.shape[-1] == 1:  # a sampled chain (StaticTree, one child per node)
         return _verify_path(rule, tree, p, generator, soft)
     B, T, K = tree.children.shape
     Td, Kd = (T, K) if draws is None else draws
@@ -444,10 +443,10 @@ def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | 
 
 def _verify_path(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | None,
                  soft: torch.Tensor | None) -> Verdict:
-    """A sampled chain (``tree.chain``): with one child per node the sibling walk is the chain rule
-    at every node, i.e. speculative sampling of the path drawn from ``tree.laws``, so it is verified
-    by ``verify_chain`` (one uniform per node; the residual normalised and sampled only where the walk
-    stops, instead of at every node): the same law, fewer operations."""
+    """A sampled chain (StaticTree with one child per node, so tree position = depth): the sibling
+    walk is then the chain rule at every node, i.e. speculative sampling of the path drawn from
+    ``tree.laws``, so it is verified by ``verify_chain`` (one uniform per node; the residual normalised
+    and sampled only where the walk stops, instead of at every node): the same law, fewer operations."""
     D = tree.levels
     draft = tree.tokens[:, 1:]
     accepted, z = verify_chain(rule, p, tree.laws[:, :D], draft, generator, soft)
