@@ -2,15 +2,14 @@
 captured rounds), the cost-curve model (AR exactly 1, a linear curve gives a hand-checkable number),
 the cost curve in the report JSON and its reuse on resume, shards and --no-cost-curve."""
 
-import contextlib
 import json
 
+import fake_cuda
 import pytest
 
 import specvis.bench.runner as runner
 from specvis.bench.report import curve_cost, markdown_table, merge_reports, predicted_time, set_speedups
 from specvis.cli import main
-from specvis.methods import rounds
 from specvis.registry import method_from_spec
 from specvis.zoo import load
 
@@ -54,74 +53,10 @@ def test_block_sizes_sum_to_forwards_and_are_what_the_method_verifies(pipe, name
     assert hist == expected_sizes(name, s.target_forwards)
 
 
-class _FakeCuda:
-    """A CPU stand-in for the CUDA graph API of methods/rounds.py: capture runs the round (the replay
-    right after it is then a no-op); later replays rerun it with every host-side counter restored, as
-    a real replay leaves them, so only the round runner's per-replay bookkeeping counts them."""
-
-    def __init__(self) -> None:
-        self.ctx = self.round_fn = None
-        self.replays = 0
-
-    class Stream:
-        def __init__(self, *a) -> None:
-            pass
-
-        def wait_stream(self, other) -> None:
-            pass
-
-    def current_stream(self, dev):
-        return self.Stream()
-
-    @contextlib.contextmanager
-    def stream(self, s):
-        yield
-
-    @contextlib.contextmanager
-    def graph(self, g):
-        yield
-
-    def CUDAGraph(self):
-        fake = self
-
-        class Graph:
-            fresh = True
-
-            def register_generator_state(self, g) -> None:
-                pass
-
-            def replay(self) -> None:
-                if self.fresh:
-                    self.fresh = False
-                    return
-                fake.replays += 1
-                views, caches = fake.ctx.counted, fake.ctx.live_caches()
-                saved = [(v.forwards, dict(v.sizes)) for v in views]
-                bounds = [(c.bound, c.start, list(c.trace), c.overflow) for c in caches]
-                fake.round_fn()
-                for v, (f, sz) in zip(views, saved):
-                    v.forwards = f
-                    v.sizes.clear()
-                    v.sizes.update(sz)
-                for c, (b, s, t, o) in zip(caches, bounds):
-                    c.bound, c.start, c.trace, c.overflow = b, s, t, o
-
-        return Graph()
-
-
 @pytest.mark.parametrize("name", ["speculative", "eagle"])
 def test_replayed_rounds_count_block_sizes_like_eager_ones(pipe, name, monkeypatch):
     eager = sizes_of(pipe, SPECS[name])
-    fake = _FakeCuda()
-    real = rounds._run_graphs
-
-    def run_graphs(ctx, round_fn, n, spans):
-        fake.ctx, fake.round_fn = ctx, round_fn
-        return real(ctx, round_fn, n, spans)
-
-    monkeypatch.setattr(rounds, "_run_graphs", run_graphs)
-    monkeypatch.setattr(rounds, "_capturable", lambda device: True)
-    monkeypatch.setattr(rounds, "cuda", fake)
+    fake = fake_cuda.install(monkeypatch)
     monkeypatch.setattr(pipe, "graphs", True)
     graphed = sizes_of(pipe, SPECS[name])
     assert fake.replays > 10

@@ -12,11 +12,11 @@ import importlib
 
 import pytest
 import torch
+import fake_cuda
 from exactness import condition_rows, tiny_llamagen, tiny_prompt_model
 from test_oracle import METHODS
 
 import specvis as sv
-from specvis.methods import rounds
 from specvis.models import base
 from specvis.models.base import KVCache, Prompts
 from specvis.models.drafter import EagleDrafter
@@ -197,64 +197,6 @@ def test_pins_and_overflow():
 
 
 # ---------------------------------------------------------------- captured rounds keyed by span (CPU stand-in)
-class _FakeCuda:
-    """A CPU stand-in for the CUDA graph API of methods/rounds.py. Capture runs the round (a real
-    capture records it and the replay that follows runs it: the first replay is a no-op here); later
-    replays rerun the round with every piece of host state a real replay would not touch restored, and
-    check that it ran at the captured spans (the graph's shapes)."""
-
-    def __init__(self) -> None:
-        self.ctx = self.round_fn = None
-        self.captures = self.replays = 0
-
-    class Stream:
-        def __init__(self, *a) -> None:
-            pass
-
-        def wait_stream(self, other) -> None:
-            pass
-
-    def current_stream(self, dev):
-        return self.Stream()
-
-    @contextlib.contextmanager
-    def stream(self, s):
-        yield
-
-    def CUDAGraph(self):
-        fake = self
-
-        class Graph:
-            fresh = True
-
-            def register_generator_state(self, g) -> None:
-                pass
-
-            def replay(self) -> None:
-                if self.fresh:
-                    self.fresh = False
-                    return
-                fake.replays += 1
-                caches = fake.ctx.live_caches()
-                views = fake.ctx.counted
-                saved = [v.forwards for v in views], [(c.bound, c.start, list(c.trace), c.overflow) for c in caches]
-                assert [c.pin for c in caches] == self.pins
-                fake.round_fn()
-                assert not any(c.overflow for c in caches), "a replay would have needed other shapes"
-                for v, f in zip(views, saved[0]):
-                    v.forwards = f
-                for c, (b, s, t, o) in zip(caches, saved[1]):
-                    c.bound, c.start, c.trace, c.overflow = b, s, t, o
-
-        return Graph()
-
-    @contextlib.contextmanager
-    def graph(self, g):
-        self.captures += 1
-        g.pins = [c.pin for c in self.ctx.live_caches()]
-        yield
-
-
 @pytest.mark.parametrize("name", ["ar", "speculative_g3", "sjd_vertical-sample", "jacobi_w4", "eagle", "static_tree"])
 def test_graph_rounds_keyed_by_span_replay_eager(name, monkeypatch):
     """With the stand-in: same tokens, forward counts and acceptance maps as eager rounds; the graph
@@ -265,16 +207,7 @@ def test_graph_rounds_keyed_by_span_replay_eager(name, monkeypatch):
     method, sampling = METHODS[name]
     with live(8):
         eager = sv.generate(target, torch.arange(4) % 3, method, sampling, seed=3, draft=draft, drafter=drafter)
-    fake = _FakeCuda()
-    real = rounds._run_graphs
-
-    def run_graphs(ctx, round_fn, n, spans):
-        fake.ctx, fake.round_fn = ctx, round_fn
-        return real(ctx, round_fn, n, spans)
-
-    monkeypatch.setattr(rounds, "_run_graphs", run_graphs)
-    monkeypatch.setattr(rounds, "_capturable", lambda device: True)
-    monkeypatch.setattr(rounds, "cuda", fake)
+    fake = fake_cuda.install(monkeypatch)
     with live(8):
         graphed = sv.generate(target, torch.arange(4) % 3, method, sampling, seed=3, draft=draft, drafter=drafter,
                               graphs=True)

@@ -10,7 +10,6 @@ the null caption ``uncond_embedding`` under the same mask, CFG u + s (c - u)."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -19,9 +18,8 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 
 import specvis as sv  # noqa: E402
-from specvis.families import load_decoder  # noqa: E402
 from specvis.families.llamagen_t2i import clean_text  # noqa: E402
-from specvis.models.base import Captions, Condition  # noqa: E402
+from specvis.models.base import Condition  # noqa: E402
 from specvis.models.vq import VQConfig, VQModel  # noqa: E402
 
 T = 120  # cls_token_num / flan-t5 max length, as released

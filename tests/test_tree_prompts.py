@@ -16,7 +16,6 @@ import torch
 import specvis as sv
 import specvis.methods.tree as tree_mod
 from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_model
-from specvis.models.base import Prompts
 from specvis.models.drafter import EagleDrafter
 
 P_MIN = 1e-3
