@@ -243,33 +243,16 @@ class LlamaGen(Float32Rope, CachedStack, nn.Module):
         """
         sd = read_state_dict(path)
         try:
-            vocab, dim = sd["tok_embeddings.weight"].shape
-            n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
-            hidden = sd["layers.0.feed_forward.w1.weight"].shape[0]
-            qkv = sd["layers.0.attention.wqkv.weight"].shape[0]
+            shapes = _trunk_shapes(sd)
             table = sd["cls_embedding.embedding_table.weight"].shape[0]
         except (KeyError, ValueError) as e:
             if "cls_embedding.cap_proj.fc1.weight" in sd:
                 raise ValueError(f"{path}: a LlamaGen t2i checkpoint, not c2i: load it with LlamaGenT2I.from_checkpoint "
                                  "or sv.load(its directory)") from None
             raise ValueError(f"{path}: not a LlamaGen c2i checkpoint (missing or malformed key {e})") from None
-        n_head = overrides.pop("n_head", 32 if dim == 3200 else max(dim // 64, 1))
-        head_dim = dim // n_head
-        block_size = 256
-        if "freqs_cis" in sd:  # stale buffer: used only as a hint for the grid size
-            block_size = sd["freqs_cis"].shape[0] - overrides.get("cls_token_num", 1)
         class_dropout = overrides.pop("class_dropout_prob", 0.1)
-        num_classes = table - 1 if class_dropout > 0 else table
-        kw = dict(vocab_size=vocab, dim=dim, n_layer=n_layer, n_head=n_head,
-                  n_kv_head=(qkv // head_dim - n_head) // 2, num_classes=num_classes,
-                  class_dropout_prob=class_dropout, block_size=block_size, multiple_of=hidden)
-        kw.update(overrides)
-        cfg = LlamaGenConfig(**kw)
-        if cfg.ffn_hidden != hidden:
-            raise ValueError(f"{path}: feed-forward width {hidden} does not follow from dim {dim}; pass multiple_of/ffn_dim_multiplier")
-        model = cls(cfg)
-        load_strict(model, {k: v for k, v in sd.items() if k != "freqs_cis"}, str(path))
-        return model.eval()
+        return _load_official(cls, LlamaGenConfig, sd, path, shapes, overrides, 1,
+                              num_classes=table - 1 if class_dropout > 0 else table, class_dropout_prob=class_dropout)
 
     def config_dict(self) -> dict:
         return asdict(self.config)
@@ -393,29 +376,44 @@ class LlamaGenT2I(LlamaGen):
         stored ``freqs_cis`` is used as a hint, else 256."""
         sd = read_state_dict(path)
         try:
-            vocab, dim = sd["tok_embeddings.weight"].shape
-            n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
-            hidden = sd["layers.0.feed_forward.w1.weight"].shape[0]
-            qkv = sd["layers.0.attention.wqkv.weight"].shape[0]
+            shapes = _trunk_shapes(sd)
             proj_dim, caption_dim = sd["cls_embedding.cap_proj.fc1.weight"].shape
             token_num = sd["cls_embedding.uncond_embedding"].shape[0]
         except (KeyError, ValueError) as e:
             if "cls_embedding.embedding_table.weight" in sd:
                 raise ValueError(f"{path}: a LlamaGen c2i (class-conditional) checkpoint, not t2i") from None
             raise ValueError(f"{path}: not a LlamaGen t2i checkpoint (missing or malformed key {e})") from None
-        if proj_dim != dim:
-            raise ValueError(f"{path}: cls_embedding.cap_proj.fc1 maps to {proj_dim}, not the model width {dim}")
-        n_head = overrides.pop("n_head", 32 if dim == 3200 else max(dim // 64, 1))
-        head_dim = dim // n_head
-        block_size = 256
-        if "freqs_cis" in sd:  # not saved by the official code; a hint for the grid when present
-            block_size = sd["freqs_cis"].shape[0] - overrides.get("cls_token_num", token_num)
-        kw = dict(vocab_size=vocab, dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=(qkv // head_dim - n_head) // 2,
-                  caption_dim=caption_dim, cls_token_num=token_num, block_size=block_size, multiple_of=hidden)
-        kw.update(overrides)
-        cfg = LlamaGenT2IConfig(**kw)
-        if cfg.ffn_hidden != hidden:
-            raise ValueError(f"{path}: feed-forward width {hidden} does not follow from dim {dim}; pass multiple_of/ffn_dim_multiplier")
-        model = cls(cfg)
-        load_strict(model, {k: v for k, v in sd.items() if k != "freqs_cis"}, str(path))
-        return model.eval()
+        if proj_dim != shapes[1]:
+            raise ValueError(f"{path}: cls_embedding.cap_proj.fc1 maps to {proj_dim}, not the model width {shapes[1]}")
+        return _load_official(cls, LlamaGenT2IConfig, sd, path, shapes, overrides, token_num,
+                              caption_dim=caption_dim, cls_token_num=token_num)
+
+
+def _trunk_shapes(sd: dict[str, torch.Tensor]) -> tuple[int, int, int, int, int]:
+    """(vocab, dim, layers, feed-forward width, wqkv rows) read from an official LlamaGen state dict
+    (KeyError or ValueError when it is not one)."""
+    vocab, dim = sd["tok_embeddings.weight"].shape
+    n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
+    return (vocab, dim, n_layer, sd["layers.0.feed_forward.w1.weight"].shape[0],
+            sd["layers.0.attention.wqkv.weight"].shape[0])
+
+
+def _load_official(cls, config_cls, sd: dict[str, torch.Tensor], path, shapes: tuple[int, int, int, int, int],
+                   overrides: dict, token_num: int, **family):
+    """``cls`` with the config the trunk shapes imply, the family's fields and the caller's overrides,
+    its weights loaded strictly. ``n_head`` defaults to dim // 64 (GPT-3B, 3200 wide: 32); the grid
+    (``block_size``) to 256, or a stored ``freqs_cis`` (not saved by the official code) minus the
+    prefix tokens; the feed-forward width must follow from dim and ``multiple_of``."""
+    vocab, dim, n_layer, hidden, qkv = shapes
+    n_head = overrides.pop("n_head", 32 if dim == 3200 else max(dim // 64, 1))
+    block_size = 256
+    if "freqs_cis" in sd:
+        block_size = sd["freqs_cis"].shape[0] - overrides.get("cls_token_num", token_num)
+    cfg = config_cls(**{"vocab_size": vocab, "dim": dim, "n_layer": n_layer, "n_head": n_head,
+                        "n_kv_head": (qkv // (dim // n_head) - n_head) // 2, "block_size": block_size,
+                        "multiple_of": hidden, **family, **overrides})
+    if cfg.ffn_hidden != hidden:
+        raise ValueError(f"{path}: feed-forward width {hidden} does not follow from dim {dim}; pass multiple_of/ffn_dim_multiplier")
+    model = cls(cfg)
+    load_strict(model, {k: v for k, v in sd.items() if k != "freqs_cis"}, str(path))
+    return model.eval()
