@@ -46,7 +46,8 @@ import torch.nn as nn
 
 from .base import code_grid
 from .checkpoint import load_strict, one_line
-from .vq import VQConfig, _AttnBlock, _Downsample, _norm, _Quantizer, _ResBlock, _swish, _Upsample
+from .conv_blocks import AttnBlock, Downsample, Level, Mid, ResBlock, Upsample, group_norm, swish
+from .vq import VQConfig, _Quantizer
 
 __all__ = ["ChameleonVQ", "ChameleonVQConfig", "image_token_ids", "read_text_vocab", "read_vqgan_state_dict",
            "find_tokenizer_dir", "load_chameleon_vq", "TOKENIZER_PLACES"]
@@ -169,34 +170,6 @@ class ChameleonVQConfig:
 # --------------------------------------------------------------------------- module tree (taming names)
 
 
-class _Level(nn.Module):
-    """One resolution level: ``block`` residual blocks, each followed by ``attn[i]`` when the level
-    has attention; the resampler (``downsample`` / ``upsample``) is applied by the caller."""
-
-    def __init__(self, blocks: list[nn.Module], attns: list[nn.Module]) -> None:
-        super().__init__()
-        self.block = nn.ModuleList(blocks)
-        self.attn = nn.ModuleList(attns)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, block in enumerate(self.block):
-            x = block(x)
-            if len(self.attn):
-                x = self.attn[i](x)
-        return x
-
-
-class _Mid(nn.Module):
-    def __init__(self, channels: int, cfg: ChameleonVQConfig) -> None:
-        super().__init__()
-        self.block_1 = _ResBlock(channels, channels, NORM_GROUPS, cfg.dropout)
-        self.attn_1 = _AttnBlock(channels, NORM_GROUPS) if cfg.attn_type == "vanilla" else nn.Identity()
-        self.block_2 = _ResBlock(channels, channels, NORM_GROUPS, cfg.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block_2(self.attn_1(self.block_1(x)))
-
-
 def _attn_at(cfg: ChameleonVQConfig, res: int) -> bool:
     return cfg.attn_type == "vanilla" and res in cfg.attn_resolutions
 
@@ -211,17 +184,17 @@ class _Encoder(nn.Module):
         for i, m in enumerate(cfg.ch_mult):
             blocks, attns = [], []
             for _ in range(cfg.num_res_blocks):
-                blocks.append(_ResBlock(c, ch * m, NORM_GROUPS, p))
+                blocks.append(ResBlock(c, ch * m, NORM_GROUPS, p))
                 c = ch * m
                 if _attn_at(cfg, res):
-                    attns.append(_AttnBlock(c, NORM_GROUPS))
-            level = _Level(blocks, attns)
+                    attns.append(AttnBlock(c, NORM_GROUPS))
+            level = Level(blocks, attns)
             if i != len(cfg.ch_mult) - 1:
-                level.downsample = _Downsample(c)
+                level.downsample = Downsample(c)
                 res //= 2
             self.down.append(level)
-        self.mid = _Mid(c, cfg)
-        self.norm_out = _norm(c, NORM_GROUPS)
+        self.mid = Mid(c, NORM_GROUPS, cfg.dropout, attention=cfg.attn_type == "vanilla")
+        self.norm_out = group_norm(c, NORM_GROUPS)
         self.conv_out = nn.Conv2d(c, cfg.z_channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,7 +204,7 @@ class _Encoder(nn.Module):
             if hasattr(level, "downsample"):
                 h = level.downsample(h)
         h = self.mid(h)
-        return self.conv_out(_swish(self.norm_out(h)))
+        return self.conv_out(swish(self.norm_out(h)))
 
 
 class _Decoder(nn.Module):
@@ -242,22 +215,22 @@ class _Decoder(nn.Module):
         res = cfg.resolution // 2 ** (len(mult) - 1)
         self.tanh_out = cfg.tanh_out
         self.conv_in = nn.Conv2d(cfg.z_channels, c, 3, padding=1)
-        self.mid = _Mid(c, cfg)
+        self.mid = Mid(c, NORM_GROUPS, cfg.dropout, attention=cfg.attn_type == "vanilla")
         levels: list[nn.Module] = [nn.Identity()] * len(mult)
         for i in reversed(range(len(mult))):  # built from the deepest level; stored by level index
             blocks, attns = [], []
             for _ in range(cfg.num_res_blocks + 1):
-                blocks.append(_ResBlock(c, ch * mult[i], NORM_GROUPS, p))
+                blocks.append(ResBlock(c, ch * mult[i], NORM_GROUPS, p))
                 c = ch * mult[i]
                 if _attn_at(cfg, res):
-                    attns.append(_AttnBlock(c, NORM_GROUPS))
-            level = _Level(blocks, attns)
+                    attns.append(AttnBlock(c, NORM_GROUPS))
+            level = Level(blocks, attns)
             if i != 0:
-                level.upsample = _Upsample(c)
+                level.upsample = Upsample(c)
                 res *= 2
             levels[i] = level
         self.up = nn.ModuleList(levels)
-        self.norm_out = _norm(c, NORM_GROUPS)
+        self.norm_out = group_norm(c, NORM_GROUPS)
         self.conv_out = nn.Conv2d(c, cfg.out_ch, 3, padding=1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
@@ -266,7 +239,7 @@ class _Decoder(nn.Module):
             h = level(h)
             if hasattr(level, "upsample"):
                 h = level.upsample(h)
-        h = self.conv_out(_swish(self.norm_out(h)))
+        h = self.conv_out(swish(self.norm_out(h)))
         return torch.tanh(h) if self.tanh_out else h
 
 

@@ -27,10 +27,10 @@ import re
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import load_strict, read_state_dict
+from .conv_blocks import AttnBlock, Downsample, Level, Mid, ResBlock, Upsample, group_norm, swish
 
 __all__ = ["KLVAEConfig", "KLVAE", "MAR_LATENT_SCALE"]
 
@@ -75,99 +75,6 @@ class KLVAEConfig:
         return 2 ** (len(self.ch_mult) - 1)
 
 
-def _swish(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.sigmoid(x)
-
-
-def _norm(channels: int, groups: int) -> nn.GroupNorm:
-    return nn.GroupNorm(groups, channels, eps=1e-6, affine=True)
-
-
-class ResnetBlock(nn.Module):
-    """norm1 -> swish -> conv1 -> norm2 -> swish -> dropout -> conv2, 1x1 ``nin_shortcut`` when channels change."""
-
-    def __init__(self, c_in: int, c_out: int, groups: int) -> None:
-        super().__init__()
-        self.norm1 = _norm(c_in, groups)
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, 1, 1)
-        self.norm2 = _norm(c_out, groups)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1)
-        if c_in != c_out:
-            self.nin_shortcut = nn.Conv2d(c_in, c_out, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(_swish(self.norm1(x)))
-        h = self.conv2(_swish(self.norm2(h)))
-        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
-
-
-class AttnBlock(nn.Module):
-    """Single-head spatial self-attention with 1x1 q, k, v, proj_out, residual."""
-
-    def __init__(self, channels: int, groups: int) -> None:
-        super().__init__()
-        self.norm = _norm(channels, groups)
-        self.q = nn.Conv2d(channels, channels, 1)
-        self.k = nn.Conv2d(channels, channels, 1)
-        self.v = nn.Conv2d(channels, channels, 1)
-        self.proj_out = nn.Conv2d(channels, channels, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm(x)
-        b, c, hh, ww = x.shape
-        q, k, v = (m(h).reshape(b, c, hh * ww).transpose(1, 2) for m in (self.q, self.k, self.v))
-        out = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]  # scale c^-1/2
-        return x + self.proj_out(out.transpose(1, 2).reshape(b, c, hh, ww))
-
-
-class Downsample(nn.Module):
-    """Pad (0, 1, 0, 1) then a stride-2 3x3 conv (LDM's asymmetric padding)."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, 2, 0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (0, 1, 0, 1)))
-
-
-class Upsample(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, 1, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
-class _Mid(nn.Module):
-    def __init__(self, channels: int, groups: int) -> None:
-        super().__init__()
-        self.block_1 = ResnetBlock(channels, channels, groups)
-        self.attn_1 = AttnBlock(channels, groups)
-        self.block_2 = ResnetBlock(channels, channels, groups)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block_2(self.attn_1(self.block_1(x)))
-
-
-class _Level(nn.Module):
-    """One resolution: ``block`` (res blocks), ``attn`` (one after each block, or none), then an
-    optional ``downsample``/``upsample``."""
-
-    def __init__(self, blocks: list[nn.Module], attn: list[nn.Module]) -> None:
-        super().__init__()
-        self.block = nn.ModuleList(blocks)
-        self.attn = nn.ModuleList(attn)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, block in enumerate(self.block):
-            x = block(x)
-            if len(self.attn):
-                x = self.attn[i](x)
-        return x
-
-
 class Encoder(nn.Module):
     def __init__(self, cfg: KLVAEConfig) -> None:
         super().__init__()
@@ -178,16 +85,16 @@ class Encoder(nn.Module):
         self.down = nn.ModuleList()
         for i, mult in enumerate(cfg.ch_mult):
             c_in, c_out = ch * in_mult[i], ch * mult
-            blocks = [ResnetBlock(c_in if j == 0 else c_out, c_out, g) for j in range(cfg.num_res_blocks)]
+            blocks = [ResBlock(c_in if j == 0 else c_out, c_out, g) for j in range(cfg.num_res_blocks)]
             attn = [AttnBlock(c_out, g) for _ in blocks] if res in cfg.encoder_attn_resolutions else []
-            level = _Level(blocks, attn)
+            level = Level(blocks, attn)
             if i != len(cfg.ch_mult) - 1:
                 level.downsample = Downsample(c_out)
                 res //= 2
             self.down.append(level)
         c = ch * cfg.ch_mult[-1]
-        self.mid = _Mid(c, g)
-        self.norm_out = _norm(c, g)
+        self.mid = Mid(c, g)
+        self.norm_out = group_norm(c, g)
         self.conv_out = nn.Conv2d(c, 2 * cfg.embed_dim, 3, 1, 1)  # double_z
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -197,7 +104,7 @@ class Encoder(nn.Module):
             if hasattr(level, "downsample"):
                 h = level.downsample(h)
         h = self.mid(h)
-        return self.conv_out(_swish(self.norm_out(h)))
+        return self.conv_out(swish(self.norm_out(h)))
 
 
 class Decoder(nn.Module):
@@ -207,20 +114,20 @@ class Decoder(nn.Module):
         c = ch * cfg.ch_mult[-1]
         res = cfg.resolution // cfg.downsample
         self.conv_in = nn.Conv2d(cfg.embed_dim, c, 3, 1, 1)
-        self.mid = _Mid(c, g)
-        levels: list[_Level] = [None] * n  # type: ignore[list-item]
+        self.mid = Mid(c, g)
+        levels: list[Level] = [None] * n  # type: ignore[list-item]
         for i in reversed(range(n)):
             c_out = ch * cfg.ch_mult[i]
-            blocks = [ResnetBlock(c if j == 0 else c_out, c_out, g) for j in range(cfg.num_res_blocks + 1)]
+            blocks = [ResBlock(c if j == 0 else c_out, c_out, g) for j in range(cfg.num_res_blocks + 1)]
             attn = [AttnBlock(c_out, g) for _ in blocks] if res in cfg.decoder_attn_resolutions else []
-            level = _Level(blocks, attn)
+            level = Level(blocks, attn)
             if i != 0:
                 level.upsample = Upsample(c_out)
                 res *= 2
             levels[i] = level
             c = c_out
         self.up = nn.ModuleList(levels)  # up[i] is resolution level i, run from the last to the first
-        self.norm_out = _norm(c, g)
+        self.norm_out = group_norm(c, g)
         self.conv_out = nn.Conv2d(c, cfg.out_ch, 3, 1, 1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
@@ -229,7 +136,7 @@ class Decoder(nn.Module):
             h = level(h)
             if hasattr(level, "upsample"):
                 h = level.upsample(h)
-        return self.conv_out(_swish(self.norm_out(h)))
+        return self.conv_out(swish(self.norm_out(h)))
 
 
 class KLVAE(nn.Module):

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .checkpoint import load_strict, read_pretrained, read_state_dict, save_pretrained
+from .conv_blocks import AttnBlock, Downsample, ResBlock, Upsample, group_norm, swish
 
 import torch
 import torch.nn as nn
@@ -75,72 +76,6 @@ class VQConfig:
         return 2 ** (len(self.encoder_ch_mult) - 1)
 
 
-# --------------------------------------------------------------------------- building blocks
-
-
-def _swish(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.sigmoid(x)
-
-
-def _norm(channels: int, groups: int) -> nn.GroupNorm:
-    return nn.GroupNorm(groups, channels, eps=1e-6, affine=True)
-
-
-class _ResBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int, groups: int, dropout: float) -> None:
-        super().__init__()
-        self.norm1 = _norm(c_in, groups)
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1)
-        self.norm2 = _norm(c_out, groups)
-        self.dropout = nn.Dropout(dropout)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1)
-        self.nin_shortcut = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(_swish(self.norm1(x)))
-        h = self.conv2(self.dropout(_swish(self.norm2(h))))
-        skip = x if self.nin_shortcut is None else self.nin_shortcut(x)
-        return skip + h
-
-
-class _AttnBlock(nn.Module):
-    """Single-head spatial self-attention with a residual connection."""
-
-    def __init__(self, channels: int, groups: int) -> None:
-        super().__init__()
-        self.norm = _norm(channels, groups)
-        self.q = nn.Conv2d(channels, channels, 1)
-        self.k = nn.Conv2d(channels, channels, 1)
-        self.v = nn.Conv2d(channels, channels, 1)
-        self.proj_out = nn.Conv2d(channels, channels, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, h, w = x.shape
-        y = self.norm(x)
-        q, k, v = (m(y).flatten(2).transpose(1, 2) for m in (self.q, self.k, self.v))  # (B, hw, C)
-        out = F.scaled_dot_product_attention(q, k, v)  # softmax(q k^T / sqrt(C)) v
-        out = out.transpose(1, 2).reshape(b, c, h, w)
-        return x + self.proj_out(out)
-
-
-class _Downsample(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (0, 1, 0, 1)))  # asymmetric pad: right/bottom only
-
-
-class _Upsample(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
 class _Level(nn.Module):
     """One resolution level: ``res`` blocks, optional ``attn`` blocks, optional resampler."""
 
@@ -162,8 +97,8 @@ class _Level(nn.Module):
 
 def _mid(channels: int, groups: int, dropout: float) -> nn.ModuleList:
     return nn.ModuleList(
-        [_ResBlock(channels, channels, groups, dropout), _AttnBlock(channels, groups),
-         _ResBlock(channels, channels, groups, dropout)]
+        [ResBlock(channels, channels, groups, dropout), AttnBlock(channels, groups),
+         ResBlock(channels, channels, groups, dropout)]
     )
 
 
@@ -178,16 +113,16 @@ class _Encoder(nn.Module):
             last = i == len(mult) - 1
             res, attn = [], []
             for _ in range(cfg.num_res_blocks):
-                res.append(_ResBlock(c_in, ch * m, g, p))
+                res.append(ResBlock(c_in, ch * m, g, p))
                 c_in = ch * m
                 if last:
-                    attn.append(_AttnBlock(c_in, g))
+                    attn.append(AttnBlock(c_in, g))
             level = _Level(res, attn)
             if not last:
-                level.downsample = _Downsample(c_in)
+                level.downsample = Downsample(c_in)
             self.conv_blocks.append(level)
         self.mid = _mid(c_in, g, p)
-        self.norm_out = _norm(c_in, g)
+        self.norm_out = group_norm(c_in, g)
         self.conv_out = nn.Conv2d(c_in, cfg.z_channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -196,7 +131,7 @@ class _Encoder(nn.Module):
             h = level(h)
         for block in self.mid:
             h = block(h)
-        return self.conv_out(_swish(self.norm_out(h)))
+        return self.conv_out(swish(self.norm_out(h)))
 
 
 class _Decoder(nn.Module):
@@ -210,15 +145,15 @@ class _Decoder(nn.Module):
         for i in reversed(range(len(mult))):
             res, attn = [], []
             for _ in range(cfg.num_res_blocks + 1):
-                res.append(_ResBlock(c_in, ch * mult[i], g, p))
+                res.append(ResBlock(c_in, ch * mult[i], g, p))
                 c_in = ch * mult[i]
                 if i == len(mult) - 1:
-                    attn.append(_AttnBlock(c_in, g))
+                    attn.append(AttnBlock(c_in, g))
             level = _Level(res, attn)
             if i != 0:
-                level.upsample = _Upsample(c_in)
+                level.upsample = Upsample(c_in)
             self.conv_blocks.append(level)
-        self.norm_out = _norm(c_in, g)
+        self.norm_out = group_norm(c_in, g)
         self.conv_out = nn.Conv2d(c_in, 3, 3, padding=1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
@@ -227,7 +162,7 @@ class _Decoder(nn.Module):
             h = block(h)
         for level in self.conv_blocks:
             h = level(h)
-        return self.conv_out(_swish(self.norm_out(h)))
+        return self.conv_out(swish(self.norm_out(h)))
 
 
 class _Quantizer(nn.Module):
