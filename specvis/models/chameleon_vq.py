@@ -25,8 +25,8 @@ returns a :class:`ChameleonVQ` with the interface of ``specvis.models.hf_vq.HFVQ
 ``decode(codes (B, h*w), height, width) -> (B, 3, f*h, f*w)`` in [-1, 1] (f = ``downsample``, 16 for
 Chameleon), ``codebook`` (V, d), ``codebook_size``, ``downsample``; plus ``encode(images) -> codes``.
 
-The leaf blocks (residual block, single-head attention, down/up-samplers, nearest-code quantiser) are
-those of ``specvis.models.vq`` (the LlamaGen VQ shares them); only the module tree differs. GroupNorms
+The encoder and decoder are taming's (``specvis.models.conv_blocks``, shared with MAR's KL-VAE); the
+nearest-code quantiser is the LlamaGen VQ's (``specvis.models.vq``), without L2 normalisation. GroupNorms
 have 32 groups, as in Meta's code, so every channel count must be a multiple of 32. PyYAML is needed
 to read ``vqgan.yaml`` (it comes with transformers, ``pip install specvis[hf]``).
 """
@@ -46,7 +46,7 @@ import torch.nn as nn
 
 from .base import code_grid
 from .checkpoint import load_strict, one_line
-from .conv_blocks import AttnBlock, Downsample, Level, Mid, ResBlock, Upsample, group_norm, swish
+from .conv_blocks import Decoder, Encoder
 from .vq import VQConfig, _Quantizer
 
 __all__ = ["ChameleonVQ", "ChameleonVQConfig", "image_token_ids", "read_text_vocab", "read_vqgan_state_dict",
@@ -167,82 +167,6 @@ class ChameleonVQConfig:
         return cls.from_dict(doc, str(path))
 
 
-# --------------------------------------------------------------------------- module tree (taming names)
-
-
-def _attn_at(cfg: ChameleonVQConfig, res: int) -> bool:
-    return cfg.attn_type == "vanilla" and res in cfg.attn_resolutions
-
-
-class _Encoder(nn.Module):
-    def __init__(self, cfg: ChameleonVQConfig) -> None:
-        super().__init__()
-        ch, p = cfg.ch, cfg.dropout
-        self.conv_in = nn.Conv2d(cfg.in_channels, ch, 3, padding=1)
-        self.down = nn.ModuleList()
-        c, res = ch, cfg.resolution
-        for i, m in enumerate(cfg.ch_mult):
-            blocks, attns = [], []
-            for _ in range(cfg.num_res_blocks):
-                blocks.append(ResBlock(c, ch * m, NORM_GROUPS, p))
-                c = ch * m
-                if _attn_at(cfg, res):
-                    attns.append(AttnBlock(c, NORM_GROUPS))
-            level = Level(blocks, attns)
-            if i != len(cfg.ch_mult) - 1:
-                level.downsample = Downsample(c)
-                res //= 2
-            self.down.append(level)
-        self.mid = Mid(c, NORM_GROUPS, cfg.dropout, attention=cfg.attn_type == "vanilla")
-        self.norm_out = group_norm(c, NORM_GROUPS)
-        self.conv_out = nn.Conv2d(c, cfg.z_channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(x)
-        for level in self.down:
-            h = level(h)
-            if hasattr(level, "downsample"):
-                h = level.downsample(h)
-        h = self.mid(h)
-        return self.conv_out(swish(self.norm_out(h)))
-
-
-class _Decoder(nn.Module):
-    def __init__(self, cfg: ChameleonVQConfig) -> None:
-        super().__init__()
-        ch, p, mult = cfg.ch, cfg.dropout, cfg.ch_mult
-        c = ch * mult[-1]
-        res = cfg.resolution // 2 ** (len(mult) - 1)
-        self.tanh_out = cfg.tanh_out
-        self.conv_in = nn.Conv2d(cfg.z_channels, c, 3, padding=1)
-        self.mid = Mid(c, NORM_GROUPS, cfg.dropout, attention=cfg.attn_type == "vanilla")
-        levels: list[nn.Module] = [nn.Identity()] * len(mult)
-        for i in reversed(range(len(mult))):  # built from the deepest level; stored by level index
-            blocks, attns = [], []
-            for _ in range(cfg.num_res_blocks + 1):
-                blocks.append(ResBlock(c, ch * mult[i], NORM_GROUPS, p))
-                c = ch * mult[i]
-                if _attn_at(cfg, res):
-                    attns.append(AttnBlock(c, NORM_GROUPS))
-            level = Level(blocks, attns)
-            if i != 0:
-                level.upsample = Upsample(c)
-                res *= 2
-            levels[i] = level
-        self.up = nn.ModuleList(levels)
-        self.norm_out = group_norm(c, NORM_GROUPS)
-        self.conv_out = nn.Conv2d(c, cfg.out_ch, 3, padding=1)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        h = self.mid(self.conv_in(z))
-        for level in reversed(self.up):
-            h = level(h)
-            if hasattr(level, "upsample"):
-                h = level.upsample(h)
-        h = self.conv_out(swish(self.norm_out(h)))
-        return torch.tanh(h) if self.tanh_out else h
-
-
 # --------------------------------------------------------------------------- model
 
 
@@ -256,8 +180,12 @@ class ChameleonVQ(nn.Module):
     def __init__(self, config: ChameleonVQConfig | None = None, grid: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.config = cfg = config if config is not None else ChameleonVQConfig()
-        self.encoder = _Encoder(cfg)
-        self.decoder = _Decoder(cfg)
+        vanilla = cfg.attn_type == "vanilla"
+        shape = dict(ch=cfg.ch, ch_mult=cfg.ch_mult, num_res_blocks=cfg.num_res_blocks, resolution=cfg.resolution,
+                     attn_resolutions=cfg.attn_resolutions if vanilla else [], groups=NORM_GROUPS,
+                     dropout=cfg.dropout, mid_attention=vanilla)
+        self.encoder = Encoder(in_channels=cfg.in_channels, out_channels=cfg.z_channels, **shape)
+        self.decoder = Decoder(in_channels=cfg.z_channels, out_channels=cfg.out_ch, tanh_out=cfg.tanh_out, **shape)
         # the nearest-code quantiser of the LlamaGen VQ, without its L2 normalisation (Chameleon has none)
         self.quantize = _Quantizer(VQConfig(codebook_size=cfg.n_embed, codebook_embed_dim=cfg.embed_dim,
                                             codebook_l2_norm=False))

@@ -109,3 +109,83 @@ class Mid(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.block_2(self.attn_1(self.block_1(x)))
+
+
+class Encoder(nn.Module):
+    """taming's encoder: ``conv_in``; per level i (``down[i]``) ``num_res_blocks`` ResBlocks to
+    ch * ch_mult[i] channels, attention after each where the level's resolution is in
+    ``attn_resolutions``, a Downsample on every level but the last; ``mid``; ``norm_out``, swish and
+    ``conv_out`` to ``out_channels`` (LDM's double_z: twice the latent channels)."""
+
+    def __init__(self, *, in_channels: int, ch: int, ch_mult: list[int], num_res_blocks: int, resolution: int,
+                 attn_resolutions: list[int], out_channels: int, groups: int, dropout: float = 0.0,
+                 mid_attention: bool = True) -> None:
+        super().__init__()
+        self.conv_in = nn.Conv2d(in_channels, ch, 3, padding=1)
+        self.down = nn.ModuleList()
+        c, res = ch, resolution
+        for i, m in enumerate(ch_mult):
+            blocks, attns = [], []
+            for _ in range(num_res_blocks):
+                blocks.append(ResBlock(c, ch * m, groups, dropout))
+                c = ch * m
+                if res in attn_resolutions:
+                    attns.append(AttnBlock(c, groups))
+            level = Level(blocks, attns)
+            if i != len(ch_mult) - 1:
+                level.downsample = Downsample(c)
+                res //= 2
+            self.down.append(level)
+        self.mid = Mid(c, groups, dropout, mid_attention)
+        self.norm_out = group_norm(c, groups)
+        self.conv_out = nn.Conv2d(c, out_channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(x)
+        for level in self.down:
+            h = level(h)
+            if hasattr(level, "downsample"):
+                h = level.downsample(h)
+        return self.conv_out(swish(self.norm_out(self.mid(h))))
+
+
+class Decoder(nn.Module):
+    """taming's decoder: ``conv_in`` from ``in_channels`` latents, ``mid``; per level i from the
+    deepest (stored as ``up[i]``) ``num_res_blocks + 1`` ResBlocks to ch * ch_mult[i] channels,
+    attention where the resolution is in ``attn_resolutions``, an Upsample on every level but the
+    first; ``norm_out``, swish, ``conv_out`` to ``out_channels``, then tanh if ``tanh_out``."""
+
+    def __init__(self, *, in_channels: int, ch: int, ch_mult: list[int], num_res_blocks: int, resolution: int,
+                 attn_resolutions: list[int], out_channels: int, groups: int, dropout: float = 0.0,
+                 mid_attention: bool = True, tanh_out: bool = False) -> None:
+        super().__init__()
+        c = ch * ch_mult[-1]
+        res = resolution // 2 ** (len(ch_mult) - 1)
+        self.tanh_out = tanh_out
+        self.conv_in = nn.Conv2d(in_channels, c, 3, padding=1)
+        self.mid = Mid(c, groups, dropout, mid_attention)
+        levels: list[nn.Module] = [nn.Identity()] * len(ch_mult)
+        for i in reversed(range(len(ch_mult))):
+            blocks, attns = [], []
+            for _ in range(num_res_blocks + 1):
+                blocks.append(ResBlock(c, ch * ch_mult[i], groups, dropout))
+                c = ch * ch_mult[i]
+                if res in attn_resolutions:
+                    attns.append(AttnBlock(c, groups))
+            level = Level(blocks, attns)
+            if i != 0:
+                level.upsample = Upsample(c)
+                res *= 2
+            levels[i] = level
+        self.up = nn.ModuleList(levels)
+        self.norm_out = group_norm(c, groups)
+        self.conv_out = nn.Conv2d(c, out_channels, 3, padding=1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        h = self.mid(self.conv_in(z))
+        for level in reversed(self.up):
+            h = level(h)
+            if hasattr(level, "upsample"):
+                h = level.upsample(h)
+        h = self.conv_out(swish(self.norm_out(h)))
+        return torch.tanh(h) if self.tanh_out else h

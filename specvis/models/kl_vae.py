@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .checkpoint import load_strict, read_state_dict
-from .conv_blocks import AttnBlock, Downsample, Level, Mid, ResBlock, Upsample, group_norm, swish
+from .conv_blocks import Decoder, Encoder
 
 __all__ = ["KLVAEConfig", "KLVAE", "MAR_LATENT_SCALE"]
 
@@ -75,70 +75,6 @@ class KLVAEConfig:
         return 2 ** (len(self.ch_mult) - 1)
 
 
-class Encoder(nn.Module):
-    def __init__(self, cfg: KLVAEConfig) -> None:
-        super().__init__()
-        g, ch = cfg.norm_groups, cfg.ch
-        self.conv_in = nn.Conv2d(cfg.in_channels, ch, 3, 1, 1)
-        in_mult = (1, *cfg.ch_mult)
-        res = cfg.resolution
-        self.down = nn.ModuleList()
-        for i, mult in enumerate(cfg.ch_mult):
-            c_in, c_out = ch * in_mult[i], ch * mult
-            blocks = [ResBlock(c_in if j == 0 else c_out, c_out, g) for j in range(cfg.num_res_blocks)]
-            attn = [AttnBlock(c_out, g) for _ in blocks] if res in cfg.encoder_attn_resolutions else []
-            level = Level(blocks, attn)
-            if i != len(cfg.ch_mult) - 1:
-                level.downsample = Downsample(c_out)
-                res //= 2
-            self.down.append(level)
-        c = ch * cfg.ch_mult[-1]
-        self.mid = Mid(c, g)
-        self.norm_out = group_norm(c, g)
-        self.conv_out = nn.Conv2d(c, 2 * cfg.embed_dim, 3, 1, 1)  # double_z
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(x)
-        for level in self.down:
-            h = level(h)
-            if hasattr(level, "downsample"):
-                h = level.downsample(h)
-        h = self.mid(h)
-        return self.conv_out(swish(self.norm_out(h)))
-
-
-class Decoder(nn.Module):
-    def __init__(self, cfg: KLVAEConfig) -> None:
-        super().__init__()
-        g, ch, n = cfg.norm_groups, cfg.ch, len(cfg.ch_mult)
-        c = ch * cfg.ch_mult[-1]
-        res = cfg.resolution // cfg.downsample
-        self.conv_in = nn.Conv2d(cfg.embed_dim, c, 3, 1, 1)
-        self.mid = Mid(c, g)
-        levels: list[Level] = [None] * n  # type: ignore[list-item]
-        for i in reversed(range(n)):
-            c_out = ch * cfg.ch_mult[i]
-            blocks = [ResBlock(c if j == 0 else c_out, c_out, g) for j in range(cfg.num_res_blocks + 1)]
-            attn = [AttnBlock(c_out, g) for _ in blocks] if res in cfg.decoder_attn_resolutions else []
-            level = Level(blocks, attn)
-            if i != 0:
-                level.upsample = Upsample(c_out)
-                res *= 2
-            levels[i] = level
-            c = c_out
-        self.up = nn.ModuleList(levels)  # up[i] is resolution level i, run from the last to the first
-        self.norm_out = group_norm(c, g)
-        self.conv_out = nn.Conv2d(c, cfg.out_ch, 3, 1, 1)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        h = self.mid(self.conv_in(z))
-        for level in reversed(self.up):
-            h = level(h)
-            if hasattr(level, "upsample"):
-                h = level.upsample(h)
-        return self.conv_out(swish(self.norm_out(h)))
-
-
 class KLVAE(nn.Module):
     """AutoencoderKL with MAR's latent scaling (see the module docstring)."""
 
@@ -146,8 +82,12 @@ class KLVAE(nn.Module):
         super().__init__()
         self.config = cfg = config or KLVAEConfig()
         self.embed_dim = cfg.embed_dim
-        self.encoder = Encoder(cfg)
-        self.decoder = Decoder(cfg)
+        shape = dict(ch=cfg.ch, ch_mult=cfg.ch_mult, num_res_blocks=cfg.num_res_blocks, resolution=cfg.resolution,
+                     groups=cfg.norm_groups)
+        self.encoder = Encoder(in_channels=cfg.in_channels, attn_resolutions=cfg.encoder_attn_resolutions,
+                               out_channels=2 * cfg.embed_dim, **shape)  # double_z: mean and log variance
+        self.decoder = Decoder(in_channels=cfg.embed_dim, attn_resolutions=cfg.decoder_attn_resolutions,
+                               out_channels=cfg.out_ch, **shape)
         mult = 2 if cfg.use_variational else 1
         self.quant_conv = nn.Conv2d(2 * cfg.embed_dim, mult * cfg.embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.embed_dim, 1)
