@@ -213,3 +213,19 @@ def test_graph_rounds_keyed_by_span_replay_eager(name, monkeypatch):
                               graphs=True)
     _same(eager, graphed)
     assert fake.captures >= 2 and fake.replays >= 1, (fake.captures, fake.replays)
+
+
+def test_cost_curve_prices_forwards_over_the_half_filled_stream():
+    """The cost curve times each forward after a half-filled stream, so its attention must read that
+    many slots: with spans checked, a curve whose live spans covered only the prompt (the bound left
+    at the prefill's) attends committed slots past its span and raises; every span covers the rows."""
+    from specvis.bench.forward_cost import cost_curve
+    from specvis.zoo import load
+
+    pipe = load("random-tiny")
+    with live(8), spans_seen() as seen:
+        curve = cost_curve(pipe, {"target": [1, 3], "draft": [1, 2]}, batch_size=2, repeats=1)
+    assert set(curve) == {"target", "draft"}
+    half = pipe.target.layout.stream_len // 2
+    assert seen and all(span >= need for _, span, need in seen)
+    assert max(span for _, span, _ in seen) >= half

@@ -82,7 +82,9 @@ def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
                 x = torch.randn(B, n, model.token_dim, device=dev)
                 return lambda: model.forward_tokens(rows(x), rows(pos))
             return lambda: view.forward(tokens, pos)
-    bounds = [c.bound for c in caches]  # live spans: every timed forward sees the same prefix
+    for c in caches:  # live spans (KVCache.live) cover the half-filled stream, not only the prompt
+        c.refresh(int(c.length.max()))
+    bounds = [c.bound for c in caches]  # reset before every timed forward: each sees the same prefix
     out = []
     for n in sizes:
         tokens = torch.randint(0, max(ctx.layout.vocab_size, 1), (B, n), device=dev)  # continuous: unused
