@@ -53,16 +53,12 @@ class FakeCuda:
                     return
                 fake.replays += 1
                 views, caches = fake.ctx.counted, fake.ctx.live_caches()
-                saved = [(v.forwards, dict(getattr(v, "sizes", {}))) for v in views]
+                saved = rounds._counters(views)
                 bounds = [(c.bound, c.start, list(c.trace), c.overflow) for c in caches]
                 assert [c.pin for c in caches] == self.pins
                 fake.round_fn()
                 assert not any(c.overflow for c in caches), "a replay would have needed other shapes"
-                for v, (f, sizes) in zip(views, saved):
-                    v.forwards = f
-                    if hasattr(v, "sizes"):
-                        v.sizes.clear()
-                        v.sizes.update(sizes)
+                rounds._restore(views, saved)
                 for c, (b, s, t, o) in zip(caches, bounds):
                     c.bound, c.start, c.trace, c.overflow = b, s, t, o
 

@@ -17,9 +17,11 @@ from exactness import condition_rows, tiny_llamagen, tiny_prompt_model
 from test_oracle import METHODS
 
 import specvis as sv
+from specvis.bench.forward_cost import cost_curve
 from specvis.models import base
 from specvis.models.base import KVCache, Prompts
 from specvis.models.drafter import EagleDrafter
+from specvis.zoo import load
 
 PROMPT_SHAPES = {"janus": dict(janus=True), "emu3": dict(janus=False, row_end=1)}
 
@@ -219,9 +221,6 @@ def test_cost_curve_prices_forwards_over_the_half_filled_stream():
     """The cost curve times each forward after a half-filled stream, so its attention must read that
     many slots: with spans checked, a curve whose live spans covered only the prompt (the bound left
     at the prefill's) attends committed slots past its span and raises; every span covers the rows."""
-    from specvis.bench.forward_cost import cost_curve
-    from specvis.zoo import load
-
     pipe = load("random-tiny")
     with live(8), spans_seen() as seen:
         curve = cost_curve(pipe, {"target": [1, 3], "draft": [1, 2]}, batch_size=2, repeats=1)
