@@ -171,14 +171,11 @@ class DecodeContext:
             self.progress(min(1.0, float(self.n.min()) / self.L))
 
     def live_caches(self) -> list:
-        """The static caches of the target and draft models whose forwards attend over a live span
+        """The static caches of the target, draft model and EAGLE drafter whose forwards attend over a live span
         (``KVCache.live``); the done-check tightens their bounds."""
-        out = []
-        for view in (self.target, self.draft):
-            cache = getattr(getattr(view, "model", None), "cache", None)
-            if isinstance(cache, KVCache) and cache.bucket > 0:
-                out.append(cache)
-        return out
+        caches = [getattr(getattr(view, "model", None), "cache", None) for view in (self.target, self.draft)]
+        caches.append(getattr(self.drafter, "cache", None))
+        return [c for c in caches if isinstance(c, KVCache) and c.bucket > 0]
 
     def done(self) -> bool:
         """True when every row has its whole grid (one host sync per decoding step). The same transfer

@@ -346,8 +346,11 @@ class KVCache:
         self.v[layer][rows, :, slots] = v.transpose(1, 2).to(self.v.dtype)
 
     def attention_mask(self, n: int, tree_mask: torch.Tensor | None, live: int | None = None) -> torch.Tensor:
-        """Boolean mask (rows, 1, n, live): committed slots, plus the block itself (causal or tree), over
-        the first ``live`` slots (default: all). Attention reads as many slots as the mask has."""
+        """Boolean mask (rows, 1, n, live) over the first ``live`` slots (default: all) for a block of n
+        tokens: the committed slots, plus in the uncommitted region ``[length, length + W)`` slot
+        ``length + i`` where ``tree_mask[r, j, i]`` (rows, n, W), W >= n (a block written at offset
+        W - n, after blocks of the same round it may see); ``tree_mask`` None: W = n, causal.
+        Attention reads as many slots as the mask has."""
         if CHECK_LIVE and live is not None and live < self.slots:
             full = self.attention_mask(n, tree_mask)
             if bool(full[..., live:].any()):
@@ -356,12 +359,13 @@ class KVCache:
         ids = self.slot_ids if live is None else self.slot_ids[:live]
         committed = ids[None, None, :] < self.length[:, None, None]  # (rows, 1, S)
         offset = ids[None, :] - self.length[:, None]  # (rows, S) index inside the block
-        in_block = (offset >= 0) & (offset < n)
-        j = torch.arange(n, device=self.length.device)
+        width = n if tree_mask is None else tree_mask.shape[-1]
+        in_block = (offset >= 0) & (offset < width)
         if tree_mask is None:
+            j = torch.arange(n, device=self.length.device)
             block = in_block[:, None, :] & (offset[:, None, :] <= j[None, :, None])
         else:
-            gathered = torch.gather(tree_mask, 2, offset.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))
+            gathered = torch.gather(tree_mask, 2, offset.clamp(0, width - 1)[:, None, :].expand(-1, n, -1))
             block = in_block[:, None, :] & gathered
         return (committed | block)[:, None]
 

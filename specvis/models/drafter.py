@@ -238,23 +238,21 @@ class EagleDrafter(Float32Rope, nn.Module):
         Node j attends to the committed slots and, inside the uncommitted region ``[length, length +
         start + n)``, to slot i where ``tree_mask[r, j, i]`` (default: causal within this block, nothing
         earlier). Returns (logits (rows, n, V), predicted features (rows, n, D)); nothing is committed.
+        Attention reads the cache's live span (``KVCache.live``): a block at ``start > 0`` must follow,
+        in the same round, blocks of ``start`` tokens in all since the last commit (the tree builders'
+        levels do), so that the bound covers its slots.
         """
         cache = self.cache
         if cache is None:
             raise RuntimeError("call setup_cache(rows, extra) before cached decoding")
         n = tokens.shape[1]
-        dev = tokens.device
-        j = torch.arange(n, device=dev)
-        if tree_mask is None:
-            tree_mask = torch.zeros(n, start + n, dtype=torch.bool, device=dev)
+        if tree_mask is None and start:
+            j = torch.arange(n, device=tokens.device)
+            tree_mask = torch.zeros(n, start + n, dtype=torch.bool, device=tokens.device)
             tree_mask[:, start:] = j[None, :] <= j[:, None]
             tree_mask = tree_mask[None].expand(tokens.shape[0], -1, -1)
-        offset = cache.slot_ids[None, :] - cache.length[:, None]  # (rows, S)
-        committed = offset < 0
-        pending = (offset >= 0) & (offset < start + n)
-        gathered = torch.gather(tree_mask, 2, offset.clamp(0, start + n - 1)[:, None, :].expand(-1, n, -1))
-        mask = (committed[:, None, :] | (pending[:, None, :] & gathered))[:, None]
-        slots = (cache.length[:, None] + start + j).clamp_max(cache.slots - 1)
+        mask = cache.attention_mask(n, tree_mask, cache.live(n))
+        slots = (cache.block_slots(n) + start).clamp_max(cache.slots - 1)
         x = self._input(tokens, hidden)
         f = self._layers(x, self.rope_at(positions), mask, slots)
         return self.logits(f), f
