@@ -1,6 +1,8 @@
 """sv.Auto / --method auto: calibrates once per (model, device, batch, sampling), runs a lossless
 method (or AR when nothing is predicted faster), its output is that method's output for the seed."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -81,6 +83,7 @@ def test_choice_is_cached_per_batch_size(pipe, monkeypatch):
     real = auto_mod.probe
     monkeypatch.setattr(auto_mod, "probe", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
+    monkeypatch.setattr(auto_mod, "PROBE_IMAGES", 1)  # one probe per candidate: the counts below are exact
     n = len(auto_mod.candidates(draft=True, drafter=True))
     pipe([0, 1], sv.Auto(), seed=0)
     assert len(calls) == n
@@ -91,6 +94,37 @@ def test_choice_is_cached_per_batch_size(pipe, monkeypatch):
     assert len(calls) == 2 * n
     pipe([0, 1], sv.Auto(), sv.Sampling(temperature=0.5), seed=0)  # other sampling: probes again
     assert len(calls) == 3 * n
+
+
+def test_close_candidates_are_probed_on_more_images_and_priced_on_all(pipe, monkeypatch):
+    """One image's acceptance can reorder candidates a few percent apart (a bf16 goal run at batch 1
+    picked SJD window 8 over window 16 that way). Here window 8 wins on the first probe image and
+    window 16 on every later one: the two are within CLOSE, so both are probed on PROBE_IMAGES images
+    at batch 1 (the others once) and window 16 is chosen. Pricing the first image only, or dropping
+    the extra runs, picks window 8."""
+    L = pipe.target.layout.stream_len
+    seen = []
+
+    def fake_probe(model, conditions, method, sampling, draft=None, drafter=None, graphs=None, seed=auto_mod.PROBE_SEED):
+        w = getattr(method, "window", None)
+        first = seed == auto_mod.PROBE_SEED
+        forwards = {8: 40 if first else 60, 16: 45 if first else 30}.get(w, 100)  # per probe run
+        seen.append((auto_mod.label(method), seed))
+        return SimpleNamespace(mean_accepted_length=L / forwards, target_forwards=forwards, draft_forwards=0,
+                               block_sizes={"target": {(w + 1 if w else 1): forwards}})
+
+    monkeypatch.setattr(auto_mod, "probe", fake_probe)
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
+    a = sv.Auto()
+    pipe([0], a, seed=0)
+    assert auto_mod.label(a.chosen) == "sjd(window=16)"
+    per = {f["label"]: f["images"] for f in a.figures}
+    assert per["sjd(window=8)"] == per["sjd(window=16)"] == auto_mod.PROBE_IMAGES > 1
+    assert all(v == 1 for k, v in per.items() if k not in ("sjd(window=8)", "sjd(window=16)"))
+    assert sorted(s for lab, s in seen if lab == "sjd(window=16)") == [auto_mod.PROBE_SEED + i for i in range(auto_mod.PROBE_IMAGES)]
+    w16 = next(f for f in a.figures if f["label"] == "sjd(window=16)")
+    # flat curve: predicted speedup = tokens / forwards over all eight images
+    assert w16["predicted_speedup"] == pytest.approx(8 * L / (45 + 7 * 30))
 
 
 def test_explain_names_the_choice_and_every_candidates_figures(pipe, monkeypatch):

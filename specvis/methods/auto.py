@@ -5,7 +5,10 @@ The rule, on the first call for a key (target, draft, drafter, device, batch siz
 1. Acceptance probe: every candidate runs once on the call's own conditions (the whole batch, seed
    ``PROBE_SEED``; its samples are thrown away) and reports its forwards by block size
    (``Stats.block_sizes``), its mean accepted length and its draft forwards per target forward.
-   AR is not run: its forwards are known (one 1-token target forward per stream token).
+   AR is not run: its forwards are known (one 1-token target forward per stream token). After step
+   3, the candidates predicted within a factor ``CLOSE`` of the best run again (seeds PROBE_SEED + 1,
+   ...) until each has decoded ``PROBE_IMAGES`` images, and are priced on all of their runs: one
+   image's acceptance can reorder candidates a few percent apart.
 2. Cost curve: the seconds of one cached target / draft / drafter forward over n tokens, measured on
    this device at the call's batch size and CFG for every block size the probes used (at most
    ``MAX_SIZES`` of them, the rest interpolated): ``specvis.bench.forward_cost``'s probe.
@@ -36,6 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 PROBE_SEED = 1_000_003
+PROBE_IMAGES = 8  # images each close candidate is probed on (a bf16 goal run at batch 1 picked SJD window 8
+# over window 16, predicted 8% apart over 64 images, from one image's acceptance)
+CLOSE = 1.15  # candidates predicted within this factor of the best are probed on PROBE_IMAGES images
 MAX_SIZES = 12  # most block sizes measured per kind in the cost curve
 _CACHE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # target -> {key: figures}
 
@@ -56,7 +62,7 @@ def candidates(draft: bool, drafter: bool) -> list:
     return out
 
 
-FIGURES = ("label", "mean_accepted_length", "drafts_per_round", "predicted_speedup")  # Auto.figures keys
+FIGURES = ("label", "mean_accepted_length", "drafts_per_round", "predicted_speedup", "images")  # Auto.figures keys
 KEY_FIELDS = ("gamma", "window", "depth", "top_k", "total_tokens", "tree")  # what tells candidates apart
 
 
@@ -66,12 +72,11 @@ def label(method) -> str:
     return f"{method.name}({', '.join(shown)})" if shown else method.name
 
 
-def probe(model, conditions, method, sampling, draft=None, drafter=None, graphs=None):
-    """Stats of one run of ``method`` on ``conditions`` with seed ``PROBE_SEED`` (samples discarded)."""
+def probe(model, conditions, method, sampling, draft=None, drafter=None, graphs=None, seed: int = PROBE_SEED):
+    """Stats of one run of ``method`` on ``conditions`` with ``seed`` (samples discarded)."""
     from ..generate import generate
 
-    return generate(model, conditions, method, sampling, PROBE_SEED, draft=draft, drafter=drafter,
-                    graphs=graphs).stats
+    return generate(model, conditions, method, sampling, seed, draft=draft, drafter=drafter, graphs=graphs).stats
 
 
 def measure_curve(model, conditions, sampling, sizes: dict[str, list[int]], repeats: int, draft=None,
@@ -99,34 +104,63 @@ def _subset(sizes: set[int]) -> list[int]:
     return sorted(picks)
 
 
-def _run_dict(stats) -> dict:
-    bs = stats.block_sizes
-    return {"draft_forwards": stats.draft_forwards,
-            **{f"{kind}_block_sizes": {str(n): c for n, c in bs.get(kind, {}).items()} for kind in ("target", "draft", "drafter")}}
+def _run_dict(runs: list) -> dict:
+    """The forwards of several probe runs (Stats) together, as ``predicted_time`` reads a run."""
+    out = {"draft_forwards": sum(st.draft_forwards for st in runs)}
+    for kind in ("target", "draft", "drafter"):
+        hist: dict[str, int] = {}
+        for st in runs:
+            for n, c in st.block_sizes.get(kind, {}).items():
+                hist[str(n)] = hist.get(str(n), 0) + c
+        out[f"{kind}_block_sizes"] = hist
+    return out
+
+
+def _price(rows: list[dict], curve: dict, stream_len: int) -> None:
+    """Each row's figures over its probe runs: predicted speedup = AR's predicted time for as many
+    batches / the runs' (``bench.report.predicted_time``); mean accepted length weighted by forwards."""
+    from ..bench.report import predicted_time
+
+    t_ar = predicted_time({"target_block_sizes": {"1": stream_len}}, curve)
+    for r in rows:
+        runs, forwards = r["runs"], sum(st.target_forwards for st in r["runs"])
+        t = predicted_time(_run_dict(runs), curve)
+        r["predicted_speedup"] = len(runs) * t_ar / t if t and t_ar else 0.0
+        r["mean_accepted_length"] = sum(st.mean_accepted_length * st.target_forwards for st in runs) / max(forwards, 1)
+        r["drafts_per_round"] = sum(st.draft_forwards for st in runs) / max(forwards, 1)
 
 
 def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None, repeats: int = 5) -> dict:
-    """Probe every candidate and measure the cost curve: {"rows": [{"method", "label",
-    "mean_accepted_length", "drafts_per_round", "predicted_speedup"}, ...], "curve": ..., "skipped": [...]}."""
-    from ..bench.report import predicted_time
+    """Probe every candidate, measure the cost curve, probe the close ones on more images (module
+    docstring): {"rows": [{"method", "label", "mean_accepted_length", "drafts_per_round",
+    "predicted_speedup", "images"}, ...], "curve": ..., "skipped": [...]}."""
+    from ..models.base import Condition
 
     rows, skipped, sizes = [], [], {"target": {1}, "draft": set(), "drafter": set()}
+    kw = dict(draft=draft, drafter=drafter, graphs=graphs)
     for m in candidates(draft is not None, drafter is not None):
         try:
-            st = probe(model, conditions, m, sampling, draft=draft, drafter=drafter, graphs=graphs)
+            st = probe(model, conditions, m, sampling, **kw)
         except (ValueError, NotImplementedError) as e:  # a candidate this model cannot run
             skipped.append(f"{label(m)}: {e}")
             continue
         for kind, hist in st.block_sizes.items():
             sizes.setdefault(kind, set()).update(hist)
-        rows.append({"method": m, "label": label(m), "mean_accepted_length": st.mean_accepted_length,
-                     "drafts_per_round": st.draft_forwards / max(st.target_forwards, 1), "run": _run_dict(st)})
+        rows.append({"method": m, "label": label(m), "runs": [st]})
     curve = measure_curve(model, conditions, sampling, {k: _subset(v) for k, v in sizes.items() if v}, repeats,
                           draft=draft if sizes["draft"] else None, drafter=drafter if sizes["drafter"] else None)
-    t_ar = predicted_time({"target_block_sizes": {"1": model.layout.stream_len}}, curve)
+    stream_len = model.layout.stream_len
+    _price(rows, curve, stream_len)
+    batch = Condition.of(model, conditions).batch
+    best = max((r["predicted_speedup"] for r in rows), default=0.0)
+    close = [r for r in rows if r["predicted_speedup"] * CLOSE >= best]
+    if len(close) > 1:
+        for r in close:  # same block sizes as their first run (static shapes): the curve covers them
+            r["runs"] += [probe(model, conditions, r["method"], sampling, seed=PROBE_SEED + i, **kw)
+                          for i in range(1, -(-PROBE_IMAGES // batch))]
+        _price(rows, curve, stream_len)
     for r in rows:
-        t = predicted_time(r["run"], curve)
-        r["predicted_speedup"] = t_ar / t if t and t_ar else 0.0
+        r["images"] = len(r.pop("runs")) * batch
     return {"rows": rows, "curve": curve, "skipped": skipped}
 
 
@@ -135,7 +169,7 @@ class Auto:
     """The lossless method predicted fastest here, or AR (module docstring: the rule). ``margin``:
     the predicted speedup over AR a candidate needs (>= 1); ``repeats``: timed repeats per cost-curve
     point. After a call, ``chosen`` is the method that ran, ``figures`` each candidate's probe figures
-    ({"label", "mean_accepted_length", "drafts_per_round", "predicted_speedup"}) and ``explain()``
+    ({"label", "mean_accepted_length", "drafts_per_round", "predicted_speedup", "images"}) and ``explain()``
     (also ``choice``) says in one line what was chosen and why."""
 
     margin: float = 1.05
@@ -190,10 +224,10 @@ class Auto:
         why = (f"predicted {pick['predicted_speedup']:.2f}x AR >= margin {self.margin:g}" if pick else
                f"no candidate predicted >= {self.margin:g}x AR")
         figs = "; ".join(f"{r['label']} mal {r['mean_accepted_length']:.2f} drafts/round {r['drafts_per_round']:.1f} "
-                         f"pred {r['predicted_speedup']:.2f}x" for r in rows)
+                         f"pred {r['predicted_speedup']:.2f}x ({r['images']} images)" for r in rows)
         skipped = f"; skipped {', '.join(fig['skipped'])}" if fig["skipped"] else ""
         line = (f"auto: {label(method)} ({why}; batch {B} on {device}) | probe (mean accepted length, draft "
-                f"forwards per round, predicted speedup over AR): {figs}{skipped}")
+                f"forwards per round, predicted speedup over AR, images probed): {figs}{skipped}")
         return self._set(method, line, spent, [{k: r[k] for k in FIGURES} for r in rows])
 
     def _set(self, method, line: str, spent: float, figures: list | None = None):
