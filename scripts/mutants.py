@@ -162,6 +162,14 @@ MUTANTS = [
     Mutant("rope: rotation by minus the angle", "specvis/models/decoder.py",
            "xc * torch.view_as_complex(rope.float().contiguous())",
            "xc * torch.view_as_complex(rope.float().contiguous()).conj()", ("tests/test_families.py",)),
+    Mutant("auto: close candidates re-probe the first probe batch's classes", "specvis/methods/auto.py",
+           'r["runs"].append(probe(model, rows_of(j),', 'r["runs"].append(probe(model, rows_of(0),',
+           ("tests/test_auto.py", "-k", "probe_classes")),
+    Mutant("auto: close candidates' wall-clock counts their first (cold) run", "specvis/methods/auto.py",
+           'sum(st.wall_s for st in r["runs"][1:])', 'sum(st.wall_s for st in r["runs"])', ("tests/test_auto.py", "-k", "wall_clock")),
+    Mutant("auto: the bench does not hand auto its workload", "specvis/bench/runner.py",
+           'if getattr(m, "probe_classes", ()) is None else m', 'if getattr(m, "probe_classes", ()) is False else m',
+           ("tests/test_auto.py", "-k", "workload")),
 ]
 
 

@@ -110,7 +110,7 @@ def test_close_candidates_are_probed_on_more_images_and_priced_on_all(pipe, monk
         first = seed == auto_mod.PROBE_SEED
         forwards = {8: 40 if first else 60, 16: 45 if first else 30}.get(w, 100)  # per probe run
         seen.append((auto_mod.label(method), seed))
-        return SimpleNamespace(mean_accepted_length=L / forwards, target_forwards=forwards, draft_forwards=0,
+        return SimpleNamespace(mean_accepted_length=L / forwards, target_forwards=forwards, draft_forwards=0, wall_s=float(forwards),
                                block_sizes={"target": {(w + 1 if w else 1): forwards}})
 
     monkeypatch.setattr(auto_mod, "probe", fake_probe)
@@ -125,6 +125,91 @@ def test_close_candidates_are_probed_on_more_images_and_priced_on_all(pipe, monk
     w16 = next(f for f in a.figures if f["label"] == "sjd(window=16)")
     # flat curve: predicted speedup = tokens / forwards over all eight images
     assert w16["predicted_speedup"] == pytest.approx(8 * L / (45 + 7 * 30))
+
+
+def test_close_candidates_are_ranked_by_their_warm_wall_clock(pipe, monkeypatch):
+    """Window 8 and window 16 cost the same on the forward curve (40 forwards of 9 tokens against 30
+    of 17 at 4/3 the cost), but window 16's rounds cost more wall-clock beyond their forwards... on
+    its first run only (a one-time cost); on its later runs window 8 is the slower. The choice is the
+    least wall-clock per image over the runs after the first: window 16. Ranking on the curve (a
+    tie: the first, window 8) or counting the first runs (window 8) picks window 8."""
+    from specvis.bench.report import predicted_time
+
+    cost = lambda kind, n: {9: 1.0, 17: 4 / 3}.get(n, 1.0)
+    measure = curve_of(cost)
+    curve = measure(None, None, None, {"target": [1, 9, 17]}, 1)
+    seeds = []
+
+    def fake_probe(model, conditions, method, sampling, draft=None, drafter=None, graphs=None, seed=auto_mod.PROBE_SEED):
+        w = getattr(method, "window", None)
+        size, forwards = {8: (9, 40), 16: (17, 30)}.get(w, (1, 100))
+        first = seed == auto_mod.PROBE_SEED
+        extra = {8: 10.0, 16: 200.0 if first else 0.0}.get(w, 0.0)
+        seeds.append((w, seed))
+        return SimpleNamespace(mean_accepted_length=1.0, target_forwards=forwards, draft_forwards=0,
+                               block_sizes={"target": {size: forwards}},
+                               wall_s=predicted_time({"target_block_sizes": {str(size): forwards}}, curve) + extra)
+
+    monkeypatch.setattr(auto_mod, "probe", fake_probe)
+    monkeypatch.setattr(auto_mod, "measure_curve", measure)
+    a = sv.Auto()
+    pipe([0], a, seed=0)
+    assert auto_mod.label(a.chosen) == "sjd(window=16)"
+    fig = {f["label"]: f for f in a.figures}
+    assert fig["sjd(window=16)"]["wall_per_image_s"] == pytest.approx(40.0)
+    assert fig["sjd(window=8)"]["wall_per_image_s"] == pytest.approx(50.0)
+    assert "wall_per_image_s" not in fig["sjd(window=4)"]
+    assert "40.000 s/image" in a.explain()
+    later = [x for x in seeds if x[1] != auto_mod.PROBE_SEED and x[0] in (8, 16)]
+    assert later[:2] == [(8, auto_mod.PROBE_SEED + 1), (16, auto_mod.PROBE_SEED + 1)]  # round-robin, image by image
+
+
+def test_probe_classes_spread_the_probe_over_the_workload(pipe, monkeypatch):
+    """With ``probe_classes`` the close candidates' probe images come from those classes, spread
+    evenly (image k of K: ``probe_classes[k * N // K]``), the first batch too; the call's own class
+    is not probed. Window 16 wins on classes other than 0 only: probing the call's class (the bug
+    fixed here: a fp32 goal run picked window 8 that way) or one class on every run picks window 8."""
+    L = pipe.target.layout.stream_len
+    seen = {}
+
+    def fake_probe(model, conditions, method, sampling, draft=None, drafter=None, graphs=None, seed=auto_mod.PROBE_SEED):
+        w = getattr(method, "window", None)
+        c = conditions.tolist()
+        seen.setdefault(auto_mod.label(method), []).extend(c)
+        forwards = {8: 40, 16: 45 if c == [0] else 30}.get(w, 100)
+        return SimpleNamespace(mean_accepted_length=L / forwards, target_forwards=forwards, draft_forwards=0, wall_s=float(forwards),
+                               block_sizes={"target": {(w + 1 if w else 1): forwards}})
+
+    monkeypatch.setattr(auto_mod, "probe", fake_probe)
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
+    workload = (0, 1, 2, 3)  # the model's four classes
+    a = sv.Auto(probe_classes=workload)
+    pipe([3], a, seed=0)
+    assert auto_mod.label(a.chosen) == "sjd(window=16)"
+    K = auto_mod.PROBE_IMAGES
+    spread = [workload[k * 4 // K] for k in range(K)]
+    assert seen["sjd(window=16)"] == seen["sjd(window=8)"] == spread == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert seen["sjd(window=4)"] == [0]
+    seen.clear()
+    b = sv.Auto()  # no workload: the call's own class on every probe run
+    pipe([0], b, seed=0)
+    assert seen["sjd(window=8)"] == [0] * K and auto_mod.label(b.chosen) == "sjd(window=8)"
+    seen.clear()
+    pipe([0, 1, 2, 3], sv.Auto(probe_classes=(2, 1)), seed=0)  # batch 4: the first of two probe batches
+    assert seen["sjd(window=16)"] == [2, 2, 2, 2]  # (no other candidate is close: no second batch)
+
+
+def test_bench_probes_auto_on_its_workload(pipe, monkeypatch):
+    from specvis.bench.runner import run_bench
+
+    made = []
+    real = auto_mod.calibrate
+    monkeypatch.setattr(auto_mod, "calibrate", lambda *a, **k: made.append(a[-1]) or real(*a, **k))
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
+    monkeypatch.setattr(auto_mod, "PROBE_IMAGES", 1)
+    report = run_bench(pipe, ["auto"], num=3, batch_size=1, repeats=1, seed=0, cost_curve=False)
+    run = next(r for r in report["runs"] if r["method"] == "auto")
+    assert made == [(0, 1, 2)] and run["config"]["probe_classes"] == [0, 1, 2]
 
 
 def test_explain_names_the_choice_and_every_candidates_figures(pipe, monkeypatch):
@@ -152,6 +237,8 @@ def test_candidates_are_lossless_and_follow_the_models_parts():
 def test_registry_and_spec():
     assert build_method("auto", {}) == sv.Auto()
     assert method_from_spec("auto:margin=1.2:repeats=2") == sv.Auto(margin=1.2, repeats=2)
+    assert method_from_spec("auto:probe_classes=0,3,5").probe_classes == (0, 3, 5)
+    assert method_from_spec("auto:probe_classes=4").probe_classes == (4,)
     assert sv.Auto().lossless
 
 
@@ -160,6 +247,10 @@ def test_registry_and_spec():
     (lambda: method_from_spec("auto:accept=lantern"), "method auto has no option 'accept'"),
     (lambda: sv.Auto(margin=0.5), "Auto.margin must be a number >= 1"),
     (lambda: sv.Auto(repeats=0), "Auto.repeats must be an integer >= 1"),
+    (lambda: sv.Auto(probe_classes=()), "Auto.probe_classes must be a non-empty list of class ids >= 0"),
+    (lambda: method_from_spec("auto:probe_classes=0,x"), "Auto.probe_classes must be a non-empty list of class ids >= 0"),
+    (lambda: sv.Auto(probe_classes=(-1,)), "Auto.probe_classes must be a non-empty list of class ids >= 0"),
+    (lambda: sv.load("random-tiny")([0], sv.Auto(probe_classes=(99,))), "Auto.probe_classes: class 99 is out of range"),
 ])
 def test_bad_input_is_one_line(make, message):
     with pytest.raises(ValueError) as e:
@@ -187,3 +278,12 @@ def test_cli_generate_auto_prints_and_records_the_choice(tmp_path, capsys, monke
     assert chosen["method"] == "ar" and chosen["why"].startswith("auto: ar")
     assert main(["generate", "--model", "random-tiny", "--method", "auto", "--gamma", "3", "--out", str(tmp_path)]) == 2
     assert "method auto has no option '--gamma'" in capsys.readouterr().err
+
+
+def test_probe_classes_on_a_text_target_is_one_line():
+    from exactness import tiny_prompt_model
+    from specvis.models.base import Prompts
+
+    with pytest.raises(ValueError) as e:
+        sv.generate(tiny_prompt_model(0), Prompts.of([[1, 2]]), sv.Auto(probe_classes=(0,)))
+    assert "Auto.probe_classes applies to class-conditional targets only" in str(e.value) and "\n" not in str(e.value)

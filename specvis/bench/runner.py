@@ -10,6 +10,7 @@ acceptance) matches, so an interrupted benchmark resumes. ``shards``/``shard_ind
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import statistics
@@ -280,6 +281,10 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     # that take one and whose spec names none (accept=...)
     methods = [build_method(name, opts, acceptance) for name, opts in parsed]
     full = batches(num, batch_size, len(prompts) if prompts else pipe.num_classes, seed)
+    if prompts is None:  # sv.Auto probes the classes this bench runs, not only its first batch's
+        workload = tuple(dict.fromkeys(c for classes, _ in full for c in classes))
+        methods = [dataclasses.replace(m, probe_classes=workload) if getattr(m, "probe_classes", ()) is None else m
+                   for m in methods]
     batch_index, work = shard_work(full, shards, shard_index)
     report = {
         "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),

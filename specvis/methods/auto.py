@@ -9,14 +9,24 @@ The rule, on the first call for a key (target, draft, drafter, device, batch siz
    3, the candidates predicted within a factor ``CLOSE`` of the best run again (seeds PROBE_SEED + 1,
    ...) until each has decoded ``PROBE_IMAGES`` images, and are priced on all of their runs: one
    image's acceptance can reorder candidates a few percent apart.
+   With ``probe_classes`` (a class-conditional target's workload: ``specvis bench`` passes the
+   classes it will run) the probe batches take their rows from those classes instead, spread evenly
+   over the list (image k of K probed has class ``probe_classes[k * N // K]``): candidates' order
+   depends on the class (a fp32 goal run at batch 1 probed class 0 only, where SJD window 8 led
+   window 16, and picked window 8 at 1.47x AR against window 16's 1.56x over 64 images of 11 classes).
 2. Cost curve: the seconds of one cached target / draft / drafter forward over n tokens, measured on
    this device at the call's batch size and CFG for every block size the probes used (at most
    ``MAX_SIZES`` of them, the rest interpolated): ``specvis.bench.forward_cost``'s probe.
 3. Price: predicted time = sum over a run's forwards of the curve's cost of its block size
    (``bench.report.predicted_time``, the formula of the bench's ``predicted_speedup``), and
    predicted speedup = AR's predicted time / the candidate's.
-4. Choose the candidate with the highest predicted speedup when it is at least ``margin``
-   (default 1.05); otherwise AR.
+4. Choose: among the close candidates probed on more than one batch, the one with the least
+   measured wall-clock per image over its runs after the first (run round-robin, image by image, so a
+   slow spell of the machine slows each alike); otherwise the highest predicted speedup. The curve
+   leaves out each round's sampling, acceptance and bookkeeping, which is what separates close
+   candidates (emoji target, fp32, batch 1: SJD windows 8 and 16 are 3.7% apart on the curve, 7% in
+   wall-clock). The choice runs when its predicted speedup is at least ``margin`` (default 1.05);
+   otherwise AR.
 
 Candidates (all with ``Exact`` acceptance, so lossless): ``SJD`` window 4, 8, 16 (init
 vertical-sample, Gumbel coupling: the CLI's default SJD, 3.34 tokens per forward at window 16 and
@@ -62,7 +72,7 @@ def candidates(draft: bool, drafter: bool) -> list:
     return out
 
 
-FIGURES = ("label", "mean_accepted_length", "drafts_per_round", "predicted_speedup", "images")  # Auto.figures keys
+FIGURES = ("label", "mean_accepted_length", "drafts_per_round", "predicted_speedup", "images", "wall_per_image_s")  # Auto.figures keys
 KEY_FIELDS = ("gamma", "window", "depth", "top_k", "total_tokens", "tree")  # what tells candidates apart
 
 
@@ -130,17 +140,33 @@ def _price(rows: list[dict], curve: dict, stream_len: int) -> None:
         r["drafts_per_round"] = sum(st.draft_forwards for st in runs) / max(forwards, 1)
 
 
-def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None, repeats: int = 5) -> dict:
+def probe_rows(conditions, probe_classes: tuple[int, ...] | None, batch: int, j: int, total: int):
+    """The conditions of probe batch ``j``: the call's own, or rows ``j * batch ..`` of ``total``
+    probe images spread over ``probe_classes`` (image k has class ``probe_classes[k * N // total]``)."""
+    if probe_classes is None:
+        return conditions
+    import torch
+
+    n = len(probe_classes)
+    device = conditions.device if isinstance(conditions, torch.Tensor) else "cpu"
+    return torch.tensor([probe_classes[k * n // total] for k in range(j * batch, (j + 1) * batch)], device=device)
+
+
+def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None, repeats: int = 5,
+              probe_classes: tuple[int, ...] | None = None) -> dict:
     """Probe every candidate, measure the cost curve, probe the close ones on more images (module
     docstring): {"rows": [{"method", "label", "mean_accepted_length", "drafts_per_round",
-    "predicted_speedup", "images"}, ...], "curve": ..., "skipped": [...]}."""
+    "predicted_speedup", "images"[, "wall_per_image_s"]}, ...], "curve": ..., "skipped": [...]}."""
     from ..models.base import Condition
 
     rows, skipped, sizes = [], [], {"target": {1}, "draft": set(), "drafter": set()}
     kw = dict(draft=draft, drafter=drafter, graphs=graphs)
+    batch = Condition.of(model, conditions).batch
+    runs = -(-PROBE_IMAGES // batch)  # probe batches of a close candidate
+    rows_of = lambda j: probe_rows(conditions, probe_classes, batch, j, runs * batch)
     for m in candidates(draft is not None, drafter is not None):
         try:
-            st = probe(model, conditions, m, sampling, **kw)
+            st = probe(model, rows_of(0), m, sampling, **kw)
         except (ValueError, NotImplementedError) as e:  # a candidate this model cannot run
             skipped.append(f"{label(m)}: {e}")
             continue
@@ -151,14 +177,16 @@ def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None
                           draft=draft if sizes["draft"] else None, drafter=drafter if sizes["drafter"] else None)
     stream_len = model.layout.stream_len
     _price(rows, curve, stream_len)
-    batch = Condition.of(model, conditions).batch
     best = max((r["predicted_speedup"] for r in rows), default=0.0)
     close = [r for r in rows if r["predicted_speedup"] * CLOSE >= best]
     if len(close) > 1:
-        for r in close:  # same block sizes as their first run (static shapes): the curve covers them
-            r["runs"] += [probe(model, conditions, r["method"], sampling, seed=PROBE_SEED + i, **kw)
-                          for i in range(1, -(-PROBE_IMAGES // batch))]
+        for j in range(1, runs):  # round-robin: a slow spell of the machine slows every close candidate alike
+            for r in close:  # same block sizes as the first run (static shapes): the curve covers them
+                r["runs"].append(probe(model, rows_of(j), r["method"], sampling, seed=PROBE_SEED + j, **kw))
         _price(rows, curve, stream_len)
+        if runs > 1:
+            for r in close:  # the runs after the first: every one-time cost paid
+                r["wall_per_image_s"] = sum(st.wall_s for st in r["runs"][1:]) / ((runs - 1) * batch)
     for r in rows:
         r["images"] = len(r.pop("runs")) * batch
     return {"rows": rows, "curve": curve, "skipped": skipped}
@@ -169,11 +197,14 @@ class Auto:
     """The lossless method predicted fastest here, or AR (module docstring: the rule). ``margin``:
     the predicted speedup over AR a candidate needs (>= 1); ``repeats``: timed repeats per cost-curve
     point. After a call, ``chosen`` is the method that ran, ``figures`` each candidate's probe figures
-    ({"label", "mean_accepted_length", "drafts_per_round", "predicted_speedup", "images"}) and ``explain()``
-    (also ``choice``) says in one line what was chosen and why."""
+    ({"label", "mean_accepted_length", "drafts_per_round", "predicted_speedup", "images", and for the close
+    candidates "wall_per_image_s"}) and ``explain()``
+    (also ``choice``) says in one line what was chosen and why. ``probe_classes``: the classes to probe
+    on (class-conditional targets), default the call's own conditions."""
 
     margin: float = 1.05
     repeats: int = 20  # 5 let the curve's noise reorder SJD windows 8 and 16 (3-5% apart) on the emoji target
+    probe_classes: tuple[int, ...] | None = None
     name = "auto"
     lossless = True
     acceptance = None
@@ -183,6 +214,15 @@ class Auto:
             raise ValueError(f"Auto.margin must be a number >= 1 (the predicted speedup over AR a method needs), got {self.margin!r}")
         if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
             raise ValueError(f"Auto.repeats must be an integer >= 1, got {self.repeats!r}")
+        pc = self.probe_classes
+        if isinstance(pc, str):  # a spec's "0,3,5"
+            pc = tuple(int(c) if c.strip().isdigit() else c for c in pc.split(","))
+        elif isinstance(pc, (int, list)) and not isinstance(pc, bool):  # a spec's one class, a list
+            pc = tuple(pc) if isinstance(pc, list) else (pc,)
+        if pc is not None and not (isinstance(pc, tuple) and pc and all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in pc)):
+            raise ValueError(f"Auto.probe_classes must be a non-empty list of class ids >= 0 (e.g. 0,3,5), got {self.probe_classes!r}")
+        object.__setattr__(self, "probe_classes", pc)
         object.__setattr__(self, "chosen", None)
         object.__setattr__(self, "figures", [])
         object.__setattr__(self, "calibration_s", 0.0)
@@ -200,6 +240,8 @@ class Auto:
 
     def resolve(self, model, conditions, sampling, draft=None, drafter=None, graphs=None):
         """The method to run for this call (calibrating on the first call for its key)."""
+        import torch
+
         from .ar import AR
 
         from ..models.base import Condition
@@ -209,26 +251,38 @@ class Auto:
         t0 = time.perf_counter()
         if getattr(model, "token_dim", None) is not None:
             return self._set(AR(), "auto: ar (continuous-token target: no lossless candidate)", 0.0)
+        pc = self.probe_classes
+        if pc is not None:
+            n = getattr(model, "num_conditions", None)
+            if not isinstance(conditions, torch.Tensor) or n is None:
+                raise ValueError("Auto.probe_classes applies to class-conditional targets only; this call gives prompts")
+            if max(pc) >= n:
+                raise ValueError(f"Auto.probe_classes: class {max(pc)} is out of range; the target has classes 0..{n - 1}")
         layout = model.layout
-        key = (id(draft), id(drafter), str(device), B, (layout.height, layout.width, layout.stream_len), repr(sampling))
+        key = (id(draft), id(drafter), str(device), B, (layout.height, layout.width, layout.stream_len), repr(sampling), pc)
         per_model = _CACHE.setdefault(model, {})
         fig = per_model.get(key)
         if fig is None:
-            fig = per_model[key] = calibrate(model, conditions, sampling, draft, drafter, graphs, self.repeats)
+            fig = per_model[key] = calibrate(model, conditions, sampling, draft, drafter, graphs, self.repeats, pc)
         spent = time.perf_counter() - t0
         rows = fig["rows"]
-        best = max(rows, key=lambda r: r["predicted_speedup"], default=None)
+        timed = [r for r in rows if "wall_per_image_s" in r]
+        best = (min(timed, key=lambda r: r["wall_per_image_s"]) if timed else
+                max(rows, key=lambda r: r["predicted_speedup"], default=None))
         pick = best if best is not None and best["predicted_speedup"] >= self.margin else None
         method = pick["method"] if pick else AR()
         assert method.lossless
-        why = (f"predicted {pick['predicted_speedup']:.2f}x AR >= margin {self.margin:g}" if pick else
+        why = (f"predicted {pick['predicted_speedup']:.2f}x AR >= margin {self.margin:g}"
+               + (", least wall-clock of the close candidates" if timed else "") if pick else
                f"no candidate predicted >= {self.margin:g}x AR")
         figs = "; ".join(f"{r['label']} mal {r['mean_accepted_length']:.2f} drafts/round {r['drafts_per_round']:.1f} "
-                         f"pred {r['predicted_speedup']:.2f}x ({r['images']} images)" for r in rows)
+                         f"pred {r['predicted_speedup']:.2f}x ({r['images']} images"
+                         + (f", {r['wall_per_image_s']:.3f} s/image)" if "wall_per_image_s" in r else ")") for r in rows)
         skipped = f"; skipped {', '.join(fig['skipped'])}" if fig["skipped"] else ""
         line = (f"auto: {label(method)} ({why}; batch {B} on {device}) | probe (mean accepted length, draft "
-                f"forwards per round, predicted speedup over AR, images probed): {figs}{skipped}")
-        return self._set(method, line, spent, [{k: r[k] for k in FIGURES} for r in rows])
+                f"forwards per round, predicted speedup over AR, images probed, wall-clock per image of the "
+                f"close candidates): {figs}{skipped}")
+        return self._set(method, line, spent, [{k: r[k] for k in FIGURES if k in r} for r in rows])
 
     def _set(self, method, line: str, spent: float, figures: list | None = None):
         object.__setattr__(self, "figures", figures or [])
