@@ -174,7 +174,12 @@ def write_report(report: dict[str, Any], path: str | Path) -> None:
 
 
 def _cfg_text(config: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in config.items()) or "-"
+    """``k=v, ...``; a list of consecutive integers longer than 3 as ``first..last`` (auto's probe classes)."""
+    def text(v: Any) -> str:
+        if isinstance(v, list) and len(v) > 3 and all(isinstance(x, int) for x in v) and v == list(range(v[0], v[-1] + 1)):
+            return f"{v[0]}..{v[-1]}"
+        return str(v)
+    return ", ".join(f"{k}={text(v)}" for k, v in config.items()) or "-"
 
 
 def run_labels(runs: list[dict[str, Any]]) -> list[str]:
