@@ -22,13 +22,12 @@ The rule, on the first call for a key (target, draft, drafter, device, batch siz
    predicted speedup = AR's predicted time / the candidate's.
 4. Choose: among the close candidates probed on more than one batch, the one with the least
    measured wall-clock per image over its runs after the first (run round-robin, image by image, so a
-   slow spell of the machine slows each alike); otherwise the highest predicted speedup. The curve
-   leaves out each round's sampling, acceptance and bookkeeping, which is what separates close
-   candidates (emoji target, fp32, batch 1: SJD windows 8 and 16 are 3.7% apart on the curve, 7% in
-   wall-clock). The choice runs when its predicted speedup is at least ``margin`` (default 1.1);
-   otherwise AR. The curve leaves each round's overhead out, so SJD and Speculative run at 0.88-1.00
-   of their predicted speedup on the emoji target at batch 1 and 8 (the chain tree 0.75-0.96;
-   goal.md); with margin 1.05 a bf16 goal run at batch 8 picked SJD window 4, predicted 1.06x, and
+   slow spell of the machine slows each alike); otherwise the highest predicted speedup. It runs when
+   its predicted speedup is at least ``margin`` (default 1.1); otherwise AR. Both rules answer the
+   curve's blind spot, each round's sampling, acceptance and bookkeeping: on the emoji target SJD
+   windows 8 and 16 are 3.7% apart on the curve and 7% in wall-clock (fp32, batch 1), and SJD and
+   Speculative run at 0.88-1.00 of their predicted speedup in the goal runs (the chain tree
+   0.75-0.96), so with margin 1.05 a bf16 run at batch 8 picked SJD window 4, predicted 1.06x, and
    ran 0.96x AR.
 
 Candidates (all with ``Exact`` acceptance, so lossless): ``SJD`` window 4, 8, 16 (init
