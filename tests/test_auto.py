@@ -30,6 +30,12 @@ def curve_of(cost):
     return measure
 
 
+def probe_stats(forwards: int, size: int, wall_s: float, mean_accepted_length: float = 1.0):
+    """What a faked ``auto_mod.probe`` returns: ``forwards`` target forwards of ``size`` tokens, no drafts."""
+    return SimpleNamespace(mean_accepted_length=mean_accepted_length, target_forwards=forwards, draft_forwards=0,
+                           wall_s=wall_s, block_sizes={"target": {size: forwards}})
+
+
 def test_auto_runs_a_lossless_method_and_its_tokens_equal_that_methods(pipe, monkeypatch):
     # drafts free, target cost flat: some speculative candidate wins, so the equality is not AR's
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if kind == "target" else 0.0))
@@ -110,8 +116,7 @@ def test_close_candidates_are_probed_on_more_images_and_priced_on_all(pipe, monk
         first = seed == auto_mod.PROBE_SEED
         forwards = {8: 40 if first else 60, 16: 45 if first else 30}.get(w, 100)  # per probe run
         seen.append((auto_mod.label(method), seed))
-        return SimpleNamespace(mean_accepted_length=L / forwards, target_forwards=forwards, draft_forwards=0, wall_s=float(forwards),
-                               block_sizes={"target": {(w + 1 if w else 1): forwards}})
+        return probe_stats(forwards, w + 1 if w else 1, float(forwards), L / forwards)
 
     monkeypatch.setattr(auto_mod, "probe", fake_probe)
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
@@ -146,9 +151,7 @@ def test_close_candidates_are_ranked_by_their_warm_wall_clock(pipe, monkeypatch)
         first = seed == auto_mod.PROBE_SEED
         extra = {8: 10.0, 16: 200.0 if first else 0.0}.get(w, 0.0)
         seeds.append((w, seed))
-        return SimpleNamespace(mean_accepted_length=1.0, target_forwards=forwards, draft_forwards=0,
-                               block_sizes={"target": {size: forwards}},
-                               wall_s=predicted_time({"target_block_sizes": {str(size): forwards}}, curve) + extra)
+        return probe_stats(forwards, size, predicted_time({"target_block_sizes": {str(size): forwards}}, curve) + extra)
 
     monkeypatch.setattr(auto_mod, "probe", fake_probe)
     monkeypatch.setattr(auto_mod, "measure_curve", measure)
@@ -177,8 +180,7 @@ def test_probe_classes_spread_the_probe_over_the_workload(pipe, monkeypatch):
         c = conditions.tolist()
         seen.setdefault(auto_mod.label(method), []).extend(c)
         forwards = {8: 40, 16: 45 if c == [0] else 30}.get(w, 100)
-        return SimpleNamespace(mean_accepted_length=L / forwards, target_forwards=forwards, draft_forwards=0, wall_s=float(forwards),
-                               block_sizes={"target": {(w + 1 if w else 1): forwards}})
+        return probe_stats(forwards, w + 1 if w else 1, float(forwards), L / forwards)
 
     monkeypatch.setattr(auto_mod, "probe", fake_probe)
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))

@@ -36,6 +36,18 @@ def key_id(key: str) -> str:
 BLOCK_FIELDS = {"target_block_sizes": "target", "draft_block_sizes": "draft", "drafter_block_sizes": "drafter"}
 
 
+def block_size_fields(stats) -> dict[str, dict[str, int]]:
+    """Forwards by block size summed over runs (an iterable of ``Stats``: ``Stats.block_sizes``), as
+    report fields ``target_block_sizes`` / ``draft_block_sizes`` / ``drafter_block_sizes`` ({"n": calls})."""
+    out: dict[str, dict[int, int]] = {}
+    for st in stats:
+        for kind, hist in getattr(st, "block_sizes", {}).items():
+            acc = out.setdefault(f"{kind}_block_sizes", {})
+            for n, c in hist.items():
+                acc[int(n)] = acc.get(int(n), 0) + int(c)
+    return {k: {str(n): v[n] for n in sorted(v)} for k, v in out.items()}
+
+
 def curve_cost(rows: list[dict[str, Any]], n: int) -> float:
     """Seconds of one forward over ``n`` tokens from a cost curve [{"tokens", "median_s"}, ...]: the
     measured point, else linear between (or beyond) the nearest two measured sizes."""

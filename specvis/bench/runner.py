@@ -28,8 +28,8 @@ from ..sampling import Sampling
 from ..shards import Work, batches, shard_work  # the one work split, shared with specvis sample
 from .quality import Metric, QualitySource, build_metrics, seed_groups, summarize
 from .forward_cost import cost_curve as measure_curve
-from .report import (BLOCK_FIELDS, key_id, load_observations, markdown_table, run_key, save_observations,
-                     set_speedups, side_path, write_report)
+from .report import (BLOCK_FIELDS, block_size_fields, key_id, load_observations, markdown_table, run_key,
+                     save_observations, set_speedups, side_path, write_report)
 
 __all__ = ["batches", "shard_work", "run_bench", "markdown_table"]
 
@@ -111,7 +111,7 @@ def new_run(method, work: Work, first: list[tuple[int, Any]], wall: float) -> di
         "tokens": tokens,
         "target_forwards": sum(o.stats.target_forwards for _, o in first),
         "draft_forwards": sum(o.stats.draft_forwards for _, o in first),
-        **_block_sizes(first),
+        **block_size_fields(o.stats for _, o in first),
         "step_compression": sum(n * o.stats.step_compression for n, o in first) / n_images,
         "mean_accepted_length": sum(n * o.stats.mean_accepted_length for n, o in first) / n_images,
         "quality": {},
@@ -122,18 +122,6 @@ def new_run(method, work: Work, first: list[tuple[int, Any]], wall: float) -> di
     }
     add_repeat(run, wall)
     return run
-
-
-def _block_sizes(per_batch: list[tuple[int, Any]]) -> dict[str, dict[str, int]]:
-    """Forwards by block size over the batches (``Stats.block_sizes``), as report fields
-    ``target_block_sizes`` / ``draft_block_sizes`` / ``drafter_block_sizes`` ({"n": batched calls})."""
-    out: dict[str, dict[int, int]] = {}
-    for _, o in per_batch:
-        for kind, hist in getattr(o.stats, "block_sizes", {}).items():
-            acc = out.setdefault(f"{kind}_block_sizes", {})
-            for n, c in hist.items():
-                acc[int(n)] = acc.get(int(n), 0) + int(c)
-    return {k: {str(n): v[n] for n in sorted(v)} for k, v in out.items()}
 
 
 def observe(pipe, metrics: list[Metric], per_batch: list[tuple[int, Any]], work: Work,
@@ -348,7 +336,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     # benchmark slows every method and the curve alike instead of whichever ran in the slow window
     def between(outputs: list[list[tuple[int, Any]]]) -> None:
         if len(outputs[0]) % stride == 0 or len(outputs[0]) == len(work):
-            sample_curve([r for r in runs if r is not None] + [_block_sizes(o) for o in outputs])
+            sample_curve([r for r in runs if r is not None] + [block_size_fields(x.stats for _, x in o) for o in outputs])
 
     while pending := [i for i, run in enumerate(runs) if run is None or len(run["wall_s_repeats"]) < repeats]:
         new = []

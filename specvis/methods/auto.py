@@ -116,27 +116,15 @@ def _subset(sizes: set[int]) -> list[int]:
     return sorted(picks)
 
 
-def _run_dict(runs: list) -> dict:
-    """The forwards of several probe runs (Stats) together, as ``predicted_time`` reads a run."""
-    out = {"draft_forwards": sum(st.draft_forwards for st in runs)}
-    for kind in ("target", "draft", "drafter"):
-        hist: dict[str, int] = {}
-        for st in runs:
-            for n, c in st.block_sizes.get(kind, {}).items():
-                hist[str(n)] = hist.get(str(n), 0) + c
-        out[f"{kind}_block_sizes"] = hist
-    return out
-
-
 def _price(rows: list[dict], curve: dict, stream_len: int) -> None:
     """Each row's figures over its probe runs: predicted speedup = AR's predicted time for as many
     batches / the runs' (``bench.report.predicted_time``); mean accepted length weighted by forwards."""
-    from ..bench.report import predicted_time
+    from ..bench.report import block_size_fields, predicted_time
 
     t_ar = predicted_time({"target_block_sizes": {"1": stream_len}}, curve)
     for r in rows:
         runs, forwards = r["runs"], sum(st.target_forwards for st in r["runs"])
-        t = predicted_time(_run_dict(runs), curve)
+        t = predicted_time({"draft_forwards": sum(st.draft_forwards for st in runs), **block_size_fields(runs)}, curve)
         r["predicted_speedup"] = len(runs) * t_ar / t if t and t_ar else 0.0
         r["mean_accepted_length"] = sum(st.mean_accepted_length * st.target_forwards for st in runs) / max(forwards, 1)
         r["drafts_per_round"] = sum(st.draft_forwards for st in runs) / max(forwards, 1)
@@ -181,14 +169,13 @@ def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None
     _price(rows, curve, stream_len)
     best = max((r["predicted_speedup"] for r in rows), default=0.0)
     close = [r for r in rows if r["predicted_speedup"] * CLOSE >= best]
-    if len(close) > 1:
+    if len(close) > 1 and runs > 1:
         for j in range(1, runs):  # round-robin: a slow spell of the machine slows every close candidate alike
             for r in close:  # same block sizes as the first run (static shapes): the curve covers them
                 r["runs"].append(probe(model, rows_of(j), r["method"], sampling, seed=PROBE_SEED + j, **kw))
         _price(rows, curve, stream_len)
-        if runs > 1:
-            for r in close:  # the runs after the first: every one-time cost paid
-                r["wall_per_image_s"] = sum(st.wall_s for st in r["runs"][1:]) / ((runs - 1) * batch)
+        for r in close:  # the runs after the first: every one-time cost paid
+            r["wall_per_image_s"] = sum(st.wall_s for st in r["runs"][1:]) / ((runs - 1) * batch)
     for r in rows:
         r["images"] = len(r.pop("runs")) * batch
     return {"rows": rows, "curve": curve, "skipped": skipped}
