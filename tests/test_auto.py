@@ -247,6 +247,7 @@ def test_registry_and_spec():
     assert build_method("auto", {}) == sv.Auto()
     assert method_from_spec("auto:margin=1.2:repeats=2") == sv.Auto(margin=1.2, repeats=2)
     assert method_from_spec("auto:probe_classes=0,3,5").probe_classes == (0, 3, 5)
+    assert method_from_spec("auto:probe_classes=0/3/5").probe_classes == (0, 3, 5)  # inside a bench --methods list
     assert method_from_spec("auto:probe_classes=4").probe_classes == (4,)
     assert sv.Auto().lossless
 
