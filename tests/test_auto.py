@@ -36,9 +36,24 @@ def probe_stats(forwards: int, size: int, wall_s: float, mean_accepted_length: f
                            wall_s=wall_s, block_sizes={"target": {size: forwards}})
 
 
+def slow_ar(monkeypatch, factor: float = 1e6):
+    """AR's probe runs report ``factor`` times their wall-clock: on random-tiny a speculative method's
+    rounds may cost more than AR's, and these tests are about the curve's ranking, not that gate."""
+    real = auto_mod.probe
+
+    def probe(model, conditions, method, *a, **k):
+        st = real(model, conditions, method, *a, **k)
+        if isinstance(method, sv.AR):
+            st.wall_s *= factor
+        return st
+
+    monkeypatch.setattr(auto_mod, "probe", probe)
+
+
 def test_auto_runs_a_lossless_method_and_its_tokens_equal_that_methods(pipe, monkeypatch):
     # drafts free, target cost flat: some speculative candidate wins, so the equality is not AR's
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if kind == "target" else 0.0))
+    slow_ar(monkeypatch)
     a = sv.Auto()
     out = pipe([0, 3], a, seed=7)
     assert out.method is a.chosen and out.method.lossless and not isinstance(out.method, (sv.Auto, sv.AR))
@@ -67,6 +82,7 @@ def test_expensive_big_blocks_pick_ar(pipe, monkeypatch):
 def test_flat_curve_picks_the_highest_mean_accepted_length(pipe, monkeypatch):
     # batch 1, every target forward costs the same, drafts free: speedup = mean accepted length
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if kind == "target" else 0.0))
+    slow_ar(monkeypatch)
     a = sv.Auto()
     pipe([2], a, seed=0)
     best = max(f["mean_accepted_length"] for f in a.figures)
@@ -88,7 +104,7 @@ def test_choice_is_cached_per_batch_size(pipe, monkeypatch):
     calls = []
     real = auto_mod.probe
     monkeypatch.setattr(auto_mod, "probe", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
-    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if n == 1 else 100.0 * n))  # AR: no timing
     monkeypatch.setattr(auto_mod, "PROBE_IMAGES", 1)  # one probe per candidate: the counts below are exact
     n = len(auto_mod.candidates(draft=True, drafter=True))
     pipe([0, 1], sv.Auto(), seed=0)
@@ -167,6 +183,50 @@ def test_close_candidates_are_ranked_by_their_warm_wall_clock(pipe, monkeypatch)
     assert later[:2] == [(8, auto_mod.PROBE_SEED + 1), (16, auto_mod.PROBE_SEED + 1)]  # round-robin, image by image
 
 
+def test_a_candidate_slower_than_ar_in_its_probe_is_not_run(pipe, monkeypatch):
+    """The curve rates window 16 at 4x AR (a quarter of AR's forwards, all at one price), but its probe runs take 1.5x AR's wall-clock
+    (rounds that cost more than their forwards, as on a launch-bound GPU): AR runs. AR is probed
+    round-robin with the timed candidates, its first run untimed like theirs. When window 16 runs at
+    2/3 of AR's time it is chosen. Dropping the comparison picks window 16 in the first case; the
+    inverse ratio picks AR in the second; counting the first (1000 s) runs gives another ratio. When
+    no candidate passes the margin, AR is not probed at all."""
+    L, seen = pipe.target.layout.stream_len, []
+
+    def fake_probe(model, conditions, method, sampling, draft=None, drafter=None, graphs=None, seed=auto_mod.PROBE_SEED):
+        w = getattr(method, "window", None)
+        forwards = {16: L // 4}.get(w, L)
+        seen.append((auto_mod.label(method), seed))
+        first = seed == auto_mod.PROBE_SEED
+        wall = 1000.0 if first else {16: ratio * 100.0}.get(w, 100.0 if w is None else 1000.0)
+        return probe_stats(forwards, w + 1 if w else 1, wall)
+
+    monkeypatch.setattr(auto_mod, "probe", fake_probe)
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
+    ratio = 1.5
+    a = sv.Auto()
+    pipe([0], a, seed=0)
+    fig = {f["label"]: f for f in a.figures}["sjd(window=16)"]
+    assert isinstance(a.chosen, sv.AR) and fig["predicted_speedup"] == pytest.approx(4.0)
+    assert fig["measured_speedup"] == pytest.approx(1 / 1.5)
+    assert a.explain().startswith("auto: ar (sjd(window=16), predicted 4.00x AR, ran 0.67x AR's wall-clock")
+    assert "ar 100.000 s/image" in a.explain()
+    K = auto_mod.PROBE_IMAGES
+    assert [s_ for lab, s_ in seen if lab == "ar"] == [auto_mod.PROBE_SEED + j for j in range(K)]
+    later = [lab for lab, s_ in seen if s_ == auto_mod.PROBE_SEED + 1]
+    assert later == ["sjd(window=16)", "ar"]  # round-robin, image by image
+
+    auto_mod.clear_cache()
+    ratio = 2 / 3
+    b = sv.Auto()
+    pipe([0], b, seed=0)
+    assert auto_mod.label(b.chosen) == "sjd(window=16)" and "ran 1.50x AR's wall-clock" in b.explain()
+
+    auto_mod.clear_cache()
+    seen.clear()
+    pipe([0], sv.Auto(margin=4.5), seed=0)
+    assert "ar" not in [lab for lab, _ in seen] and all(s_ == auto_mod.PROBE_SEED for _, s_ in seen)
+
+
 def test_probe_classes_spread_the_probe_over_the_workload(pipe, monkeypatch):
     """With ``probe_classes`` the close candidates' probe images come from those classes, spread
     evenly (image k of K: ``probe_classes[k * N // K]``), the first batch too; the call's own class
@@ -197,8 +257,8 @@ def test_probe_classes_spread_the_probe_over_the_workload(pipe, monkeypatch):
     pipe([0], b, seed=0)
     assert seen["sjd(window=8)"] == [0] * K and auto_mod.label(b.chosen) == "sjd(window=8)"
     seen.clear()
-    pipe([0, 1, 2, 3], sv.Auto(probe_classes=(2, 1)), seed=0)  # batch 4: the first of two probe batches
-    assert seen["sjd(window=16)"] == [2, 2, 2, 2]  # (no other candidate is close: no second batch)
+    pipe([0, 1, 2, 3], sv.Auto(probe_classes=(2, 1)), seed=0)  # batch 4: two probe batches of the spread
+    assert seen["sjd(window=16)"] == [2, 2, 2, 2, 1, 1, 1, 1] and seen["sjd(window=4)"] == [2, 2, 2, 2]
 
 
 def test_bench_probes_auto_on_its_workload(pipe, monkeypatch):
@@ -223,6 +283,7 @@ def test_tables_show_a_long_run_of_probe_classes_as_a_range():
 
 def test_explain_names_the_choice_and_every_candidates_figures(pipe, monkeypatch):
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if kind == "target" else 0.0))
+    slow_ar(monkeypatch)
     a = sv.Auto()
     assert "no choice yet" in a.explain()
     pipe([1], a, seed=0)

@@ -1,14 +1,16 @@
 """``Auto``: run the lossless method predicted fastest for this model, device, batch and sampling,
 or plain AR when none is predicted faster ("never slower than AR").
 
-The rule, on the first call for a key (target, draft, drafter, device, batch size, grid, sampling):
+The rule, on the first call for a key (target, draft, drafter, device, batch size, grid, sampling,
+probe classes, margin):
 1. Acceptance probe: every candidate runs once on the call's own conditions (the whole batch, seed
    ``PROBE_SEED``; its samples are thrown away) and reports its forwards by block size
    (``Stats.block_sizes``), its mean accepted length and its draft forwards per target forward.
-   AR is not run: its forwards are known (one 1-token target forward per stream token). After step
-   3, the candidates predicted within a factor ``CLOSE`` of the best run again (seeds PROBE_SEED + 1,
-   ...) until each has decoded ``PROBE_IMAGES`` images, and are priced on all of their runs: one
-   image's acceptance can reorder candidates a few percent apart.
+   AR's forwards are known (one 1-token target forward per stream token). After step 3, when the
+   best candidate is predicted at least ``margin`` times AR, the candidates predicted within a factor
+   ``CLOSE`` of the best and AR itself run again (seeds PROBE_SEED + 1, ...), round-robin, until each
+   has decoded ``PROBE_IMAGES`` images (at least two batches), and the candidates are priced on all
+   of their runs: one image's acceptance can reorder candidates a few percent apart.
    With ``probe_classes`` (a class-conditional target's workload: ``specvis bench`` passes the
    classes it will run) the probe batches take their rows from those classes instead, spread evenly
    over the list (image k of K probed has class ``probe_classes[k * N // K]``): candidates' order
@@ -20,15 +22,17 @@ The rule, on the first call for a key (target, draft, drafter, device, batch siz
 3. Price: predicted time = sum over a run's forwards of the curve's cost of its block size
    (``bench.report.predicted_time``, the formula of the bench's ``predicted_speedup``), and
    predicted speedup = AR's predicted time / the candidate's.
-4. Choose: among the close candidates probed on more than one batch, the one with the least
-   measured wall-clock per image over its runs after the first (run round-robin, image by image, so a
-   slow spell of the machine slows each alike); otherwise the highest predicted speedup. It runs when
-   its predicted speedup is at least ``margin`` (default 1.1); otherwise AR. Both rules answer the
-   curve's blind spot, each round's sampling, acceptance and bookkeeping: on the emoji target SJD
-   windows 8 and 16 are 3.7% apart on the curve and 7% in wall-clock (fp32, batch 1), and SJD and
-   Speculative run at 0.88-1.00 of their predicted speedup in the goal runs (the chain tree
-   0.75-0.96), so with margin 1.05 a bf16 run at batch 8 picked SJD window 4, predicted 1.06x, and
-   ran 0.96x AR.
+4. Choose: among the timed candidates, the one with the least wall-clock per image over its runs
+   after the first (the first pays one-time costs); untimed, the highest predicted speedup. It runs
+   when its predicted speedup is at least ``margin`` (default 1.1) and its wall-clock per image is at
+   most AR's over AR's runs after the first; otherwise AR. The curve leaves out each round's
+   sampling, acceptance and bookkeeping: on the emoji target SJD windows 8 and 16 are 3.7% apart on
+   the curve and 7% in wall-clock (fp32, batch 1); SJD and Speculative run at 0.88-1.00 of their
+   predicted speedup in the goal runs (the chain tree 0.75-0.96), so with margin 1.05 a bf16 run at
+   batch 8 picked SJD window 4, predicted 1.06x, and ran 0.96x AR; and on a launch-bound GPU the
+   rest of the round can cost more than the forwards. The margin keeps borderline candidates out
+   (and their timing, when none passes it); the wall-clock against AR keeps out what the curve
+   overrates.
 
 Candidates (all with ``Exact`` acceptance, so lossless): ``SJD`` window 4, 8, 16 (init
 vertical-sample, Gumbel coupling: the CLI's default SJD, 3.34 tokens per forward at window 16 and
@@ -74,7 +78,8 @@ def candidates(draft: bool, drafter: bool) -> list:
     return out
 
 
-FIGURES = ("label", "mean_accepted_length", "drafts_per_round", "predicted_speedup", "images", "wall_per_image_s")  # Auto.figures keys
+FIGURES = ("label", "mean_accepted_length", "drafts_per_round", "predicted_speedup", "images", "wall_per_image_s",
+           "measured_speedup")  # Auto.figures keys
 KEY_FIELDS = ("gamma", "window", "depth", "top_k", "total_tokens", "tree")  # what tells candidates apart
 
 
@@ -143,16 +148,19 @@ def probe_rows(conditions, probe_classes: tuple[int, ...] | None, batch: int, j:
 
 
 def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None, repeats: int = 5,
-              probe_classes: tuple[int, ...] | None = None) -> dict:
-    """Probe every candidate, measure the cost curve, probe the close ones on more images (module
-    docstring): {"rows": [{"method", "label", "mean_accepted_length", "drafts_per_round",
-    "predicted_speedup", "images"[, "wall_per_image_s"]}, ...], "curve": ..., "skipped": [...]}."""
+              margin: float = 1.0, probe_classes: tuple[int, ...] | None = None) -> dict:
+    """Probe every candidate, measure the cost curve, and when the best is predicted at least
+    ``margin`` times AR, time the close ones and AR on more images (module docstring):
+    {"rows": [{"method", "label", "mean_accepted_length", "drafts_per_round", "predicted_speedup",
+    "images"[, "wall_per_image_s", "measured_speedup"]}, ...], "curve": ..., "skipped": [...]
+    [, "ar_wall_per_image_s"]}."""
     from ..models.base import Condition
+    from .ar import AR
 
     rows, skipped, sizes = [], [], {"target": {1}, "draft": set(), "drafter": set()}
     kw = dict(draft=draft, drafter=drafter, graphs=graphs)
     batch = Condition.of(model, conditions).batch
-    runs = -(-PROBE_IMAGES // batch)  # probe batches of a close candidate
+    runs = max(2, -(-PROBE_IMAGES // batch))  # probe batches of a timed candidate: the first pays one-time costs
     rows_of = lambda j: probe_rows(conditions, probe_classes, batch, j, runs * batch)
     for m in candidates(draft is not None, drafter is not None):
         try:
@@ -168,26 +176,32 @@ def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None
     stream_len = model.layout.stream_len
     _price(rows, curve, stream_len)
     best = max((r["predicted_speedup"] for r in rows), default=0.0)
-    close = [r for r in rows if r["predicted_speedup"] * CLOSE >= best]
-    if len(close) > 1 and runs > 1:
-        for j in range(1, runs):  # round-robin: a slow spell of the machine slows every close candidate alike
-            for r in close:  # same block sizes as the first run (static shapes): the curve covers them
+    out = {"rows": rows, "curve": curve, "skipped": skipped}
+    if best >= margin:  # something may run instead of AR: time it (and its close rivals) against AR itself
+        close = [r for r in rows if r["predicted_speedup"] * CLOSE >= best]
+        ar = {"method": AR(), "runs": [probe(model, rows_of(0), AR(), sampling, **kw)]}
+        for j in range(1, runs):  # round-robin: a slow spell of the machine slows every timed run alike
+            for r in close + [ar]:  # same block sizes as the first run (static shapes): the curve covers them
                 r["runs"].append(probe(model, rows_of(j), r["method"], sampling, seed=PROBE_SEED + j, **kw))
         _price(rows, curve, stream_len)
-        for r in close:  # the runs after the first: every one-time cost paid
-            r["wall_per_image_s"] = sum(st.wall_s for st in r["runs"][1:]) / ((runs - 1) * batch)
+        per_image = lambda r: sum(st.wall_s for st in r["runs"][1:]) / ((runs - 1) * batch)  # every one-time cost paid
+        out["ar_wall_per_image_s"] = per_image(ar)
+        for r in close:
+            r["wall_per_image_s"] = per_image(r)
+            r["measured_speedup"] = out["ar_wall_per_image_s"] / r["wall_per_image_s"] if r["wall_per_image_s"] else 0.0
     for r in rows:
         r["images"] = len(r.pop("runs")) * batch
-    return {"rows": rows, "curve": curve, "skipped": skipped}
+    return out
 
 
 @dataclass(frozen=True)
 class Auto:
     """The lossless method predicted fastest here, or AR (module docstring: the rule). ``margin``:
-    the predicted speedup over AR a candidate needs (>= 1); ``repeats``: timed repeats per cost-curve
+    the predicted speedup over AR a candidate needs (>= 1; it must also run no slower than AR in the
+    timed probe); ``repeats``: timed repeats per cost-curve
     point. After a call, ``chosen`` is the method that ran, ``figures`` each candidate's probe figures
-    ({"label", "mean_accepted_length", "drafts_per_round", "predicted_speedup", "images", and for the close
-    candidates "wall_per_image_s"}) and ``explain()``
+    ({"label", "mean_accepted_length", "drafts_per_round", "predicted_speedup", "images", and for the timed
+    candidates "wall_per_image_s" and "measured_speedup", AR's wall-clock per image over theirs}) and ``explain()``
     (also ``choice``) says in one line what was chosen and why. ``probe_classes``: the classes to probe
     on (class-conditional targets), default the call's own conditions."""
 
@@ -248,29 +262,37 @@ class Auto:
             if max(pc) >= n:
                 raise ValueError(f"Auto.probe_classes: class {max(pc)} is out of range; the target has classes 0..{n - 1}")
         layout = model.layout
-        key = (id(draft), id(drafter), str(device), B, (layout.height, layout.width, layout.stream_len), repr(sampling), pc)
+        key = (id(draft), id(drafter), str(device), B, (layout.height, layout.width, layout.stream_len), repr(sampling),
+               pc, self.margin)
         per_model = _CACHE.setdefault(model, {})
         fig = per_model.get(key)
         if fig is None:
-            fig = per_model[key] = calibrate(model, conditions, sampling, draft, drafter, graphs, self.repeats, pc)
+            fig = per_model[key] = calibrate(model, conditions, sampling, draft, drafter, graphs, self.repeats,
+                                             self.margin, pc)
         spent = time.perf_counter() - t0
         rows = fig["rows"]
         timed = [r for r in rows if "wall_per_image_s" in r]
         best = (min(timed, key=lambda r: r["wall_per_image_s"]) if timed else
                 max(rows, key=lambda r: r["predicted_speedup"], default=None))
-        pick = best if best is not None and best["predicted_speedup"] >= self.margin else None
+        if best is None or best["predicted_speedup"] < self.margin:
+            pick, why = None, f"no candidate predicted >= {self.margin:g}x AR"
+        elif best["measured_speedup"] < 1.0:
+            pick, why = None, (f"{best['label']}, predicted {best['predicted_speedup']:.2f}x AR, ran "
+                               f"{best['measured_speedup']:.2f}x AR's wall-clock in the probe")
+        else:
+            pick, why = best, (f"predicted {best['predicted_speedup']:.2f}x AR >= margin {self.margin:g}, ran "
+                               f"{best['measured_speedup']:.2f}x AR's wall-clock in the probe"
+                               + (", the least of the close candidates" if len(timed) > 1 else ""))
         method = pick["method"] if pick else AR()
         assert method.lossless
-        why = (f"predicted {pick['predicted_speedup']:.2f}x AR >= margin {self.margin:g}"
-               + (", least wall-clock of the close candidates" if timed else "") if pick else
-               f"no candidate predicted >= {self.margin:g}x AR")
         figs = "; ".join(f"{r['label']} mal {r['mean_accepted_length']:.2f} drafts/round {r['drafts_per_round']:.1f} "
                          f"pred {r['predicted_speedup']:.2f}x ({r['images']} images"
                          + (f", {r['wall_per_image_s']:.3f} s/image)" if "wall_per_image_s" in r else ")") for r in rows)
+        ar_wall = f"; ar {fig['ar_wall_per_image_s']:.3f} s/image" if "ar_wall_per_image_s" in fig else ""
         skipped = f"; skipped {', '.join(fig['skipped'])}" if fig["skipped"] else ""
         line = (f"auto: {label(method)} ({why}; batch {B} on {device}) | probe (mean accepted length, draft "
                 f"forwards per round, predicted speedup over AR, images probed, wall-clock per image of the "
-                f"close candidates): {figs}{skipped}")
+                f"timed runs): {figs}{ar_wall}{skipped}")
         return self._set(method, line, spent, [{k: r[k] for k in FIGURES if k in r} for r in rows])
 
     def _set(self, method, line: str, spent: float, figures: list | None = None):
