@@ -227,6 +227,27 @@ def test_a_candidate_slower_than_ar_in_its_probe_is_not_run(pipe, monkeypatch):
     assert "ar" not in [lab for lab, _ in seen] and all(s_ == auto_mod.PROBE_SEED for _, s_ in seen)
 
 
+def test_only_candidates_that_pass_the_margin_are_timed(pipe, monkeypatch):
+    """Window 8 is close to window 16 on the curve (about 3.6x against 4x AR) and the faster in wall-clock,
+    but below the margin of 3.8: it is not timed and window 16 runs. Timing every close candidate
+    (the margin left out of the filter) picks window 8."""
+    L = pipe.target.layout.stream_len
+    f8 = round(L / 3.6)
+
+    def fake_probe(model, conditions, method, sampling, draft=None, drafter=None, graphs=None, seed=auto_mod.PROBE_SEED):
+        w = getattr(method, "window", None)
+        forwards = {16: L // 4, 8: f8}.get(w, L)
+        return probe_stats(forwards, w + 1 if w else 1, {16: 50.0, 8: 40.0}.get(w, 100.0))
+
+    monkeypatch.setattr(auto_mod, "probe", fake_probe)
+    monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
+    a = sv.Auto(margin=3.8)
+    pipe([0], a, seed=0)
+    fig = {f["label"]: f for f in a.figures}
+    assert auto_mod.label(a.chosen) == "sjd(window=16)" and 3.5 < fig["sjd(window=8)"]["predicted_speedup"] < 3.8
+    assert "wall_per_image_s" not in fig["sjd(window=8)"] and fig["sjd(window=8)"]["images"] == 1
+
+
 def test_probe_classes_spread_the_probe_over_the_workload(pipe, monkeypatch):
     """With ``probe_classes`` the close candidates' probe images come from those classes, spread
     evenly (image k of K: ``probe_classes[k * N // K]``), the first batch too; the call's own class

@@ -7,10 +7,11 @@ probe classes, margin):
    ``PROBE_SEED``; its samples are thrown away) and reports its forwards by block size
    (``Stats.block_sizes``), its mean accepted length and its draft forwards per target forward.
    AR's forwards are known (one 1-token target forward per stream token). After step 3, when the
-   best candidate is predicted at least ``margin`` times AR, the candidates predicted within a factor
-   ``CLOSE`` of the best and AR itself run again (seeds PROBE_SEED + 1, ...), round-robin, until each
-   has decoded ``PROBE_IMAGES`` images (at least two batches), and the candidates are priced on all
-   of their runs: one image's acceptance can reorder candidates a few percent apart.
+   best candidate is predicted at least ``margin`` times AR, the "close" candidates (predicted at
+   least that and within a factor ``CLOSE`` of the best) and AR itself run again (seeds
+   PROBE_SEED + 1, ...), round-robin, until each has decoded ``PROBE_IMAGES`` images (at least two
+   batches), and the candidates are priced on all of their runs: one image's acceptance can reorder
+   candidates a few percent apart.
    With ``probe_classes`` (a class-conditional target's workload: ``specvis bench`` passes the
    classes it will run) the probe batches take their rows from those classes instead, spread evenly
    over the list (image k of K probed has class ``probe_classes[k * N // K]``): candidates' order
@@ -22,17 +23,16 @@ probe classes, margin):
 3. Price: predicted time = sum over a run's forwards of the curve's cost of its block size
    (``bench.report.predicted_time``, the formula of the bench's ``predicted_speedup``), and
    predicted speedup = AR's predicted time / the candidate's.
-4. Choose: among the timed candidates, the one with the least wall-clock per image over its runs
-   after the first (the first pays one-time costs); untimed, the highest predicted speedup. It runs
-   when its predicted speedup is at least ``margin`` (default 1.1) and its wall-clock per image is at
-   most AR's over AR's runs after the first; otherwise AR. The curve leaves out each round's
-   sampling, acceptance and bookkeeping: on the emoji target SJD windows 8 and 16 are 3.7% apart on
-   the curve and 7% in wall-clock (fp32, batch 1); SJD and Speculative run at 0.88-1.00 of their
-   predicted speedup in the goal runs (the chain tree 0.75-0.96), so with margin 1.05 a bf16 run at
-   batch 8 picked SJD window 4, predicted 1.06x, and ran 0.96x AR; and on a launch-bound GPU the
-   rest of the round can cost more than the forwards. The margin keeps borderline candidates out
-   (and their timing, when none passes it); the wall-clock against AR keeps out what the curve
-   overrates.
+4. Choose: among the close candidates (``margin`` defaults to 1.1), the one with the least
+   wall-clock per image over its runs after the first (the first pays one-time costs). It runs when
+   that wall-clock is at most AR's over AR's runs after the first; otherwise, or when none passes
+   the margin, AR runs. The curve leaves out each round's sampling, acceptance and bookkeeping: on
+   the emoji target SJD windows 8 and 16 are 3.7% apart on the curve and 7% in wall-clock (fp32,
+   batch 1); SJD and Speculative run at 0.87-1.00 of their predicted speedup in the goal runs (the
+   chain tree 0.75-0.96), so with margin 1.05 a bf16 run at batch 8 picked SJD window 4, predicted
+   1.06x, and ran 0.96x AR; and on a launch-bound GPU every small operator of a round costs a
+   kernel launch. The margin keeps borderline candidates out (and spares their timing when none
+   passes it); the wall-clock against AR keeps out what the curve overrates.
 
 Candidates (all with ``Exact`` acceptance, so lossless): ``SJD`` window 4, 8, 16 (init
 vertical-sample, Gumbel coupling: the CLI's default SJD, 3.34 tokens per forward at window 16 and
@@ -178,7 +178,7 @@ def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None
     best = max((r["predicted_speedup"] for r in rows), default=0.0)
     out = {"rows": rows, "curve": curve, "skipped": skipped}
     if best >= margin:  # something may run instead of AR: time it (and its close rivals) against AR itself
-        close = [r for r in rows if r["predicted_speedup"] * CLOSE >= best]
+        close = [r for r in rows if r["predicted_speedup"] >= max(margin, best / CLOSE)]
         ar = {"method": AR(), "runs": [probe(model, rows_of(0), AR(), sampling, **kw)]}
         for j in range(1, runs):  # round-robin: a slow spell of the machine slows every timed run alike
             for r in close + [ar]:  # same block sizes as the first run (static shapes): the curve covers them
@@ -271,10 +271,9 @@ class Auto:
                                              self.margin, pc)
         spent = time.perf_counter() - t0
         rows = fig["rows"]
-        timed = [r for r in rows if "wall_per_image_s" in r]
-        best = (min(timed, key=lambda r: r["wall_per_image_s"]) if timed else
-                max(rows, key=lambda r: r["predicted_speedup"], default=None))
-        if best is None or best["predicted_speedup"] < self.margin:
+        timed = [r for r in rows if "wall_per_image_s" in r]  # the close candidates that passed the margin
+        best = min(timed, key=lambda r: r["wall_per_image_s"], default=None)
+        if best is None:
             pick, why = None, f"no candidate predicted >= {self.margin:g}x AR"
         elif best["measured_speedup"] < 1.0:
             pick, why = None, (f"{best['label']}, predicted {best['predicted_speedup']:.2f}x AR, ran "
