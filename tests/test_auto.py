@@ -184,12 +184,13 @@ def test_close_candidates_are_ranked_by_their_warm_wall_clock(pipe, monkeypatch)
 
 
 def test_a_candidate_slower_than_ar_in_its_probe_is_not_run(pipe, monkeypatch):
-    """The curve rates window 16 at 4x AR (a quarter of AR's forwards, all at one price), but its probe runs take 1.5x AR's wall-clock
-    (rounds that cost more than their forwards, as on a launch-bound GPU): AR runs. AR is probed
-    round-robin with the timed candidates, its first run untimed like theirs. When window 16 runs at
-    2/3 of AR's time it is chosen. Dropping the comparison picks window 16 in the first case; the
-    inverse ratio picks AR in the second; counting the first (1000 s) runs gives another ratio. When
-    no candidate passes the margin, AR is not probed at all."""
+    """The curve rates window 16 at 4x AR (a quarter of AR's forwards, all at one price), but its
+    probe runs take 1.5x AR's wall-clock (rounds that cost more than their forwards, as on a
+    launch-bound GPU): AR runs. AR is probed round-robin with the timed candidates, its first run
+    untimed like theirs. When window 16 runs at 2/3 of AR's time it is chosen. Dropping the
+    comparison picks window 16 in the first case; the inverse ratio picks AR in the second; counting
+    the first (1000 s) runs gives another ratio. When no candidate passes the margin, AR is not
+    probed at all."""
     L, seen = pipe.target.layout.stream_len, []
 
     def fake_probe(model, conditions, method, sampling, draft=None, drafter=None, graphs=None, seed=auto_mod.PROBE_SEED):
@@ -228,9 +229,9 @@ def test_a_candidate_slower_than_ar_in_its_probe_is_not_run(pipe, monkeypatch):
 
 
 def test_only_candidates_that_pass_the_margin_are_timed(pipe, monkeypatch):
-    """Window 8 is close to window 16 on the curve (about 3.6x against 4x AR) and the faster in wall-clock,
-    but below the margin of 3.8: it is not timed and window 16 runs. Timing every close candidate
-    (the margin left out of the filter) picks window 8."""
+    """Window 8 is close to window 16 on the curve (about 3.6x against 4x AR) and the faster in
+    wall-clock, but below the margin of 3.8: it is not timed and window 16 runs. Timing every close
+    candidate (the margin left out of the filter) picks window 8."""
     L = pipe.target.layout.stream_len
     f8 = round(L / 3.6)
 
