@@ -84,12 +84,14 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     graphs = device.type == "cuda" if graphs is None else graphs
     ctx = DecodeContext(target, make_generator(seed, device), pad, draft_view, drafter, codebook, graphs=graphs)
     ctx.rule, ctx.progress = rule, progress
-    wall = timed(lambda: method.decode(ctx), device)
+    with torch.inference_mode():  # no autograd bookkeeping on the round's many small ops
+        wall = timed(lambda: method.decode(ctx), device)
     draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
     if auto is not None:
         ctx.extra["auto_calibration_s"] = auto.calibration_s
-    return Generation(ctx.image_tokens().clone(), ctx.stats(wall, draft_forwards), latents=getattr(ctx, "latents", None),
-                      method=method)
+    latents = getattr(ctx, "latents", None)  # made in the decode: cloned into a normal tensor
+    return Generation(ctx.image_tokens().clone(), ctx.stats(wall, draft_forwards),
+                      latents=None if latents is None else latents.clone(), method=method)
 
 
 @torch.no_grad()

@@ -439,6 +439,7 @@ def test_generate_runs_every_variant_on_mlp_heads():
         assert st.extra["prefill_tokens"] == 1.0 and 0.0 <= st.extra["acceptance_rate"] <= 1.0
     lat, _ = generate_latents(t, cond, CSpD(gamma=2, ratio="trajectory"), sv.Sampling(cfg_scale=2.0), draft=d)
     assert lat.shape == (4, 4, 2) and torch.isfinite(lat).all()
+    assert not lat.is_inference()  # made under the decode's inference mode: returned as an ordinary tensor
 
 
 def test_target_only_path_equals_uncached_reference_draw_for_draw():

@@ -83,3 +83,15 @@ def test_progress_reports_every_round(models, name):
     assert seen == sorted(seen) and seen[-1] == 1.0 and seen[0] < 1.0
     if name == "ar":
         assert len(seen) == target.layout.stream_len  # L - 1 rounds (the prefill gives the first token): before each, after the last
+
+
+@pytest.mark.parametrize("name", ["ar", "static_tree"])
+def test_what_generate_returns_is_an_ordinary_tensor(models, name):
+    """The decode runs under ``torch.inference_mode``; the tokens and stats it returns must be ordinary
+    tensors, which a user can edit in place and train on (an inference tensor raises on both)."""
+    target, draft, drafter = models
+    method, sampling = METHODS[name]
+    out = sv.generate(target, torch.arange(4) % 3, method, sampling, seed=0, draft=draft, drafter=drafter)
+    for t in (out.tokens, out.stats.accept_map):
+        assert not t.is_inference()
+        t += 0
