@@ -143,6 +143,11 @@ def test_close_candidates_are_probed_on_more_images_and_priced_on_all(pipe, monk
     assert per["sjd(window=8)"] == per["sjd(window=16)"] == auto_mod.PROBE_IMAGES > 1
     assert all(v == 1 for k, v in per.items() if k not in ("sjd(window=8)", "sjd(window=16)"))
     assert sorted(s for lab, s in seen if lab == "sjd(window=16)") == [auto_mod.PROBE_SEED + i for i in range(auto_mod.PROBE_IMAGES)]
+    # the timed round-robin reverses its order every batch: what one run leaves in the caches falls
+    # on each alike (a fixed order timed SJD window 4 at 1.09x AR where it ran 0.94-0.98x)
+    order = lambda seed: [lab for lab, s in seen if s == seed]
+    assert order(auto_mod.PROBE_SEED + 1) == ["sjd(window=8)", "sjd(window=16)", "ar"]
+    assert order(auto_mod.PROBE_SEED + 2) == ["ar", "sjd(window=16)", "sjd(window=8)"]
     w16 = next(f for f in a.figures if f["label"] == "sjd(window=16)")
     # flat curve: predicted speedup = tokens / forwards over all eight images
     assert w16["predicted_speedup"] == pytest.approx(8 * L / (45 + 7 * 30))
@@ -279,8 +284,8 @@ def test_probe_classes_spread_the_probe_over_the_workload(pipe, monkeypatch):
     pipe([0], b, seed=0)
     assert seen["sjd(window=8)"] == [0] * K and auto_mod.label(b.chosen) == "sjd(window=8)"
     seen.clear()
-    pipe([0, 1, 2, 3], sv.Auto(probe_classes=(2, 1)), seed=0)  # batch 4: two probe batches of the spread
-    assert seen["sjd(window=16)"] == [2, 2, 2, 2, 1, 1, 1, 1] and seen["sjd(window=4)"] == [2, 2, 2, 2]
+    pipe([0, 1, 2, 3], sv.Auto(probe_classes=(2, 1)), seed=0)  # batch 4: three probe batches (two timed) of the spread
+    assert seen["sjd(window=16)"] == [2] * 6 + [1] * 6 and seen["sjd(window=4)"] == [2, 2, 2, 2]
 
 
 def test_bench_probes_auto_on_its_workload(pipe, monkeypatch):

@@ -9,9 +9,12 @@ probe classes, margin):
    AR's forwards are known (one 1-token target forward per stream token). After step 3, when the
    best candidate is predicted at least ``margin`` times AR, the "close" candidates (predicted at
    least that and within a factor ``CLOSE`` of the best) and AR itself run again (seeds
-   PROBE_SEED + 1, ...), round-robin, until each has decoded ``PROBE_IMAGES`` images (at least two
-   batches), and the candidates are priced on all of their runs: one image's acceptance can reorder
-   candidates a few percent apart.
+   PROBE_SEED + 1, ...), round-robin in an order that reverses every batch (so that what one run
+   leaves in the caches falls on each alike), until each has decoded ``PROBE_IMAGES`` images (at
+   least three batches: two timed after the first), and the candidates are priced on all of their runs:
+   one image's acceptance can reorder candidates a few percent apart. (A bf16 goal run at batch 8
+   timed SJD window 4 on one batch, after AR's untimed one, at 1.09x AR; it ran 0.98x AR in the run,
+   and 0.94x over eight batches alternating with AR: a probe, not committed.)
    With ``probe_classes`` (a class-conditional target's workload: ``specvis bench`` passes the
    classes it will run) the probe batches take their rows from those classes instead, spread evenly
    over the list (image k of K probed has class ``probe_classes[k * N // K]``): candidates' order
@@ -160,7 +163,7 @@ def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None
     rows, skipped, sizes = [], [], {"target": {1}, "draft": set(), "drafter": set()}
     kw = dict(draft=draft, drafter=drafter, graphs=graphs)
     batch = Condition.of(model, conditions).batch
-    runs = max(2, -(-PROBE_IMAGES // batch))  # probe batches of a timed candidate: the first pays one-time costs
+    runs = max(3, -(-PROBE_IMAGES // batch))  # probe batches of a timed candidate: the first pays one-time costs
     rows_of = lambda j: probe_rows(conditions, probe_classes, batch, j, runs * batch)
     for m in candidates(draft is not None, drafter is not None):
         try:
@@ -182,7 +185,7 @@ def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None
         ar = {"method": AR(), "runs": []}
         ar["runs"].append(probe(model, rows_of(0), ar["method"], sampling, **kw))  # untimed, as the candidates' first
         for j in range(1, runs):  # round-robin: a slow spell of the machine slows every timed run alike
-            for r in close + [ar]:  # same block sizes as the first run (static shapes): the curve covers them
+            for r in (close + [ar])[:: 1 if j % 2 else -1]:  # same block sizes as the first run: the curve covers them
                 r["runs"].append(probe(model, rows_of(j), r["method"], sampling, seed=PROBE_SEED + j, **kw))
         _price(rows, curve, stream_len)
         per_image = lambda r: sum(st.wall_s for st in r["runs"][1:]) / ((runs - 1) * batch)  # every one-time cost paid
