@@ -31,6 +31,7 @@ METHODS = {
     "eagle_greedy": (sv.EagleTree(depth=3, top_k=2, total_tokens=5), GREEDY),
     "static_tree": (sv.StaticTree(tree=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]), SAMPLING),
     "static_tree_greedy": (sv.StaticTree(tree="reverse_balanced_25"), GREEDY),
+    "static_chain": (sv.StaticTree(tree="chain"), SAMPLING),  # compacted in place, without keep_block
     **{f"adt_{init}": (sv.ADTTree(init=init, total_tokens=8), SAMPLING) for init in ("horizontal", "vertical", "random")},
 }
 

@@ -20,8 +20,9 @@ steps (each a plain function over batched tensors):
    is drawn from the residual (from p at a leaf). Candidates depend only on the committed prefix, so with ``Exact``
    the output law is exactly the target's. Every node's sibling walk runs in parallel (a loop over
    rank); the path is then followed with one gather per depth.
-3. ``compact``: ``ctx.commit``; the target keeps root + accepted path with one ``keep_block``; the
-   features of those tokens feed the drafter's catch-up next round.
+3. ``compact``: ``ctx.commit``; the target keeps root + accepted path with one ``keep_block`` (a
+   sampled chain's path is already in place: only committed); the features of those tokens feed the
+   drafter's catch-up next round.
 
 Tree building loops over depth only; there is no Python loop over nodes, rows or vocabulary. Rounds
 of fixed trees (EagleTree, StaticTree) and of ADT-Tree with ``static_shapes`` (the default on CUDA)
@@ -290,6 +291,7 @@ class Verdict:
     accepted: torch.Tensor  # (B,) accepted draft tokens (bonus excluded)
     path: torch.Tensor  # (B, D) tree positions of the accepted nodes (0 beyond)
     block: torch.Tensor  # (B, D + 1) accepted tokens then the residual / bonus token
+    in_place: bool = False  # the path's nodes sit at tree positions 1, 2, ... (a chain): no cache move
 
 
 def catch_up(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -453,7 +455,7 @@ def _verify_path(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator |
     depth = torch.arange(1, D + 1, device=p.device)[None]
     path = torch.where(depth <= accepted[:, None], depth, torch.zeros_like(depth))
     block = torch.cat([draft, z[:, None]], 1).scatter(1, accepted[:, None], z[:, None])
-    return Verdict(accepted, path, block)
+    return Verdict(accepted, path, block, in_place=True)
 
 
 def compact(ctx: DecodeContext, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -461,7 +463,10 @@ def compact(ctx: DecodeContext, verdict: Verdict) -> tuple[torch.Tensor, torch.T
     the committed counts and the target features (R, D + 1, Dm) the drafter lacks next round."""
     count = ctx.commit(verdict.block, verdict.accepted + 1)
     keep = torch.cat([torch.zeros_like(verdict.accepted)[:, None], verdict.path], 1)
-    ctx.target.keep_block(keep, count)
+    if verdict.in_place:  # root and path already at the cache's block slots 0, 1, ...: commit them
+        ctx.target.set_committed(ctx.n - 1)
+    else:
+        ctx.target.keep_block(keep, count)
     return count, rows_at(ctx.target.hidden, _rows(ctx, keep))
 
 
