@@ -1,6 +1,7 @@
 """EAGLE-2 trees and ADT-Tree: exact law (chi-square vs the enumerated law of a tiny random target with
 a tiny random draft head), greedy equals greedy AR, the ADT schedule, ADT's static-shaped rounds
-against its host-synced ones (same trees, same tokens), rounds free of host syncs, and config errors.
+against its host-synced ones (same trees, same tokens), rounds free of host syncs, the target states
+the drafter catches up on (against a teacher-forced forward), and config errors.
 
 Each exactness case draws 8,000 grids (one batch mixing 3 conditions) on a 2x2 grid over 4 codes;
 a sibling rule whose residual keeps the rejected candidate fails it with half the samples (p < 1e-6).
@@ -365,3 +366,43 @@ def test_tree_rounds_run_through_the_round_runner_without_host_sync(adt_models, 
         host = sv.generate(target, cond, replace(method, static_shapes=False), sampling, seed=1,
                            drafter=drafter)
         assert not calls and torch.equal(host.tokens, out.tokens)
+
+
+@pytest.mark.parametrize("method", [sv.StaticTree(tree="chain"), sv.StaticTree(tree=[[0], [1], [0, 0], [1, 0], [0, 0, 0]]),
+                                    EagleTree(depth=3, top_k=2, total_tokens=6), ADTTree(total_tokens=6)],
+                         ids=["chain", "static_branching", "eagle", "adt"])
+def test_drafter_catch_up_gets_the_teacher_forced_features(monkeypatch, method):
+    """Every catch-up pairs committed token t with the target's hidden state after token t - 1 (after
+    the condition for t = 0), as one teacher-forced forward over the finished stream gives it, on a
+    model whose states depend on the whole prefix. Exactness cannot see a wrong feature (it only
+    slows drafting): this catches a compaction that hands the drafter another node's state, e.g. a
+    chain's path one node short (``compact`` then reads the root's state for the last accepted node)."""
+    import specvis.methods.static_tree as st
+    import specvis.methods.tree as tr
+
+    target = tiny_llamagen(0, vocab=8, grid=4, dim=32)
+    drafter = EagleDrafter.from_target(target, seed=1).eval()
+    calls, real = [], tr.catch_up
+
+    def spy(ctx, pending, count):
+        calls.append((ctx.n.clone(), count.clone(), pending.clone()))
+        return real(ctx, pending, count)
+
+    monkeypatch.setattr(tr, "catch_up", spy)
+    monkeypatch.setattr(st, "catch_up", spy)
+    classes = torch.arange(4) % 3
+    out = sv.generate(target, classes, method, sv.Sampling(temperature=1.0, cfg_scale=2.0), seed=5, drafter=drafter)
+    B, L = out.tokens.shape
+    rows = lambda t: torch.cat([t, t])  # noqa: E731  conditional rows, then the unconditional ones
+    target.setup_cache(2 * B, 1)
+    _, h0 = target.prefill(torch.cat([classes, torch.full_like(classes, target.null_condition)]))
+    _, h = target.forward_tokens(rows(out.tokens), rows(torch.arange(L)[None].expand(B, -1)))
+    feats = torch.cat([h0[:, None], h[:, :-1]], 1)  # (2B, L, D): the state paired with token t
+    checked = 0
+    for n, count, pending in calls:
+        for r in range(2 * B):
+            for j in range(int(count[r % B])):
+                t = int(n[r % B] - count[r % B]) + j
+                torch.testing.assert_close(pending[r, j], feats[r, t], rtol=1e-4, atol=1e-4)
+                checked += 1
+    assert checked > B * L  # all but each row's last round (no catch-up follows it), both CFG halves
