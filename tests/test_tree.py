@@ -18,7 +18,7 @@ from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_m
 import specvis as sv
 from specvis.accept import Exact
 from specvis.methods.tree import ADTTree, EagleTree, Tree, _Adaptive, verify_tree
-from specvis.models.base import Layout
+from specvis.models.base import Condition, Layout
 from specvis.models.drafter import EagleDrafter
 
 P_MIN = 1e-3
@@ -395,7 +395,7 @@ def test_drafter_catch_up_gets_the_teacher_forced_features(monkeypatch, method):
     B, L = out.tokens.shape
     rows = lambda t: torch.cat([t, t])  # noqa: E731  conditional rows, then the unconditional ones
     target.setup_cache(2 * B, 1)
-    _, h0 = target.prefill(torch.cat([classes, torch.full_like(classes, target.null_condition)]))
+    _, h0 = target.prefill(Condition.of(target, classes).rows(cfg=True))
     _, h = target.forward_tokens(rows(out.tokens), rows(torch.arange(L)[None].expand(B, -1)))
     feats = torch.cat([h0[:, None], h[:, :-1]], 1)  # (2B, L, D): the state paired with token t
     checked = 0
