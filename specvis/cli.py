@@ -138,20 +138,30 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
 
 
 def _method_name(a: argparse.Namespace, pipe=None) -> str:
-    return a.method or parse_method_spec(default_method_spec(pipe))[0]
+    return parse_method_spec(a.method or default_method_spec(pipe))[0]
 
 
 def _method(a: argparse.Namespace, pipe=None):
-    """The method of ``--method`` with the method flags the user set (None = not set); without
-    ``--method``, the model's default (``default_method_spec(pipe)``) with those flags on top."""
+    """The method of ``--method`` (a name or a bench spec ``name:key=value:...``) with the method
+    flags the user set (None = not set) on top; without ``--method``, the model's default
+    (``default_method_spec(pipe)``) with those flags on top. A flag that contradicts a key of the
+    user's spec is an error."""
     flags = {RENAMED.get(f.dest, f.dest): f for f in a.method_flags}
-    name, options = (a.method, {}) if a.method else parse_method_spec(default_method_spec(pipe))
-    options.update({key: getattr(a, f.dest) for key, f in flags.items() if getattr(a, f.dest) is not None})
+    name, options = parse_method_spec(a.method or default_method_spec(pipe))
+    given = set(options) if a.method else set()
+    flagged = {key for key, f in flags.items() if getattr(a, f.dest) is not None}
+    for key in flagged:
+        value = getattr(a, flags[key].dest)
+        if key in given and options[key] != value:
+            raise ValueError(f"{flags[key].option_strings[0]} {value} contradicts {key}={options[key]} in --method {a.method}")
+        options[key] = value
 
-    def flag(key: str) -> str | None:  # how errors write an option: as its flag
+    def spell(key: str) -> str | None:  # errors write an option as the user did: a spec key or a flag
+        if key in given or (":" in (a.method or "") and key not in flagged):
+            return key
         return flags[key].option_strings[0] if key in flags else None
 
-    return build_method(name, options, spell=flag)
+    return build_method(name, options, spell=spell)
 
 
 def _sampling(a: argparse.Namespace, default: Sampling) -> Sampling:
@@ -192,7 +202,8 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     model_help = "bundle name (specvis models), checkpoint directory or Hugging Face Hub id (default emoji)"
-    method_help = (f"one of {', '.join(METHODS)} (default: the best lossless method for the model, "
+    method_help = (f"one of {', '.join(METHODS)}, or a bench spec such as speculative:gamma=4 (name:key=value:..., "
+                   "the keys of the method flags below by their field names) (default: the best lossless method for the model, "
                    f"{DEFAULT_METHODS['discrete']} for discrete-token models, ar for continuous ones; "
                    "--method ar for plain AR)")
     g = sub.add_parser("generate", help="generate images with one method")

@@ -77,6 +77,11 @@ def test_bench_json_has_api_fields(tmp_path):
     (["generate", "--method", "speculative", "--lantern-delta", "0.2"],
      "method speculative has no option '--lantern-delta' with acceptance rule exact; it is an option of rule "
      "lantern (set --accept=lantern)"),
+    (["generate", "--method", "speculative:gamma=4:bogus=1"],  # a spec in --method: errors in its keys
+     "method speculative has no option 'bogus'; options: gamma, accept, and the acceptance rule's"),
+    (["generate", "--method", "speculative:gamma=4", "--lantern-delta", "0.2"],
+     "method speculative has no option '--lantern-delta' with acceptance rule exact"),
+    (["generate", "--method", "sjd:window=8", "--window", "16"], "--window 16 contradicts window=8 in --method sjd:window=8"),
 ])
 def test_method_option_not_of_the_method_exits_2_with_one_line(args, message, tmp_path, capsys):
     """Unknown, misspelt or foreign keys (another rule's, another method's flag) are errors, not ignored."""
@@ -102,6 +107,16 @@ def test_generate_defaults_to_the_best_lossless_method(tmp_path, capsys):
     # method flags without --method adjust the default
     assert main(["generate", "--model", "random-tiny", "--num", "1", "--window", "4", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "stats.json").read_text())["config"]["window"] == 4
+
+
+def test_method_takes_a_bench_spec_and_flags_on_top(tmp_path):
+    """--method accepts bench's spec syntax (the form the help prints for the default); a flag that
+    agrees with the spec or sets another key adds to it."""
+    assert main(["generate", "--model", "random-tiny", "--num", "1", "--out", str(tmp_path),
+                 "--method", "sjd:window=4:init=horizontal-sample", "--window", "4", "--coupling", "gumbel"]) == 0
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["method"] == "sjd" and not stats["default_method"]
+    assert stats["config"] == {"window": 4, "init": "horizontal-sample", "refine": True, "coupling": "gumbel"}
 
 
 def test_continuous_models_keep_ar_as_default(tmp_path):
