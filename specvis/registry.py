@@ -138,6 +138,25 @@ def method_from_spec(spec: str, acceptance: str | None = None):
     return build_method(name, opts, acceptance)
 
 
+def spec_of(method) -> str:
+    """The bench spec of a method instance, its fields that differ from their defaults only:
+    ``SJD(window=16, init="vertical-sample", coupling="gumbel")`` -> ``sjd:window=16:init=vertical-sample:coupling=gumbel``
+    (``method_from_spec`` gives the method back)."""
+    name = next(n for n, path in METHODS.items() if path.endswith(f":{type(method).__name__}"))
+    parts = [name]
+    for obj in (method, getattr(method, "acceptance", None)):
+        if obj is None or not dataclasses.is_dataclass(obj):
+            continue
+        if obj is not method and type(obj).__name__ != "Exact":
+            parts.append(f"{ACCEPT}={obj.name}")
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if f.init and f.name != "acceptance" and v != default:
+                parts.append(f"{f.name}={'/'.join(map(str, v)) if isinstance(v, tuple) else v}")
+    return ":".join(parts)
+
+
 def _literal(text: str) -> Any:
     for cast in (int, float):
         try:

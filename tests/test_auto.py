@@ -317,6 +317,8 @@ def test_explain_names_the_choice_and_every_candidates_figures(pipe, monkeypatch
     line = a.explain()
     assert "\n" not in line and line == a.choice
     assert line.startswith(f"auto: {auto_mod.label(a.chosen)} (predicted ")
+    spec = line.split("to run it without the probe: --method ", 1)[1].split(")", 1)[0]
+    assert method_from_spec(spec) == a.chosen  # the spec it prints runs the same method
     for f in a.figures:
         assert f"{f['label']} mal {f['mean_accepted_length']:.2f}" in line
         assert f"pred {f['predicted_speedup']:.2f}x" in line

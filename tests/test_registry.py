@@ -143,3 +143,18 @@ def test_every_committed_spec_builds_with_its_options_in_the_json_config(tmp_pat
                 assert config[key] == value, spec
             else:
                 assert config["acceptance_config"][key] == value, spec
+
+
+@pytest.mark.parametrize("method", [
+    sv.AR(), sv.Speculative(gamma=3), sv.SJD(window=8, init="vertical-sample", coupling="gumbel"),
+    sv.SJD(refine=False, coupling="none"), sv.EagleTree(depth=4, top_k=8, total_tokens=24), sv.StaticTree(tree="chain"),
+    sv.Speculative(gamma=2, acceptance=sv.Lantern(k=5, delta=0.3, budget="relative", lam=2.0)),
+    sv.SJD(window=4, acceptance=sv.GSD(group=4)), sv.Auto(margin=1.2, probe_classes=(0, 3)),
+])
+def test_spec_of_gives_the_method_back(method):
+    """``spec_of`` (what auto prints for reuse) is the inverse of ``method_from_spec``: a field or a
+    rule it dropped or misspelt would build another method."""
+    from specvis.registry import method_from_spec, spec_of
+
+    spec = spec_of(method)
+    assert spec.split(":")[0] in METHODS and method_from_spec(spec) == method

@@ -249,9 +249,9 @@ class Auto:
         """The method to run for this call (calibrating on the first call for its key)."""
         import torch
 
-        from .ar import AR
-
         from ..models.base import Condition
+        from ..registry import spec_of
+        from .ar import AR
 
         device = next(model.parameters()).device
         B = Condition.of(model, conditions).batch
@@ -293,7 +293,8 @@ class Auto:
                          + (f", {r['wall_per_image_s']:.3f} s/image)" if "wall_per_image_s" in r else ")") for r in rows)
         ar_wall = f"; ar {fig['ar_wall_per_image_s']:.3f} s/image" if "ar_wall_per_image_s" in fig else ""
         skipped = f"; skipped {', '.join(fig['skipped'])}" if fig["skipped"] else ""
-        line = (f"auto: {label(method)} ({why}; batch {B} on {device}) | probe (mean accepted length, draft "
+        line = (f"auto: {label(method)} ({why}; batch {B} on {device}; to run it without the probe: --method "
+                f"{spec_of(method)}) | probe (mean accepted length, draft "
                 f"forwards per round, predicted speedup over AR, images probed, wall-clock per image of the "
                 f"timed runs): {figs}{ar_wall}{skipped}")
         return self._set(method, line, spent, [{k: r[k] for k in FIGURES if k in r} for r in rows])
