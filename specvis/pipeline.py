@@ -57,6 +57,16 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
           "fp16": torch.float16, "float16": torch.float16}
 
 
+def check_class_call(name: str, classes, prompts, negative_prompts, height, width) -> None:
+    """The arguments of a class-conditional pipeline call: classes, no prompts, the model's own grid."""
+    if prompts is not None or negative_prompts is not None:
+        raise ValueError(f"model {name} is class-conditional: give classes=, not prompts=")
+    if height is not None or width is not None:
+        raise ValueError(f"model {name} has a fixed grid: height/width cannot be set")
+    if classes is None:
+        raise ValueError(f"model {name} is class-conditional: give classes=[...]")
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
@@ -145,12 +155,7 @@ class Pipeline:
     def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
                  decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
                  width: int | None = None, progress=None) -> Generation:
-        if prompts is not None or negative_prompts is not None:
-            raise ValueError(f"model {self.name} is class-conditional: give classes=, not prompts=")
-        if height is not None or width is not None:
-            raise ValueError(f"model {self.name} has a fixed grid: height/width cannot be set")
-        if classes is None:
-            raise ValueError(f"model {self.name} is class-conditional: give classes=[...]")
+        check_class_call(self.name, classes, prompts, negative_prompts, height, width)
         conditions = torch.as_tensor(list(classes), dtype=torch.long, device=self.device)
         out = generate(self.target, conditions, method, sampling or self.default_sampling, seed,
                        draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs,
@@ -308,6 +313,17 @@ class TextPipeline(Pipeline):
         if prompts is None:
             raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
         sampling = sampling or self.default_sampling
+        cond = self.conditions(prompts, negative_prompts, sampling, height, width)
+        out = generate(self.target, cond, method, sampling, seed, draft=self.draft, drafter=self.drafter,
+                       codebook=self.codebook if _needs_codebook(method) else None, graphs=self.graphs,
+                       progress=progress)
+        if decode:
+            out.images = self.to_images(out.tokens)
+        return out
+
+    def conditions(self, prompts, negative_prompts, sampling: Sampling, height: int | None,
+                   width: int | None) -> Condition:
+        """The call's conditional rows and their CFG rows (None without CFG), on the grid it asks for."""
         if (isinstance(prompts, (list, tuple)) and isinstance(negative_prompts, (list, tuple))
                 and len(negative_prompts) != len(prompts)):
             raise ValueError(f"negative_prompts: {len(negative_prompts)} given for {len(prompts)} prompts; give one per prompt")
@@ -329,12 +345,7 @@ class TextPipeline(Pipeline):
             uncond = Prompts.of(neg, self.device)
         if uncond is not None and len(uncond) != len(cond):
             raise ValueError(f"negative_prompts: {len(uncond)} given for {len(cond)} prompts")
-        out = generate(self.target, Condition(cond, uncond), method, sampling, seed, draft=self.draft,
-                       drafter=self.drafter, codebook=self.codebook if _needs_codebook(method) else None,
-                       graphs=self.graphs, progress=progress)
-        if decode:
-            out.images = self.to_images(out.tokens)
-        return out
+        return Condition(cond, uncond)
 
     @torch.no_grad()
     def to_images(self, tokens: torch.Tensor):

@@ -258,8 +258,10 @@ def test_methods_equal_official_greedy_cfg(files):
                    sv.EagleTree(depth=3, top_k=2, total_tokens=6), sv.ADTTree(total_tokens=6)):
         out = pipe(prompts=PROMPTS, method=method, sampling=sampling, decode=False)
         assert torch.equal(out.tokens, ref), type(method).__name__
-    out = pipe(prompts=PROMPTS, method=sv.AR(), sampling=sampling)  # VQ decode of the t2i tokenizer file
+    seen = []  # the demo's progress callback, as for every other pipeline
+    out = pipe(prompts=PROMPTS, method=sv.AR(), sampling=sampling, progress=seen.append)  # VQ decode of the t2i tokenizer file
     assert len(out.images) == 2 and out.images[0].size == (2 * GRID, 2 * GRID)
+    assert torch.equal(out.tokens, ref) and seen and seen[-1] == 1.0
 
 
 def test_draft_uses_its_own_null_caption(files):

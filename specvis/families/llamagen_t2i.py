@@ -42,8 +42,7 @@ import torch
 
 from ..models.base import Captions, Condition
 from ..models.checkpoint import one_line
-from ..pipeline import TextPipeline, _needs_codebook
-from ..generate import generate
+from ..pipeline import TextPipeline
 from ..sampling import Sampling
 from ..viz import to_pil
 
@@ -302,15 +301,9 @@ class CaptionPipeline(TextPipeline):
                 raise ValueError(f"{what}[{i}]: token ids must be in 0..{enc.vocab_size - 1}")
         return enc.encode(rows, self.device, self.dtype)
 
-    @torch.no_grad()
-    def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
-                 decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
-                 width: int | None = None):
-        if classes is not None:
-            raise ValueError(f"model {self.name} is text-conditioned: give prompts=, not classes=")
-        if prompts is None:
-            raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
-        sampling = sampling or self.default_sampling
+    def conditions(self, prompts, negative_prompts, sampling: Sampling, height: int | None,
+                   width: int | None) -> Condition:
+        """Captions of the prompts; the CFG rows are the negative prompts' or the official null caption."""
         self.set_grid(height, width)
         cond = self.captions(prompts, "prompts")
         if negative_prompts is not None:
@@ -319,12 +312,7 @@ class CaptionPipeline(TextPipeline):
                 raise ValueError(f"negative_prompts: {len(uncond)} given for {len(cond)} prompts; give one per prompt")
         else:  # the official null caption, same valid length (each model uses its own table)
             uncond = self.target.unconditional(cond) if sampling.uses_cfg else None
-        out = generate(self.target, Condition(cond, uncond), method, sampling, seed, draft=self.draft,
-                       drafter=self.drafter, codebook=self.codebook if _needs_codebook(method) else None,
-                       graphs=self.graphs)
-        if decode:
-            out.images = self.to_images(out.tokens)
-        return out
+        return Condition(cond, uncond)
 
     @torch.no_grad()
     def to_images(self, tokens: torch.Tensor):

@@ -106,13 +106,9 @@ class MARPipeline:
         from ..generate import Generation
         from ..methods.ar import AR
         from ..methods.base import Stats
+        from ..pipeline import check_class_call
 
-        if prompts is not None or negative_prompts is not None:
-            raise ValueError(f"model {self.name} is class-conditional: give classes=, not prompts=")
-        if height is not None or width is not None:
-            raise ValueError(f"model {self.name} has a fixed grid: height/width cannot be set")
-        if classes is None:
-            raise ValueError(f"model {self.name} is class-conditional: give classes=[...]")
+        check_class_call(self.name, classes, prompts, negative_prompts, height, width)
         from ..methods.cspd import CSpD
 
         if method is not None and not isinstance(method, (AR, CSpD)):
