@@ -88,18 +88,28 @@ class Layout:
         return (self.forced(device) < 0).nonzero().squeeze(1)
 
 
-def code_grid(n: int, height: int | None, width: int | None, default: tuple[int, int] | None = None) -> tuple[int, int]:
-    """(height, width) of n row-major codes: as given (both or neither), else ``default``, else a square."""
+def code_grid(codes, height: int | None, width: int | None, default: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(height, width) of a batch of row-major codes (B, n), checked: as given (both or neither), else
+    ``default``, else a square; a ValueError for anything but an integer (B, n) tensor on that grid."""
+    if (not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.is_floating_point()
+            or codes.dtype == torch.bool):
+        shape = tuple(codes.shape) if isinstance(codes, torch.Tensor) else type(codes).__name__
+        raise ValueError(f"codes must be an integer tensor (B, h*w), got {shape}")
+    n = codes.shape[1]
     if height is None and width is None:
         if default is not None:
-            return default
-        side = math.isqrt(n)
-        if side * side != n:
-            raise ValueError(f"codes length {n} is not a square; pass height and width")
-        return side, side
-    if height is None or width is None:
+            h, w = default
+        else:
+            h = w = math.isqrt(n)
+            if h * h != n:
+                raise ValueError(f"codes length {n} is not a square; pass height and width")
+    elif height is None or width is None:
         raise ValueError("pass both height and width, or neither")
-    return int(height), int(width)
+    else:
+        h, w = int(height), int(width)
+    if h < 1 or w < 1 or h * w != n:
+        raise ValueError(f"grid {h}x{w} does not match codes length {n}")
+    return h, w
 
 
 @dataclass(frozen=True)
