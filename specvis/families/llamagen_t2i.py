@@ -34,7 +34,6 @@ official script runs both in bf16).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -43,6 +42,7 @@ import torch
 from ..models.base import Captions, Condition
 from ..models.checkpoint import one_line
 from ..pipeline import TextPipeline
+from .hf import read_json
 from ..sampling import Sampling
 from ..viz import to_pil
 
@@ -68,15 +68,7 @@ def matches_dir(directory: Path) -> bool:
 
 def _manifest(directory: Path) -> dict:
     path = directory / MANIFEST
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"{path}: unreadable JSON ({one_line(exc)})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: must hold a JSON object")
-    return data
+    return read_json(path) if path.is_file() else {}
 
 
 def _gpt_candidates(directory: Path) -> list[Path]:
