@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from specvis.bench.quality import ClassifierConfig, EmojiClassifier, classifier_outputs, frechet_distance, to_input
 from specvis.io import atomic_write, write_text
-from specvis.train.common import save_final
+from specvis.train.common import run_main, save_final
 from specvis.train.emoji_data import CLASSES, augment, flip_safe, load_split
 
 EVAL_FIELDS = ["step", "epoch", "elapsed_s", "lr", "train_loss", "eval_accuracy"]
@@ -179,12 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.minutes <= 0 or args.threads < 1 or args.batch_size < 2:
         print("error: --minutes must be > 0, --threads >= 1, --batch-size >= 2", file=sys.stderr)
         return 2
-    try:
-        train(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_main(train, args)
 
 
 if __name__ == "__main__":
