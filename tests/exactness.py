@@ -44,13 +44,19 @@ def tiny_llamagen(seed: int, vocab: int = 4, grid: int = 2, dim: int = 32, n_lay
         model.output.weight.mul_(sharpness)
         model.tok_embeddings.weight.mul_(embed)
         model.cls_embedding.embedding_table.weight.mul_(embed)
-        for layer in model.layers:
-            w = layer.attention.wqkv.weight
-            q_size, kv_size = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-            w[: q_size + kv_size].mul_(attention)
-            w[q_size + kv_size:].mul_(value)
-            layer.attention.wo.weight.mul_(value)
+        sharpen_attention(model, attention, value)
     return model
+
+
+def sharpen_attention(model, attention: float, value: float) -> None:
+    """Scale every layer's query/key rows by ``attention`` and its value rows and output by ``value``."""
+    cfg = model.config
+    q_size, kv_size = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+    for layer in model.layers:
+        w = layer.attention.wqkv.weight
+        w[: q_size + kv_size].mul_(attention)
+        w[q_size + kv_size:].mul_(value)
+        layer.attention.wo.weight.mul_(value)
 
 
 def tiny_prompt_model(seed: int, vocab: int = 3, height: int = 2, width: int = 2, row_end: int = 0,
@@ -88,12 +94,7 @@ def tiny_prompt_model(seed: int, vocab: int = 3, height: int = 2, width: int = 2
             embed.codes.weight.mul_(50.0)
             head.proj_out.weight.mul_(1.0 / (0.02 * dim ** 0.5))
         (head.vision_head if janus else head).weight.mul_(sharpness)
-        for layer in model.layers:
-            w = layer.attention.wqkv.weight
-            q_size, kv_size = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-            w[: q_size + kv_size].mul_(attention)
-            w[q_size + kv_size:].mul_(value)
-            layer.attention.wo.weight.mul_(value)
+        sharpen_attention(model, attention, value)
     prompts = [[1, 5, 3, 2], [1, 4, 4, 6, 7, 2], [1, 8, 2]]
     if janus:
         uncond = [model.unconditional(Prompts.of([p])).ids[0].tolist() for p in prompts]
