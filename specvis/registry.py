@@ -140,14 +140,14 @@ def method_from_spec(spec: str, acceptance: str | None = None):
 
 def spec_of(method) -> str:
     """The bench spec of a method instance, its fields that differ from their defaults only:
-    ``SJD(window=16, init="vertical-sample", coupling="gumbel")`` -> ``sjd:window=16:init=vertical-sample:coupling=gumbel``
-    (``method_from_spec`` gives the method back)."""
+    ``SJD(window=8, init="vertical-sample")`` -> ``sjd:window=8:init=vertical-sample`` (``method_from_spec``
+    gives the method back)."""
     name = next(n for n, path in METHODS.items() if path.endswith(f":{type(method).__name__}"))
     parts = [name]
     for obj in (method, getattr(method, "acceptance", None)):
         if obj is None or not dataclasses.is_dataclass(obj):
             continue
-        if obj is not method and type(obj).__name__ != "Exact":
+        if obj is not method and obj.name != "exact":
             parts.append(f"{ACCEPT}={obj.name}")
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)
