@@ -25,3 +25,18 @@ def target():
 @pytest.fixture(scope="module")
 def drafter(target):
     return EagleDrafter.from_target(target, seed=1).eval()
+
+
+@pytest.fixture
+def hf_home(tmp_path, monkeypatch):
+    """An empty Hugging Face home, offline, with no other cache variable set; cwd is tmp_path (so no
+    local directory shadows a hub id)."""
+    pytest.importorskip("huggingface_hub")
+    home = tmp_path / "hf"
+    home.mkdir()
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return home

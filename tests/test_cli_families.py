@@ -296,19 +296,6 @@ def cache_repo(hf_home: Path, repo_id: str, source: Path, commit: str = "0123456
     return snapshot
 
 
-@pytest.fixture
-def hf_home(tmp_path, monkeypatch):
-    pytest.importorskip("huggingface_hub")
-    home = tmp_path / "hf"
-    home.mkdir()
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-    return home
-
-
 def test_unknown_hub_id_offline(hf_home, capsys, tmp_path):
     err = fails(capsys, ["generate", "--model", "BAAI/Emu3-Gen", "--prompt", "a cat", "--out", str(tmp_path / "o")],
                 "BAAI/Emu3-Gen: neither a local directory nor in the Hugging Face cache")

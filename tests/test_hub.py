@@ -28,18 +28,6 @@ def cache_repo(hf_home, repo_id, files=None, commit=COMMIT):
     return snapshot
 
 
-@pytest.fixture
-def hf_home(tmp_path, monkeypatch):
-    home = tmp_path / "hf"
-    home.mkdir()
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-    return home
-
-
 def test_cached_id_resolves_to_snapshot(hf_home):
     snapshot = cache_repo(hf_home, "deepseek-ai/Janus-Pro-1B")
     got = resolve_model_dir("deepseek-ai/Janus-Pro-1B")
