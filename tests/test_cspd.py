@@ -122,12 +122,14 @@ def mixture_model(seed: int, grid=(2, 2), C=1, T=16, K=8) -> ContinuousAR:
     return model
 
 
-def close_draft(model: ContinuousAR, eps: float, seed: int) -> ContinuousAR:
-    """A copy with every weight (and the mixture's A, w) perturbed by eps times its spread."""
+def perturbed(model, eps: float, seed: int, head: str = "head"):
+    """A close draft: a copy with every weight (and the mixture head's A, w: attribute ``head``) moved by
+    eps times its spread."""
     draft = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for t in list(draft.parameters()) + [draft.head.A, draft.head.w]:
+        mixture = getattr(draft, head)
+        for t in list(draft.parameters()) + [mixture.A, mixture.w]:
             t.add_(eps * t.std().clamp_min(1e-3) * torch.randn(t.shape, generator=g))
     return draft
 
@@ -572,7 +574,7 @@ def test_acceptance_paper_vs_trajectory_close_draft():
     rates = {}
     for T in (16, 100):
         t = mixture_model(0, grid=(2, 2), C=2, T=T, K=8)
-        d = close_draft(t, 0.1, 1)
+        d = perturbed(t, 0.1, 1)
         for ratio in ("paper", "coupled", "trajectory"):
             _, st = generate_latents(t, cond, CSpD(gamma=3, ratio=ratio, prefill=0.25), sv.Sampling(), seed=0, draft=d)
             rates[(T, ratio)] = round(st.extra["acceptance_rate"], 3)

@@ -5,11 +5,9 @@ MARPipeline / CLI wiring and one-line errors. Tiny random MARs on a 2x2 grid, se
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from test_cspd import MixtureHead  # the exact-epsilon mixture head (tests/test_cspd.py)
+from test_cspd import MixtureHead, perturbed  # the exact-epsilon mixture head, a close draft (tests/test_cspd.py)
 
 import specvis as sv
 from specvis.bench.two_sample import energy_test
@@ -41,20 +39,10 @@ def random_mar(seed: int, mixture: bool = True, **overrides) -> MAR:
     return model
 
 
-def perturbed(model: MAR, eps: float, seed: int) -> MAR:
-    """A close draft: every tensor (the mixture's A and w too) moved by eps times its spread."""
-    draft = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for t in list(draft.parameters()) + [draft.diffloss.A, draft.diffloss.w]:
-            t.add_(eps * t.std().clamp_min(1e-3) * torch.randn(t.shape, generator=g))
-    return draft
-
-
 @pytest.fixture(scope="module")
 def models():
     t = random_mar(0)
-    return t, perturbed(t, 0.3, 1), random_mar(1)  # target, close draft, a different model
+    return t, perturbed(t, 0.3, 1, head="diffloss"), random_mar(1)  # target, close draft, a different model
 
 
 N, NUM_ITER, SAMPLING = 2000, 4, sv.Sampling(cfg_scale=2.0, temperature=0.9)
