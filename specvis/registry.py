@@ -142,10 +142,9 @@ def spec_of(method) -> str:
     """The bench spec of a method instance, its fields that differ from their defaults only:
     ``SJD(window=8, init="vertical-sample")`` -> ``sjd:window=8:init=vertical-sample`` (``method_from_spec``
     gives the method back)."""
-    name = next(n for n, path in METHODS.items() if path.endswith(f":{type(method).__name__}"))
-    parts = [name]
+    parts = [method.name]
     for obj in (method, getattr(method, "acceptance", None)):
-        if obj is None or not dataclasses.is_dataclass(obj):
+        if obj is None:
             continue
         if obj is not method and obj.name != "exact":
             parts.append(f"{ACCEPT}={obj.name}")

@@ -12,8 +12,8 @@ import pytest
 import specvis as sv
 from specvis.bench import sweeps
 from specvis.cli import RENAMED, _method, build_parser
-from specvis.registry import (ACCEPT, ACCEPTANCE, METHODS, _resolve, build_method, describe, option_names,
-                              parse_method_spec)
+from specvis.registry import (ACCEPT, ACCEPTANCE, METHODS, _resolve, build_method, describe, method_from_spec,
+                              option_names, parse_method_spec, spec_of)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench_emoji.sh"
@@ -154,7 +154,5 @@ def test_every_committed_spec_builds_with_its_options_in_the_json_config(tmp_pat
 def test_spec_of_gives_the_method_back(method):
     """``spec_of`` (what auto prints for reuse) is the inverse of ``method_from_spec``: a field or a
     rule it dropped or misspelt would build another method."""
-    from specvis.registry import method_from_spec, spec_of
-
     spec = spec_of(method)
     assert spec.split(":")[0] in METHODS and method_from_spec(spec) == method
