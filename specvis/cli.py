@@ -113,7 +113,8 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
         g.add_argument("--total-tokens", type=int, help="eagle/adt: tree size"),
         g.add_argument("--tree", help="static-tree: topology, a preset name of the official LANTERN code "
                                        "(mc_sim_7b_63 (default), mc_sim_7b_63_balanced, naive_extend_57, medusa_2_7b_63, "
-                                       "reverse_balanced_25, chain)"),
+                                       "reverse_balanced_25, chain) or paths split by '/' with a path's ranks joined by '.' "
+                                       "(0/1/0.0: [0], [1], [0, 0])"),
         g.add_argument("--beta", type=float, help="adt: acceptance-rate threshold"),
         g.add_argument("--prefill", type=float, help="cspd: fraction of tokens pre-filled by the target"),
         g.add_argument("--ratio", help="cspd: paper (Eq. 5), coupled or trajectory (both exact)"),

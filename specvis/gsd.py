@@ -87,17 +87,12 @@ def normalised_table(table: torch.Tensor) -> torch.Tensor:
 def _ranks(value) -> tuple[int, int] | None:
     if value is None:
         return None
-    if isinstance(value, str):
-        if value == "official":
-            return (7, 6)
-        value = value.replace("/", ",").split(",")
-    try:
-        below, above = (int(v) if not isinstance(v, bool) and float(v) == int(v) else None for v in value)
-    except (TypeError, ValueError):
-        below = above = None
-    if below is None or above is None or below < 0 or above < 0:
+    if value == "official":
+        return (7, 6)
+    if not (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
         raise ValueError(f"GSD.ranks must be (below, above), two integers >= 0 (or 'official' = (7, 6)), got {value!r}")
-    return (below, above)
+    return tuple(value)
 
 
 @dataclass(frozen=True)
@@ -112,7 +107,7 @@ class GSD:
     delta_p: float = 0.15
     max_dist: float | None = None
     embedding: str = "input"
-    ranks: tuple | None = None
+    ranks: tuple[int, int] | str | None = None
     residual: str = "paper"
     name = "gsd"
     lossless = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from typing import Any, Callable
 
 METHODS = {  # CLI name -> "module:Class"
@@ -104,10 +105,33 @@ def build_method(name: str, options: dict[str, Any], acceptance: str | None = No
             raise ValueError(f"method {name} has no option {spell(key)!r} with acceptance rule {rule_name}; "
                              f"it is an option of rule {' and '.join(owners)} (set {spell(ACCEPT)}={owners[0]})")
         raise ValueError(f"method {name} has no option {spell(key)!r}; options: {_listing(cls, spell)}")
-    method_kw = {k: v for k, v in kw.items() if k in own}
+    method_kw = {k: _sequence(v, _tuple_depth(cls, k)) for k, v in kw.items() if k in own}
     if rule is not None:
-        method_kw["acceptance"] = rule(**{k: v for k, v in kw.items() if k in theirs})
+        method_kw["acceptance"] = rule(**{k: _sequence(v, _tuple_depth(rule, k)) for k, v in kw.items() if k in theirs})
     return cls(**method_kw)
+
+
+def _tuple_depth(cls, key: str) -> int:
+    """How deep the tuples of field ``key`` nest, read off its annotation: 0 (no tuple), 1 (``depth_range:
+    tuple[int, int]``) or 2 (``StaticTree.tree``'s paths, ``tuple[tuple[int, ...], ...]``)."""
+    for f in dataclasses.fields(cls):
+        if f.name == key:
+            hint = f.type if isinstance(f.type, str) else repr(f.type)
+            return 2 if "tuple[tuple[" in hint else int("tuple" in hint)
+    return 0
+
+
+def _sequence(value: Any, depth: int) -> Any:
+    """A spec or flag value of a tuple field as the tuple: items separated by '/' (or ','), a path's
+    indices by '.': ``2/8`` -> (2, 8), ``0/1/0.0`` -> ((0,), (1,), (0, 0)), ``4`` -> (4,). Anything else
+    (a preset name, a word) is returned as it is, for the field's own check to accept or refuse."""
+    if depth == 0 or isinstance(value, (bool, tuple, list)) or not isinstance(value, (str, int, float)):
+        return value
+    items = [i.strip() for i in re.split(r"[/,]", str(value))]
+    parts = [i.split(".") if depth == 2 else [i] for i in items]
+    if not all(n.isdigit() for part in parts for n in part):
+        return value
+    return tuple(tuple(map(int, part)) if depth == 2 else int(part[0]) for part in parts)
 
 
 def _str_field(cls, key: str) -> bool:
@@ -152,8 +176,16 @@ def spec_of(method) -> str:
             v = getattr(obj, f.name)
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             if f.init and f.name != "acceptance" and v != default:
-                parts.append(f"{f.name}={'/'.join(map(str, v)) if isinstance(v, tuple) else v}")
+                parts.append(f"{f.name}={_spell(v)}")
     return ":".join(parts)
+
+
+def _spell(value: Any) -> str:
+    """A field's value as a spec writes it (``_sequence`` reads it back): (2, 8) -> ``2/8``, paths
+    ((0,), (0, 1)) -> ``0/0.1``."""
+    if isinstance(value, tuple):
+        return "/".join(".".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in value)
+    return str(value)
 
 
 def _literal(text: str) -> Any:
@@ -172,7 +204,7 @@ def describe(method) -> tuple[str, dict[str, Any], str]:
         if f.name == "acceptance":
             continue
         v = getattr(method, f.name)
-        config[f.name] = list(v) if isinstance(v, tuple) else v
+        config[f.name] = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
     rule = getattr(method, "acceptance", None)
     rule_name = rule.name if rule is not None else "none"
     if rule is not None and dataclasses.is_dataclass(rule) and dataclasses.fields(rule):

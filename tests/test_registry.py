@@ -150,9 +150,25 @@ def test_every_committed_spec_builds_with_its_options_in_the_json_config(tmp_pat
     sv.SJD(refine=False, coupling="none"), sv.EagleTree(depth=4, top_k=8, total_tokens=24), sv.StaticTree(tree="chain"),
     sv.Speculative(gamma=2, acceptance=sv.Lantern(k=5, delta=0.3, budget="relative", lam=2.0)),
     sv.SJD(window=4, acceptance=sv.GSD(group=4)), sv.Auto(margin=1.2, probe_classes=(0, 3)),
+    sv.Auto(probe_classes=(4,)), sv.SJD(acceptance=sv.GSD(ranks=(7, 6))), sv.ADTTree(depth_range=(2, 8)),
+    sv.StaticTree(tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]]), sv.StaticTree(tree=[[0]]),
 ])
 def test_spec_of_gives_the_method_back(method):
     """``spec_of`` (what auto prints for reuse) is the inverse of ``method_from_spec``: a field or a
     rule it dropped or misspelt would build another method."""
     spec = spec_of(method)
     assert spec.split(":")[0] in METHODS and method_from_spec(spec) == method
+
+
+def test_tuple_options_are_written_with_slashes_and_dots():
+    """A tuple field (ADT's ranges, a static tree's paths) has a spelling in a spec and a flag: items
+    split by '/' (',' outside a bench --methods list), a path's indices joined by '.'."""
+    assert strict("adt:depth_range=2/8:topk_range=1/5") == sv.ADTTree(depth_range=(2, 8), topk_range=(1, 5))
+    assert strict("static-tree:tree=0/1/0.0").paths == ((0,), (1,), (0, 0))
+    assert strict("static-tree:tree=chain") == sv.StaticTree(tree="chain")
+    assert generate_method("--method", "static-tree", "--tree", "0,0.0,0.0.0") == sv.StaticTree(tree=[[0], [0, 0], [0, 0, 0]])
+    for spec, message in [("static-tree:tree=0/0.1", "StaticTree.tree: path [0, 1] has no elder sibling [0, 0]"),
+                          ("static-tree:tree=0/x", "StaticTree.tree: unknown preset '0/x'"),
+                          ("adt:depth_range=2/3", "ADTTree.depth_range must be an open interval")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            strict(spec)

@@ -61,8 +61,10 @@ def test_validation_registry_and_cli():
                             (GSD, {"ranks": (-1, 2)}, "ranks")]:
         with pytest.raises(ValueError, match=f"{cls.__name__}.{field}"):
             cls(**bad)
-    assert GSD(ranks="7,6").window == (7, 6) == GSD(group=3, ranks="official").window and GSD(group=25).window == (12, 12)
     from specvis.registry import method_from_spec
+    assert GSD(ranks=(7, 6)).window == (7, 6) == GSD(group=3, ranks="official").window and GSD(group=25).window == (12, 12)
+    assert method_from_spec("sjd:accept=gsd:ranks=7,6").acceptance.window == (7, 6)  # the --gsd-ranks spelling
+    assert method_from_spec("sjd:accept=gsd:ranks=7/6").acceptance.window == (7, 6)  # inside a bench --methods list
     m = method_from_spec("sjd:window=8:accept=gsd:group=25")
     assert m.window == 8 and m.acceptance == GSD(group=25) and not m.lossless
     m = method_from_spec("speculative:gamma=2:accept=lantern:budget=relative:lam=3:residual=min-tv")

@@ -259,3 +259,5 @@ def test_registry_and_cli_names():
     assert (name, config, rule) == ("static-tree", {"tree": "reverse_balanced_25"}, "exact")
     cli = _method(build_parser().parse_args(["generate", "--method", "static-tree", "--tree", "chain"]))
     assert cli == sv.StaticTree(tree="chain")
+    # a custom tree's config is what its JSON holds (lists), in memory too: the Markdown table shows the same
+    assert describe(sv.StaticTree(tree=[[0], [0, 0]]))[1] == {"tree": [[0], [0, 0]]}

@@ -222,10 +222,8 @@ class Auto:
         if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
             raise ValueError(f"Auto.repeats must be an integer >= 1, got {self.repeats!r}")
         pc = self.probe_classes
-        if isinstance(pc, str):  # a spec's "0/3/5" (a bench --methods list is comma-separated) or "0,3,5"
-            pc = tuple(int(c) if c.strip().isdigit() else c for c in pc.replace("/", ",").split(","))
-        elif isinstance(pc, (int, list)) and not isinstance(pc, bool):  # a spec's one class, a list
-            pc = tuple(pc) if isinstance(pc, list) else (pc,)
+        if isinstance(pc, list):
+            pc = tuple(pc)
         if pc is not None and not (isinstance(pc, tuple) and pc and all(
                 isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in pc)):
             raise ValueError(f"Auto.probe_classes must be a non-empty list of class ids >= 0 (e.g. 0/3/5), got {self.probe_classes!r}")

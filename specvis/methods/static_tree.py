@@ -103,7 +103,7 @@ def tree_paths(tree) -> tuple[tuple[int, ...], ...]:
     if isinstance(tree, str):
         if tree not in PRESETS:
             raise ValueError(f"StaticTree.tree: unknown preset {tree!r}; choose from {', '.join(PRESETS)} "
-                             "or give a list of paths like [[0], [1], [0, 0]]")
+                             "or give a list of paths like [[0], [1], [0, 0]] (in a spec or flag: 0/1/0.0)")
         return PRESETS[tree]
     bad = f"StaticTree.tree must be a preset name ({', '.join(PRESETS)}) or a non-empty list of paths like [[0], [1], [0, 0]]"
     if not isinstance(tree, (list, tuple)) or not tree:
@@ -172,7 +172,7 @@ class StaticTree(_TreeMethod):
     Needs ``drafter=`` (an EagleDrafter). ``acceptance=Lantern(budget="relative", lam=...)`` is LANTERN++
     (its bound: ``BoundLantern.sibling_q``); rules without ``sibling_q`` (GSD) are refused."""
 
-    tree: object = "mc_sim_7b_63"
+    tree: str | tuple[tuple[int, ...], ...] = "mc_sim_7b_63"
     acceptance: object = field(default_factory=Exact)
     name = "static-tree"
 
