@@ -384,7 +384,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if compare:
         print(f"  vs ar (same conditions and seed): wall {compare['ar_wall_s']:.2f}s -> {s.wall_s:.2f}s, "
               f"speedup {compare['speedup']:.2f}x  (target forwards {compare['ar_target_forwards']} -> {s.target_forwards})")
-    print(f"  wrote {num} PNGs, grid.png, heatmap.png, stats.json to {out_dir}/")
+    print(f"  wrote {num} PNG{'s' if num != 1 else ''}, grid.png, heatmap.png, stats.json to {out_dir}/")
     return 0
 
 
