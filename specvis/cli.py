@@ -438,7 +438,7 @@ def cmd_sample(a: argparse.Namespace) -> int:
         print(f"  step compression {stats['step_compression']:.2f}  mean accepted length "
               f"{stats['mean_accepted_length']:.2f}  decoding {stats['wall_s']:.2f}s over all ranks"
               f"  (rank 0: {fresh} generated, {reused} already there)")
-        print(f"  wrote {out}/samples.npz (arr_0 uint8 {a.num}x...x3), stats.json, images/")
+        print(f"  wrote {out}/samples.npz (arr_0 uint8 {'x'.join(map(str, stats['npz_shape']))}), stats.json, images/")
     return 0
 
 

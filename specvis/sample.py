@@ -211,7 +211,7 @@ def sample(pipe, method, sampling, out_dir: str | Path, *, num: int, batch_size:
     if dist.rank != 0:
         return None
     merged = _merge(out, config, len(work), dist.world, generated_here=generated, skipped_here=skipped)
-    write_npz(out / "samples.npz", [image_path(out, i) for i in range(num)])
+    merged["npz_shape"] = list(write_npz(out / "samples.npz", [image_path(out, i) for i in range(num)]))
     write_text(out / "stats.json", json.dumps(merged, indent=1))
     _clean_temps(out)
     return merged
