@@ -229,7 +229,8 @@ def build_parser() -> Parser:
     b = sub.add_parser("bench", help="benchmark methods against AR (JSON of API.md)")
     b.add_argument("--model", default="emoji", help=model_help)
     b.add_argument("--methods", default="ar,speculative",
-                   help="comma-separated method specs, options as name:key=value, e.g. sjd:window=8")
+                   help="comma-separated method specs, options as name:key=value, e.g. sjd:window=8 "
+                        "(a tuple option's items split by '/': adt:depth_range=2/8, static-tree:tree=0/1/0.0)")
     b.add_argument("--prompts", help="text-to-image checkpoints: a file with one prompt a line (image i gets line i mod n)")
     b.add_argument("--height", type=int, help="image height in tokens (text-to-image checkpoints; default native)")
     b.add_argument("--width", type=int, help="image width in tokens (default native)")
