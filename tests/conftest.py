@@ -31,7 +31,6 @@ def drafter(target):
 def hf_home(tmp_path, monkeypatch):
     """An empty Hugging Face home, offline, with no other cache variable set; cwd is tmp_path (so no
     local directory shadows a hub id)."""
-    pytest.importorskip("huggingface_hub")
     home = tmp_path / "hf"
     home.mkdir()
     monkeypatch.setenv("HF_HOME", str(home))

@@ -279,6 +279,13 @@ def test_prompt_to_class_model(capsys, tmp_path):
 # ------------------------------------------------------------------------------ Hub ids
 
 
+@pytest.fixture
+def hf_home(hf_home):
+    """conftest's offline home; these CLI runs need huggingface_hub (test_hub's lookups do not)."""
+    pytest.importorskip("huggingface_hub")
+    return hf_home
+
+
 def cache_repo(hf_home: Path, repo_id: str, source: Path, commit: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
     """``source``'s files laid out as huggingface_hub caches ``repo_id``: blobs/<sha256>, snapshots/<commit>/<file>
     -> relative symlink to the blob, refs/main."""
