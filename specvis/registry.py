@@ -105,27 +105,25 @@ def build_method(name: str, options: dict[str, Any], acceptance: str | None = No
             raise ValueError(f"method {name} has no option {spell(key)!r} with acceptance rule {rule_name}; "
                              f"it is an option of rule {' and '.join(owners)} (set {spell(ACCEPT)}={owners[0]})")
         raise ValueError(f"method {name} has no option {spell(key)!r}; options: {_listing(cls, spell)}")
-    method_kw = {k: _sequence(v, _tuple_depth(cls, k)) for k, v in kw.items() if k in own}
+    method_kw = _typed(cls, {k: v for k, v in kw.items() if k in own})
     if rule is not None:
-        method_kw["acceptance"] = rule(**{k: _sequence(v, _tuple_depth(rule, k)) for k, v in kw.items() if k in theirs})
+        method_kw["acceptance"] = rule(**_typed(rule, {k: v for k, v in kw.items() if k in theirs}))
     return cls(**method_kw)
 
 
-def _tuple_depth(cls, key: str) -> int:
-    """How deep the tuples of field ``key`` nest, read off its annotation: 0 (no tuple), 1 (``depth_range:
-    tuple[int, int]``) or 2 (``StaticTree.tree``'s paths, ``tuple[tuple[int, ...], ...]``)."""
-    for f in dataclasses.fields(cls):
-        if f.name == key:
-            hint = f.type if isinstance(f.type, str) else repr(f.type)
-            return 2 if "tuple[tuple[" in hint else int("tuple" in hint)
-    return 0
+def _typed(cls, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with each tuple field's spec or flag text read as its tuple (``_sequence``); the nesting
+    is read off the field's annotation: 1 (``depth_range: tuple[int, int]``) or 2 (``StaticTree.tree``'s
+    paths, ``tuple[tuple[int, ...], ...]``)."""
+    hints = {f.name: f.type if isinstance(f.type, str) else repr(f.type) for f in dataclasses.fields(cls)}
+    return {k: _sequence(v, 2 if "tuple[tuple[" in hints[k] else int("tuple" in hints[k])) for k, v in options.items()}
 
 
 def _sequence(value: Any, depth: int) -> Any:
     """A spec or flag value of a tuple field as the tuple: items separated by '/' (or ','), a path's
     indices by '.': ``2/8`` -> (2, 8), ``0/1/0.0`` -> ((0,), (1,), (0, 0)), ``4`` -> (4,). Anything else
-    (a preset name, a word) is returned as it is, for the field's own check to accept or refuse."""
-    if depth == 0 or isinstance(value, (bool, tuple, list)) or not isinstance(value, (str, int, float)):
+    (a preset name, a word, a tuple already) is returned as it is, for the field's own check to accept or refuse."""
+    if depth == 0 or isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return value
     items = [i.strip() for i in re.split(r"[/,]", str(value))]
     parts = [i.split(".") if depth == 2 else [i] for i in items]
