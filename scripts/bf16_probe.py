@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
@@ -17,6 +16,7 @@ import torch
 
 import specvis as sv
 from specvis.bench.forward_cost import forward_cost
+from specvis.cpu_features import cpu_name, native_dot_products
 from specvis.io import write_text
 from specvis.methods.base import GuidedModel
 
@@ -105,18 +105,19 @@ def markdown(r: dict) -> str:
              "| tokens | fp32 | bf16 | fp32 / one token | bf16 / one token |", "| ---: | ---: | ---: | ---: | ---: |"]
     for a, b in zip(r["cost_curve"]["fp32"], r["cost_curve"]["bf16"]):
         lines.append(f"| {a['tokens']} | {a['median_ms']:.2f} | {b['median_ms']:.2f} | {a['relative_to_1']:.2f}x | {b['relative_to_1']:.2f}x |")
-    s = r["speed"]
-    keys = list(s["images_per_s"])
-    lines += ["", "## Batch 1, timed image by image in turn (SJD: window 16, vertical-sample, Gumbel)", "",
-              "| round | " + " | ".join(f"{k} images/s" for k in keys) + " | " + " | ".join(f"{k} / fastest AR" for k in keys) + " |",
-              "| ---: |" + " ---: |" * (2 * len(keys))]
-    for i in range(len(s["images_per_s"][keys[0]])):
-        lines.append(f"| {i + 1} | " + " | ".join(f"{s['images_per_s'][k][i]:.3f}" for k in keys) + " | "
-                     + " | ".join(f"{s['over_fastest_ar'][k][i]:.2f}x" for k in keys) + " |")
-    lines += ["", "Median over rounds, against the faster AR of the same round: "
-              + ", ".join(f"{k} {v:.2f}x" for k, v in s["median_over_fastest_ar"].items())
-              + f" ({s['images_per_round']} images a round).", "",
-              "## Sampling laws (temperature 1, CFG 3): total variation per position", "",
+    if "speed" in r:
+        s = r["speed"]
+        keys = list(s["images_per_s"])
+        lines += ["", "## Batch 1, timed image by image in turn (SJD: window 16, vertical-sample, Gumbel)", "",
+                  "| round | " + " | ".join(f"{k} images/s" for k in keys) + " | " + " | ".join(f"{k} / fastest AR" for k in keys) + " |",
+                  "| ---: |" + " ---: |" * (2 * len(keys))]
+        for i in range(len(s["images_per_s"][keys[0]])):
+            lines.append(f"| {i + 1} | " + " | ".join(f"{s['images_per_s'][k][i]:.3f}" for k in keys) + " | "
+                         + " | ".join(f"{s['over_fastest_ar'][k][i]:.2f}x" for k in keys) + " |")
+        lines += ["", "Median over rounds, against the faster AR of the same round: "
+                  + ", ".join(f"{k} {v:.2f}x" for k, v in s["median_over_fastest_ar"].items())
+                  + f" ({s['images_per_round']} images a round)."]
+    lines += ["", "## Sampling laws (temperature 1, CFG 3): total variation per position", "",
               f"{r['laws']['images']} AR sequences of the fp32 target, {r['laws']['positions']} positions; the law of "
               "each position given the earlier tokens, computed by the cached model.", "",
               "| pair | mean | 99th percentile | max |", "| --- | ---: | ---: | ---: |"]
@@ -126,29 +127,21 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-    except OSError:
-        return platform.machine()
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), platform.machine())
-    return f"{name}, {'with' if 'avx512_bf16' in info else 'without'} AVX512-BF16"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="path prefix: writes PREFIX.json and PREFIX.md")
-    p.add_argument("--images", type=int, default=32, help="images per configuration per timed round")
+    p.add_argument("--images", type=int, default=32, help="images per configuration per timed round (0: no timed images)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=90)
     a = p.parse_args()
     torch.set_num_threads(1)
     pipes = {"fp32": sv.load("emoji", threads=1), "bf16": sv.load("emoji", dtype="bf16", threads=1)}
-    report = {"cpu": cpu_name(), "torch": torch.__version__,
+    bf16 = "with" if native_dot_products(torch.bfloat16) else "without"
+    report = {"cpu": f"{cpu_name()}, {bf16} bf16 dot products", "torch": torch.__version__,
               "laws": law_distances(pipes, 8, a.seed),
-              "cost_curve": curves(pipes, [1, 5, 9, 17, 33], 5),
-              "speed": speed(pipes, a.images, a.rounds, a.seed)}
+              "cost_curve": curves(pipes, [1, 5, 9, 17, 33], 5)}
+    if a.images:
+        report["speed"] = speed(pipes, a.images, a.rounds, a.seed)
     write_text(a.out + ".json", json.dumps(report, indent=1) + "\n")
     write_text(a.out + ".md", markdown(report))
     print(markdown(report))

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .cpu_features import NATIVE_FLAGS, native_dot_products
 from .generate import Generation, generate
 from .models.base import Condition, Prompts
 from .models.checkpoint import one_line
@@ -116,6 +117,10 @@ class Pipeline:
             for m in (self.target, self.draft, self.drafter):
                 if m is not None:
                     m.to(dtype=dt)
+            if self.device.type == "cpu" and native_dot_products(dt) is False:
+                warnings.warn(f"this CPU has no {str(dt).removeprefix('torch.')} dot products (none of the cpuinfo "
+                              f"flags {', '.join(sorted(NATIVE_FLAGS[dt]))}): its matmuls are emulated, measured "
+                              "3.5-25x slower than fp32 (docs/benchmarks/bf16-cpu-avx2.md); use fp32", stacklevel=2)
         if compile is True and self.device.type == "cpu":
             warnings.warn("torch.compile skipped on CPU, where it measured slower than eager "
                           "(docs/benchmarks/compile-cpu.md); compile='always' forces it", stacklevel=2)

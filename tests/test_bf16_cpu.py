@@ -13,6 +13,7 @@ import torch
 from exactness import check_method, tiny_llamagen
 
 import specvis as sv
+from specvis import cpu_features
 from specvis.models.continuous import ContinuousAR
 from specvis.models.drafter import EagleDrafter
 from specvis.models.weight_layout import transpose_linear_weights
@@ -84,3 +85,35 @@ def test_cpu_cache_of_a_bf16_model_is_float32():
     assert target.cache.k.dtype == torch.float32
     logits, _ = target.forward_tokens(torch.tensor([[1], [2]]), torch.zeros(2, 1, dtype=torch.long))
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("flags, warns", [(frozenset({"avx2", "fma"}), True),
+                                          (frozenset({"avx2", "avx512_bf16"}), False),
+                                          (None, False)])
+def test_bf16_on_a_cpu_without_bf16_dot_products_warns(monkeypatch, recwarn, flags, warns):
+    """On a CPU whose flags lack bf16 dot products (an AVX2-only EPYC measured 3-18x slower in bf16
+    than fp32) ``sv.load(dtype="bf16")`` warns and names fp32; with avx512_bf16, or flags unknown,
+    it stays silent. Catches: the warning lost, or given on every CPU (users told off a faster dtype)."""
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: flags)
+    sv.load("random-tiny", dtype="bf16")
+    said = [str(w.message) for w in recwarn if "dot products" in str(w.message)]
+    assert (len(said) == 1) == warns, said
+    if warns:
+        assert "bfloat16" in said[0] and "avx512_bf16" in said[0] and "use fp32" in said[0]
+
+
+def test_cpu_flags_read_the_x86_and_arm_spellings(monkeypatch, tmp_path):
+    """``cpu_flags`` reads x86's "flags" and Arm's "Features" line; fp32 is always native."""
+    import builtins
+
+    real_open = builtins.open
+    for text, want in (("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n", True),
+                       ("processor\t: 0\nFeatures\t: fp asimd asimdhp\n", False)):
+        (tmp_path / "cpuinfo").write_text(text)
+        monkeypatch.setattr(builtins, "open", lambda p, *a, **k: real_open(tmp_path / "cpuinfo" if p == "/proc/cpuinfo" else p, *a, **k))
+        cpu_features.cpu_flags.cache_clear()
+        assert cpu_features.native_dot_products(torch.bfloat16) is want
+        assert cpu_features.native_dot_products(torch.float16) is (not want)
+        assert cpu_features.native_dot_products(torch.float32) is True
+    monkeypatch.setattr(builtins, "open", real_open)
+    cpu_features.cpu_flags.cache_clear()

@@ -1,0 +1,54 @@
+"""What this CPU computes natively, read from the kernel's /proc/cpuinfo (Linux; elsewhere unknown).
+
+bf16 and fp16 matmuls on a CPU without dot products of that type are emulated: on an AMD EPYC
+without AVX512 (AVX2 only) the emoji target's bf16 forward measured 3.5x (one token) to 25x (33
+tokens) slower than fp32 (docs/benchmarks/bf16-cpu-avx2.md), fp16 alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+
+import torch
+
+# cpuinfo flags that give a dtype's dot products: x86 ("flags") and Arm ("Features") spellings
+NATIVE_FLAGS: dict[torch.dtype, frozenset[str]] = {
+    torch.bfloat16: frozenset({"avx512_bf16", "amx_bf16", "bf16"}),
+    torch.float16: frozenset({"avx512_fp16", "amx_fp16", "asimdhp"}),
+}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """The first processor's feature flags, or None where /proc/cpuinfo cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return None
+
+
+def cpu_name() -> str:
+    """The processor's model name (``platform.machine()`` where /proc/cpuinfo has none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def native_dot_products(dtype: torch.dtype) -> bool | None:
+    """Whether this CPU has dot products in ``dtype`` (fp32: always); None when it cannot be told."""
+    if dtype not in NATIVE_FLAGS:
+        return True
+    flags = cpu_flags()
+    return None if flags is None else bool(flags & NATIVE_FLAGS[dtype])
