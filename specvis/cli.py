@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from . import __version__, demo
@@ -375,7 +376,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     write_text(out_dir / "stats.json", json.dumps(stats, indent=1))
     what = f"classes {sorted(set(conditions['classes']))}" if "classes" in conditions else f"{len(set(prompts))} prompts"
     chosen = " (the model's default; --method ar for plain AR)" if not a.method else ""
-    print(f"specvis {a.model} | method {name} {json.dumps(config)}{chosen} | accept {rule} | {num} images, {what}")
+    print(f"specvis {a.model} | method {name} {json.dumps(config)}{chosen} | accept {rule} | {num} image{'s' if num != 1 else ''}, {what}")
     print(f"  device {_device_line(pipe)}")
     if hasattr(method, "explain"):
         print(f"  {method.explain()}")
@@ -487,6 +488,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line, like the CLI's errors (not the file and source line of where it was raised)."""
+    print(f"specvis: warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train-drafter"]:  # its own flags: python -m specvis.train.train_drafter
@@ -495,8 +501,10 @@ def main(argv: list[str] | None = None) -> int:
         return train_drafter(argv[1:])
     try:
         a = build_parser().parse_args(argv)
-        return {"generate": cmd_generate, "sample": cmd_sample, "bench": cmd_bench, "models": cmd_models,
-                "demo": demo.main}[a.command](a)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return {"generate": cmd_generate, "sample": cmd_sample, "bench": cmd_bench, "models": cmd_models,
+                    "demo": demo.main}[a.command](a)
     except (UsageError, ValueError, OSError) as e:  # OSError: FileNotFoundError, PermissionError, disk full ...
         print(f"specvis: error: {e}", file=sys.stderr)
         return 2

@@ -155,3 +155,17 @@ def test_every_option_of_every_subcommand_has_help():
             assert action.help and action.help.strip(), f"specvis {name} {'/'.join(action.option_strings)} has no help"
             checked += 1
     assert {"generate", "sample", "bench", "models"} <= set(subs[0].choices) and checked > 50
+
+
+def test_a_warning_is_one_line_on_stderr(tmp_path, capsys):
+    """A library warning reaches the CLI user as one "specvis: warning: ..." line (not Python's file,
+    line number and source line), and the header counts "1 image". Catches: the hook lost or
+    left installed after main returns."""
+    assert main(["generate", "--model", "random-tiny", "--method", "ar", "--num", "1", "--compile", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    warned = [ln for ln in out.err.splitlines() if "compile skipped" in ln]
+    assert warned and all(ln.startswith("specvis: warning: torch.compile skipped on CPU") for ln in warned), out.err
+    assert "zoo.py" not in out.err and "| 1 image, classes" in out.out
+    import warnings
+
+    assert warnings.showwarning is not sv.cli._show_warning
