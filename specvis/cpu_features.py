@@ -2,7 +2,7 @@
 
 bf16 and fp16 matmuls on a CPU without dot products of that type are emulated: on an AMD EPYC
 without AVX512 (AVX2 only) the emoji target's bf16 forward measured 3.5x (one token) to 25x (33
-tokens) slower than fp32 (docs/benchmarks/bf16-cpu-avx2.md), fp16 alike.
+tokens) slower than fp32 (docs/benchmarks/bf16-cpu-avx2.md); fp16 about as slow in a one-off check.
 """
 
 from __future__ import annotations
@@ -19,31 +19,29 @@ NATIVE_FLAGS: dict[torch.dtype, frozenset[str]] = {
 }
 
 
-@functools.cache
-def cpu_flags() -> frozenset[str] | None:
-    """The first processor's feature flags, or None where /proc/cpuinfo cannot be read."""
+def _first(keys: tuple[str, ...]) -> str | None:
+    """The value of the first /proc/cpuinfo line whose key is one of ``keys`` (None if none, or unreadable)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
+                if key.strip() in keys:
+                    return value.strip()
     except OSError:
         pass
     return None
 
 
+@functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """The first processor's feature flags (x86 "flags", Arm "Features"), or None where unknown."""
+    flags = _first(("flags", "Features"))
+    return None if flags is None else frozenset(flags.split())
+
+
 def cpu_name() -> str:
     """The processor's model name (``platform.machine()`` where /proc/cpuinfo has none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.machine()
+    return _first(("model name",)) or platform.machine()
 
 
 def native_dot_products(dtype: torch.dtype) -> bool | None:

@@ -27,7 +27,12 @@ probe classes, margin):
    (``bench.report.predicted_time``, the formula of the bench's ``predicted_speedup``), and
    predicted speedup = AR's predicted time / the candidate's.
 4. Choose: among the close candidates (``margin`` defaults to 1.1), the one with the least
-   wall-clock per image over its runs after the first (the first pays one-time costs). It runs when
+   wall-clock per image over its runs after the first (the first pays one-time costs), if it ran
+   faster than the best predicted one beyond the probe's noise (``significantly_faster``: a
+   one-sided 95% paired t-test on the runs' log wall-clock ratios, the same batches in both);
+   otherwise the best predicted one. (A fp32 goal run at batch 1 on an AVX2 EPYC timed SJD window 8
+   2% faster than window 16 over seven images, against the curve's 6% the other way, and ran 1.48x
+   AR against window 16's 1.68x over 64 images.) It runs when
    that wall-clock is at most AR's over AR's runs after the first; otherwise, or when none passes
    the margin, AR runs. The curve leaves out each round's sampling, acceptance and bookkeeping: on
    the emoji target SJD windows 8 and 16 are 3.7% apart on the curve and 7% in wall-clock (fp32,
@@ -52,6 +57,8 @@ is its cost on the call that paid it, 0 afterwards).
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 import weakref
 from dataclasses import dataclass
@@ -62,6 +69,7 @@ PROBE_IMAGES = 8  # images each close candidate is probed on (a bf16 goal run at
 # over window 16, predicted 8% apart over 64 images, from one image's acceptance)
 CLOSE = 1.15  # candidates predicted within this factor of the best are probed on PROBE_IMAGES images
 MAX_SIZES = 12  # most block sizes measured per kind in the cost curve
+T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)  # one-sided 95% Student t, df 1..10
 _CACHE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # target -> {key: figures}
 
 
@@ -138,6 +146,17 @@ def _price(rows: list[dict], curve: dict, stream_len: int) -> None:
         r["drafts_per_round"] = sum(st.draft_forwards for st in runs) / max(forwards, 1)
 
 
+def significantly_faster(a: list[float], b: list[float]) -> bool:
+    """Whether runs ``a`` took less wall-clock than the paired runs ``b`` (run j of each on the same
+    batch) beyond their noise: with d_j = log(b_j / a_j) over n >= 2 pairs, mean(d) > t * sd(d) / sqrt(n),
+    t the one-sided 95% Student t with n - 1 degrees of freedom (``T95``; 1.812 beyond 10)."""
+    d = [math.log(y / x) for x, y in zip(a, b)]
+    if len(d) < 2:
+        return False
+    t = T95[min(len(d) - 1, len(T95)) - 1]
+    return statistics.fmean(d) > t * statistics.stdev(d) / math.sqrt(len(d))
+
+
 def probe_rows(conditions, probe_classes: tuple[int, ...] | None, batch: int, j: int, total: int):
     """The conditions of probe batch ``j``: the call's own, or rows ``j * batch ..`` of ``total``
     probe images spread over ``probe_classes`` (image k has class ``probe_classes[k * N // total]``)."""
@@ -191,6 +210,7 @@ def calibrate(model, conditions, sampling, draft=None, drafter=None, graphs=None
         per_image = lambda r: sum(st.wall_s for st in r["runs"][1:]) / ((runs - 1) * batch)  # every one-time cost paid
         out["ar_wall_per_image_s"] = per_image(ar)
         for r in close:
+            r["wall_runs_s"] = [st.wall_s for st in r["runs"][1:]]
             r["wall_per_image_s"] = per_image(r)
             r["measured_speedup"] = out["ar_wall_per_image_s"] / r["wall_per_image_s"] if r["wall_per_image_s"] else 0.0
     for r in rows:
@@ -274,7 +294,15 @@ class Auto:
         spent = time.perf_counter() - t0
         rows = fig["rows"]
         timed = [r for r in rows if "wall_per_image_s" in r]  # the close candidates that passed the margin
-        best = min(timed, key=lambda r: r["wall_per_image_s"], default=None)
+        best, rank = None, ""
+        if timed:
+            best = min(timed, key=lambda r: r["wall_per_image_s"])
+            rank = ", the least of the close candidates" if len(timed) > 1 else ""
+            by_curve = max(timed, key=lambda r: r["predicted_speedup"])
+            if best is not by_curve and not significantly_faster(best["wall_runs_s"], by_curve["wall_runs_s"]):
+                rank = (f", the best predicted of the close candidates ({best['label']} ran "
+                        f"{1 - best['wall_per_image_s'] / by_curve['wall_per_image_s']:.1%} less wall-clock, within the probe's noise)")
+                best = by_curve
         if best is None:
             pick, why = None, f"no candidate predicted >= {self.margin:g}x AR"
         elif best["measured_speedup"] < 1.0:
@@ -282,8 +310,7 @@ class Auto:
                                f"{best['measured_speedup']:.2f}x AR's wall-clock in the probe")
         else:
             pick, why = best, (f"predicted {best['predicted_speedup']:.2f}x AR >= margin {self.margin:g}, ran "
-                               f"{best['measured_speedup']:.2f}x AR's wall-clock in the probe"
-                               + (", the least of the close candidates" if len(timed) > 1 else ""))
+                               f"{best['measured_speedup']:.2f}x AR's wall-clock in the probe{rank}")
         method = pick["method"] if pick else AR()
         assert method.lossless
         figs = "; ".join(f"{r['label']} mal {r['mean_accepted_length']:.2f} drafts/round {r['drafts_per_round']:.1f} "
