@@ -314,7 +314,7 @@ class Auto:
         method = pick["method"] if pick else AR()
         assert method.lossless
         figs = "; ".join(f"{r['label']} mal {r['mean_accepted_length']:.2f} drafts/round {r['drafts_per_round']:.1f} "
-                         f"pred {r['predicted_speedup']:.2f}x ({r['images']} images"
+                         f"pred {r['predicted_speedup']:.2f}x ({r['images']} image{'s' if r['images'] != 1 else ''}"
                          + (f", {r['wall_per_image_s']:.3f} s/image)" if "wall_per_image_s" in r else ")") for r in rows)
         ar_wall = f"; ar {fig['ar_wall_per_image_s']:.3f} s/image" if "ar_wall_per_image_s" in fig else ""
         skipped = f"; skipped {', '.join(fig['skipped'])}" if fig["skipped"] else ""
