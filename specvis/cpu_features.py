@@ -50,3 +50,12 @@ def native_dot_products(dtype: torch.dtype) -> bool | None:
         return True
     flags = cpu_flags()
     return None if flags is None else bool(flags & NATIVE_FLAGS[dtype])
+
+
+def cpu_description() -> str:
+    """``AMD EPYC, AVX2``: the model name, torch's vector instruction level and, where present, bf16
+    dot products; what a benchmark report records (and compares before reusing a cost curve)."""
+    parts = [cpu_name(), torch.backends.cpu.get_cpu_capability()]
+    if native_dot_products(torch.bfloat16):
+        parts.append("bf16 dot products")
+    return ", ".join(parts)

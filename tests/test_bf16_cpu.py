@@ -117,3 +117,14 @@ def test_cpu_flags_read_the_x86_and_arm_spellings(monkeypatch, tmp_path):
         assert cpu_features.native_dot_products(torch.float32) is True
     monkeypatch.setattr(builtins, "open", real_open)
     cpu_features.cpu_flags.cache_clear()
+
+
+def test_cpu_description_names_the_model_level_and_bf16(monkeypatch):
+    """What bench reports record as ``device_name`` (and compare before reusing a cost curve): two
+    CPUs that differ in bf16 dot products are told apart, where "x86_64" made them one."""
+    monkeypatch.setattr(cpu_features, "cpu_name", lambda: "AMD EPYC")
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2"}))
+    plain = cpu_features.cpu_description()
+    monkeypatch.setattr(cpu_features, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert plain.startswith("AMD EPYC, ") and "bf16" not in plain
+    assert cpu_features.cpu_description() == plain + ", bf16 dot products"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from .. import __version__
+from ..cpu_features import cpu_description
 from ..registry import build_method, describe, parse_method_spec
 from ..sampling import Sampling
 from ..shards import Work, batches, shard_work  # the one work split, shared with specvis sample
@@ -276,7 +276,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     batch_index, work = shard_work(full, shards, shard_index)
     report = {
         "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),
-        "device_name": torch.cuda.get_device_name(pipe.device) if pipe.device.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": torch.cuda.get_device_name(pipe.device) if pipe.device.type == "cuda" else cpu_description(),
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "dtype": str(pipe.dtype).removeprefix("torch."),
         "graphs": pipe.device.type == "cuda" if pipe.graphs is None else pipe.graphs, "compile": pipe.compiled,
         "batch_size": batch_size, "num_images": num, "seed": seed,
