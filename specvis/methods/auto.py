@@ -31,8 +31,8 @@ probe classes, margin):
    faster than the best predicted one beyond the probe's noise (``significantly_faster``: a
    one-sided 95% paired t-test on the runs' log wall-clock ratios, the same batches in both);
    otherwise the best predicted one. (A fp32 goal run at batch 1 on an AVX2 EPYC timed SJD window 8
-   2% faster than window 16 over seven images, against the curve's 6% the other way, and ran 1.48x
-   AR against window 16's 1.68x over 64 images.) It runs when
+   2% faster than window 16 over seven images, against the curve's 6% the other way, and ran 1.45x
+   AR against window 16's 1.63x over 64 images.) It runs when
    that wall-clock is at most AR's over AR's runs after the first; otherwise, or when none passes
    the margin, AR runs. The curve leaves out each round's sampling, acceptance and bookkeeping: on
    the emoji target SJD windows 8 and 16 are 3.7% apart on the curve and 7% in wall-clock (fp32,
