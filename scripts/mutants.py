@@ -203,6 +203,13 @@ MUTANTS = [
     Mutant("auto: the bench does not hand auto its workload", "specvis/bench/runner.py",
            'if getattr(m, "probe_classes", ()) is None else m', 'if getattr(m, "probe_classes", ()) is False else m',
            ("tests/test_auto.py", "-k", "workload")),
+    Mutant("cpu linear: the packed weight is not repacked after an in-place update", "specvis/models/weight_layout.py",
+           "key = (w.data_ptr(), w._version, w.dtype)", "key = (w.data_ptr(), w.dtype)", ("tests/test_weight_layout.py",)),
+    Mutant("cpu linear: the packed kernel drops the bias", "specvis/models/weight_layout.py",
+           "_linear_pointwise(x, self._packed, self.bias,", "_linear_pointwise(x, self._packed, None,",
+           ("tests/test_weight_layout.py",)),
+    Mutant("cpu linear: the pipeline keeps nn.Linear on CPU", "specvis/pipeline.py",
+           "                    prepare_cpu_linears(m)", "                    pass", ("tests/test_weight_layout.py",)),
 ]
 
 

@@ -1,74 +1,104 @@
-"""Linear-weight layout on CPU: F.linear(x, W) with W contiguous (out, in) against W the transpose of
-a contiguous (in, out) matrix (``specvis.models.weight_layout``), for a bare matmul and for the
-bundle target's cached forward (``forward_cost``). One torch thread; run it alone on a core.
+"""Linear kernels on CPU (``specvis.models.weight_layout``): F.linear with W contiguous (out, in), with W
+the transpose of a contiguous (in, out) matrix, and oneDNN over W packed once (``PackedLinear``), in
+float32 and bf16 for a bare matmul at a decode's row counts; then the bundle target's cached forward
+(``forward_cost``) with the packed kernel off and on, alternated so that the machine's drift falls on
+both alike. One torch thread; run it alone on a core.
 
-    taskset -c 0 python scripts/weight_layout_probe.py --out docs/benchmarks/weight-layout-cpu
+    taskset -c 0 python scripts/weight_layout_probe.py --out docs/benchmarks/cpu-linear
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 import torch
-from torch import nn
+import torch.nn.functional as F
 
 import specvis as sv
 from specvis.bench.forward_cost import forward_cost
+from specvis.cpu_features import cpu_description
 from specvis.io import write_text
+from specvis.models import weight_layout
+
+ROWS = (1, 2, 4, 10, 18, 34, 66, 136, 272)  # 1-17 tokens with CFG at batch 1, 17 tokens at batch 8
 
 
-def bare(rows: int, out_dim: int = 704, in_dim: int = 256, count: int = 24, repeats: int = 200) -> dict:
-    """Median us of one F.linear over ``count`` distinct weights (more bytes than L2, as in a forward)."""
-    x = torch.randn(rows, in_dim)
-    plain = [torch.randn(out_dim, in_dim) for _ in range(count)]
+def bare(rows: int, dtype: torch.dtype, out_dim: int = 768, in_dim: int = 256, count: int = 24,
+         repeats: int = 100) -> dict:
+    """Median us of one product over ``count`` distinct weights (more bytes than L2, as in a forward),
+    each kernel in turn within every repeat."""
+    x = torch.randn(rows, in_dim, dtype=dtype)
+    plain = [torch.randn(out_dim, in_dim, dtype=dtype) for _ in range(count)]
     moved = [w.t().contiguous().t() for w in plain]
-    res = {}
-    for name, ws in (("contiguous", plain), ("transposed", moved)):
-        times = []
-        for _ in range(repeats):
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in plain]
+    kernels = {"contiguous": lambda i: F.linear(x, plain[i]), "transposed": lambda i: F.linear(x, moved[i]),
+               "packed": lambda i: torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], "")}
+    times: dict[str, list[float]] = {k: [] for k in kernels}
+    for _ in range(repeats):
+        for name, run in kernels.items():
             t0 = time.perf_counter()
-            for w in ws:
-                torch.nn.functional.linear(x, w)
-            times.append((time.perf_counter() - t0) / count * 1e6)
-        res[name] = statistics.median(times[10:])
-    return {"rows": rows, "shape": [out_dim, in_dim], **{f"{k}_us": round(v, 1) for k, v in res.items()},
-            "speedup": round(res["contiguous"] / res["transposed"], 2)}
+            for i in range(count):
+                run(i)
+            times[name].append((time.perf_counter() - t0) / count * 1e6)
+    us = {k: statistics.median(v[5:]) for k, v in times.items()}
+    return {"rows": rows, "dtype": str(dtype).removeprefix("torch."), "shape": [out_dim, in_dim],
+            **{f"{k}_us": round(v, 1) for k, v in us.items()},
+            "gflops_packed": round(2 * rows * out_dim * in_dim / us["packed"] / 1e3, 1)}
+
+
+def curves(pipe, sizes: list[int], batch: int, rounds: int) -> dict[str, dict[int, float]]:
+    """The target's forward (ms by tokens) with the packed kernel off (``PACKED_MIN_ROWS`` out of reach)
+    and on, ``rounds`` times each, alternating; the median per size."""
+    on = dict(weight_layout.PACKED_MIN_ROWS)
+    runs: dict[str, list[dict[int, float]]] = {"off": [], "on": []}
+    try:
+        for r in range(rounds):
+            for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                weight_layout.PACKED_MIN_ROWS.update(on if name == "on" else {k: 1 << 30 for k in on})
+                rows = forward_cost(pipe, sizes, batch, repeats=10)
+                runs[name].append({x["tokens"]: x["median_s"] * 1e3 for x in rows})
+    finally:
+        weight_layout.PACKED_MIN_ROWS.update(on)
+    return {k: {n: round(statistics.median(c[n] for c in v), 2) for n in sizes} for k, v in runs.items()}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="emoji")
-    p.add_argument("--tokens", default="1,5,9,17")
+    p.add_argument("--tokens", default="1,5,9,17,25,33")
+    p.add_argument("--batch-size", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--out", required=True, help="path prefix: writes PREFIX.json and PREFIX.md")
     p.add_argument("--note", default="", help="a sentence on the conditions (e.g. what the other core ran)")
     a = p.parse_args()
     torch.set_num_threads(1)
     sizes = [int(t) for t in a.tokens.split(",")]
-    micro = [bare(r) for r in (2, 12, 34)]
-    pipe = sv.load(a.model, threads=1)  # on CPU: transposed layout
-    linears = [m for m in pipe.target.modules() if isinstance(m, nn.Linear)]
-    curves = {}
-    for name in ("transposed", "contiguous", "transposed again"):
-        for m in linears:
-            m.weight.data = m.weight.data.contiguous() if name == "contiguous" else m.weight.data.t().contiguous().t()
-        curves[name] = forward_cost(pipe, sizes, 1, repeats=30)
-    report = {"model": a.model, "device_name": platform.processor() or platform.machine(), "torch": torch.__version__,
-              "threads": 1, "matmul": micro,
-              "target_forward_ms": {k: {r["tokens"]: round(r["median_s"] * 1e3, 2) for r in v} for k, v in curves.items()}}
+    micro = [bare(r, dt) for dt in (torch.float32, torch.bfloat16) for r in ROWS]
+    pipe = sv.load(a.model, threads=1)  # on CPU: transposed weights, PackedLinear layers
+    forward = {b: curves(pipe, sizes, b, a.rounds) for b in a.batch_size}
+    report = {"model": a.model, "device_name": cpu_description(), "torch": torch.__version__, "threads": 1,
+              "packed_min_rows": {str(k).removeprefix("torch."): v for k, v in weight_layout.PACKED_MIN_ROWS.items()},
+              "matmul": micro, "target_forward_ms": {str(b): v for b, v in forward.items()}, "note": a.note}
     write_text(a.out + ".json", json.dumps(report, indent=1) + "\n")
-    report["note"] = a.note
-    lines = [f"Generated by `scripts/weight_layout_probe.py` ({report['device_name']}, torch {report['torch']}, one thread)."
-             + (f" {a.note}" if a.note else ""),
-             "", "F.linear over 24 distinct 704 x 256 weights (median us per call):", "",
-             "| rows | W contiguous (out, in) | W = transpose of contiguous (in, out) | speedup |", "| ---: | ---: | ---: | ---: |"]
-    lines += [f"| {m['rows']} | {m['contiguous_us']} | {m['transposed_us']} | {m['speedup']}x |" for m in micro]
-    lines += ["", f"The `{a.model}` target's cached forward at batch 1 with CFG (ms, median of 30; measured transposed, "
-              "contiguous, then transposed again to show the drift between measurements):", "",
-              "| tokens | " + " | ".join(curves) + " |", "| ---: |" + " ---: |" * len(curves)]
-    lines += [f"| {n} | " + " | ".join(str(report["target_forward_ms"][k][n]) for k in curves) + " |" for n in sizes]
+    lines = [f"Generated by `scripts/weight_layout_probe.py` ({report['device_name']}, torch {report['torch']}, "
+             "one thread)." + (f" {a.note}" if a.note else ""), "",
+             "A product x W^T with W 768 x 256, over 24 distinct weights (median us per call; the three kernels in "
+             "turn within every repeat). `contiguous`, `transposed`: F.linear (MKL in float32, oneDNN re-laying out "
+             "W per call in bf16) with W stored (out, in) or as the transpose of (in, out); `packed`: oneDNN over W "
+             "packed once (`PackedLinear`):", "",
+             "| dtype | rows | contiguous | transposed | packed | packed GFLOP/s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {m['dtype']} | {m['rows']} | {m['contiguous_us']} | {m['transposed_us']} | {m['packed_us']} | "
+              f"{m['gflops_packed']} |" for m in micro]
+    for b, c in forward.items():
+        lines += ["", f"The `{a.model}` target's cached float32 forward at batch {b} with CFG ({2 * b} rows a token; ms, "
+                  f"median over {a.rounds} alternating curves of 10 repeats each): the packed kernel off (every call "
+                  "F.linear, weights transposed) and on (calls of "
+                  f"{weight_layout.PACKED_MIN_ROWS[torch.float32]} rows or more packed):", "",
+                  "| tokens | off | on | off / on | off, x one token | on, x one token |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {n} | {c['off'][n]} | {c['on'][n]} | {c['off'][n] / c['on'][n]:.2f} | "
+                  f"{c['off'][n] / c['off'][sizes[0]]:.2f} | {c['on'][n] / c['on'][sizes[0]]:.2f} |" for n in sizes]
     write_text(a.out + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 

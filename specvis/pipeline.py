@@ -12,7 +12,7 @@ from .cpu_features import NATIVE_FLAGS, native_dot_products
 from .generate import Generation, generate
 from .models.base import Condition, Prompts
 from .models.checkpoint import one_line
-from .models.weight_layout import transpose_linear_weights
+from .models.weight_layout import prepare_cpu_linears
 from .sampling import Sampling
 from .viz import to_pil
 
@@ -109,7 +109,8 @@ class Pipeline:
         ``compile=True`` compiles on CUDA only: on CPU the compiled forward was measured slower
         (docs/benchmarks/compile-cpu.md: inductor re-materialises the whole in-place KV cache on every
         call), so it warns and stays eager; ``compile="always"`` compiles on any device. On CPU the
-        linear weights are stored transposed (``models.weight_layout``: same values, faster matmuls)."""
+        linear layers run the fastest kernel for their row count (``models.weight_layout``: weights
+        transposed for MKL's small calls, packed for oneDNN's wide ones; same values)."""
         if compile not in (False, True, "always"):
             raise ValueError(f"compile must be False, True or 'always', got {compile!r}")
         if dtype is not None:
@@ -129,10 +130,10 @@ class Pipeline:
                 if m is not None and hasattr(m, "compile_decoder"):
                     m.compile_decoder()
             self.compiled = True
-        if self.device.type == "cpu":  # faster small-row matmuls (models/weight_layout.py)
+        if self.device.type == "cpu":  # faster matmuls (models/weight_layout.py)
             for m in (self.target, self.draft, self.drafter, self.continuous):
                 if isinstance(m, torch.nn.Module):
-                    transpose_linear_weights(m)
+                    prepare_cpu_linears(m)
         self.graphs = graphs
         return self
 

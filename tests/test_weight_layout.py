@@ -1,11 +1,15 @@
-"""CPU layout of linear weights (models/weight_layout.py): same values and outputs, other strides."""
+"""CPU layouts of linear weights (models/weight_layout.py): same values and outputs, other kernels."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from specvis import load
-from specvis.models.weight_layout import transpose_linear_weights
+from specvis.models.weight_layout import (PACKED_AVAILABLE, PACKED_MIN_ROWS, PackedLinear, prepare_cpu_linears,
+                                          transpose_linear_weights)
+
+needs_packed = pytest.mark.skipif(not PACKED_AVAILABLE, reason="this torch build has no packed oneDNN linear")
 
 
 class Tied(nn.Module):
@@ -30,7 +34,71 @@ def test_layout_keeps_values_and_outputs_and_skips_tied_weights():
     assert transpose_linear_weights(m) == 0  # idempotent
 
 
-def test_load_on_cpu_transposes_the_target_drafter_and_draft_linears():
+def packed(in_features: int = 24, out_features: int = 40, bias: bool = True, dtype=torch.float32) -> PackedLinear:
+    torch.manual_seed(0)
+    lin = nn.Linear(in_features, out_features, bias=bias).to(dtype)
+    prepare_cpu_linears(lin)
+    return lin
+
+
+@needs_packed
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_matches_f_linear_at_every_row_count(dtype, bias):
+    """Every row count (both kernels), 2-D and 3-D inputs, with and without bias: the output is
+    F.linear's up to rounding. A dropped bias or a weight packed transposed fails here."""
+    lin = packed(bias=bias, dtype=dtype)
+    assert type(lin) is PackedLinear
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for rows in range(1, 13):
+        for shape in ((rows, 24), (2, rows, 24)):
+            x = torch.randn(shape, dtype=dtype)
+            with torch.inference_mode():
+                y = lin(x)
+            ref = torch.nn.functional.linear(x.float(), lin.weight.float(), None if lin.bias is None else lin.bias.float())
+            torch.testing.assert_close(y.float(), ref, **tol)
+    assert lin._packed_key is not None  # the packed kernel ran
+
+
+@needs_packed
+def test_fp32_calls_under_the_row_threshold_stay_on_f_linear():
+    lin = packed()
+    with torch.no_grad():
+        lin(torch.randn(PACKED_MIN_ROWS[torch.float32] - 1, 24))
+        assert lin._packed_key is None
+        lin(torch.randn(PACKED_MIN_ROWS[torch.float32], 24))
+        assert lin._packed_key is not None
+
+
+@needs_packed
+def test_packed_copy_follows_in_place_updates_and_casts():
+    """A weight changed in place (an optimiser step) or cast to another dtype is repacked before the
+    next call: a stale packed copy would return the old layer's outputs."""
+    lin = packed()
+    x = torch.randn(8, 24)
+    with torch.no_grad():
+        lin(x)
+        lin.weight.mul_(2.0)
+        torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+    lin.to(torch.bfloat16)
+    with torch.no_grad():
+        y = lin(x.bfloat16())
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), torch.nn.functional.linear(x, lin.weight.float(), lin.bias.float()),
+                               rtol=5e-2, atol=5e-2)
+
+
+@needs_packed
+def test_packed_linear_trains_through_autograd():
+    """With autograd on, the layer is plain F.linear: gradients reach its weight and bias."""
+    lin = packed()
+    x = torch.randn(16, 24)
+    lin(x).sum().backward()
+    assert lin.weight.grad is not None and lin.bias.grad is not None
+    torch.testing.assert_close(lin.bias.grad, torch.full((40,), 16.0))
+
+
+def test_load_on_cpu_prepares_the_target_drafter_and_draft_linears():
     pipe = load("random-tiny")
     for model in (pipe.target, pipe.draft, pipe.drafter):
         linears = [s for s in model.modules() if isinstance(s, nn.Linear)]
@@ -38,3 +106,5 @@ def test_load_on_cpu_transposes_the_target_drafter_and_draft_linears():
         for s in linears:
             w = s.weight
             assert w.is_contiguous() or w.stride() == (1, w.shape[0])
+            assert type(s) is (PackedLinear if PACKED_AVAILABLE else nn.Linear)
+    assert any(pipe.drafter.head is s for s in pipe.target.modules())  # the borrowed head stays the target's

@@ -1,19 +1,67 @@
-"""CPU weight layout of linear layers.
+"""CPU layouts of linear weights: the kernel each call of ``nn.Linear`` runs fastest with.
 
-``F.linear(x, W)`` computes x W^T with W stored (out, in). On the CPU with few rows per call (a
-cached decode step: 1-34 rows at batch 1 with CFG) the matmul runs faster when W is the transpose
-of a contiguous (in, out) matrix, i.e. W has strides (1, out): x W^T is then a plain row-major
-product. Measured on this repository's 2-core machine, one thread, 24 distinct 704 x 256 weights
-(docs/benchmarks/weight-layout-cpu*.md, two runs minutes apart): where the weights stream at L3
-speed 1.05-1.12x and the emoji target's forward unchanged within drift; in a window where memory
-was 2.6x slower, 1.3-1.7x and the forward 13-16% faster. Never slower; the values are unchanged,
-only the strides differ.
+``F.linear`` on the CPU sends float32 to MKL's sgemm and bf16 to oneDNN, which re-lays out the
+weight on every call. Two layouts serve a decode's small calls better (same values; outputs differ
+at rounding level only, as any two matmul kernels do):
+
+- ``transpose_linear_weights``: W stored as the transpose of a contiguous (in, out) matrix (strides
+  (1, out)), so that MKL's x W^T is a plain row-major product: 1.05-1.12x on the small-row calls of a
+  decode where weights stream at L3 speed, 1.3-1.7x where memory was slow
+  (docs/benchmarks/weight-layout-cpu*.md).
+- ``PackedLinear``: oneDNN over a copy of W packed once in its blocked layout
+  (``torch.ops.mkldnn._reorder_linear_weight``) for float32 calls of ``PACKED_MIN_ROWS`` rows or
+  more and every bf16 call. MKL runs AVX2-class kernels on this repository's AMD EPYC (Zen 5, AVX-512)
+  and oneDNN AVX-512 ones: one thread, a 256 -> 768 float32 product took 144 against 68 us at 34 rows
+  (a 17-token verify with CFG), 259 against 117 at 66, the same 19 us at 2 rows and 12 against 19 at
+  one row (docs/benchmarks/cpu-linear.md); bf16 6-8 us less than ``F.linear`` at every row count.
 """
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["transpose_linear_weights"]
+__all__ = ["PACKED_MIN_ROWS", "PackedLinear", "prepare_cpu_linears", "transpose_linear_weights"]
+
+# the fewest rows (product of the input's leading dims) a call needs to run packed oneDNN, by dtype;
+# fp32 under 4 rows stays on MKL (equal at 2 rows, MKL faster at 1 and for the 192-wide draft at 2)
+PACKED_MIN_ROWS = {torch.float32: 4, torch.bfloat16: 1}
+
+
+def _packed_kernel_works() -> bool:
+    """Whether this torch build runs oneDNN's packed linear (x86 builds with MKLDNN do)."""
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 8), None)
+        y = torch.ops.mkldnn._linear_pointwise(torch.ones(4, 8), w, None, "none", [], "")
+        return bool(torch.all(y == 8))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+
+
+PACKED_AVAILABLE = torch.backends.mkldnn.is_available() and _packed_kernel_works()
+
+
+class PackedLinear(nn.Linear):
+    """``nn.Linear`` whose CPU inference calls (no autograd, not compiling) of at least
+    ``PACKED_MIN_ROWS[dtype]`` rows run oneDNN over a packed copy of the weight; every other call is
+    ``F.linear``. The copy is rebuilt whenever the weight has new storage, dtype or an in-place
+    update (its version counter), so training and casts stay correct. Parameters and state dict are
+    ``nn.Linear``'s."""
+
+    _packed: torch.Tensor | None = None
+    _packed_key: tuple | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        rows = PACKED_MIN_ROWS.get(w.dtype)
+        if (rows is None or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != w.dtype
+                or x.numel() < rows * x.shape[-1] or torch.compiler.is_compiling()):
+            return F.linear(x, w, self.bias)
+        key = (w.data_ptr(), w._version, w.dtype)
+        if self._packed_key != key:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+            self._packed_key = key
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
 
 def transpose_linear_weights(module: nn.Module) -> int:
@@ -31,5 +79,21 @@ def transpose_linear_weights(module: nn.Module) -> int:
         if (isinstance(sub, nn.Linear) and w is not None and w.device.type == "cpu" and owners[id(w)] == 1
                 and w.dim() == 2 and w.is_contiguous() and min(w.shape) > 1):
             w.data = w.data.t().contiguous().t()
+            changed += 1
+    return changed
+
+
+def prepare_cpu_linears(module: nn.Module) -> int:
+    """Both layouts for every ``nn.Linear`` of ``module`` on the CPU: weights transposed
+    (``transpose_linear_weights``) and the layers made ``PackedLinear`` in place (their class only:
+    the same objects, parameters and state dict, so modules shared with another model stay shared).
+    Returns how many layers became ``PackedLinear`` (0 where this torch has no packed oneDNN kernel)."""
+    transpose_linear_weights(module)
+    if not PACKED_AVAILABLE:
+        return 0
+    changed = 0
+    for sub in module.modules():
+        if type(sub) is nn.Linear and sub.weight.device.type == "cpu":
+            sub.__class__ = PackedLinear
             changed += 1
     return changed
