@@ -40,8 +40,12 @@ def cpu_flags() -> frozenset[str] | None:
 
 
 def cpu_name() -> str:
-    """The processor's model name (``platform.machine()`` where /proc/cpuinfo has none)."""
-    return _first(("model name",)) or platform.machine()
+    """The processor's model name and, on x86, its family and model numbers (``AMD EPYC (family 26
+    model 2)``: a hypervisor can name Zen 4 and Zen 5 alike, and their AVX-512 units differ in width);
+    ``platform.machine()`` where /proc/cpuinfo has no name."""
+    name = _first(("model name",)) or platform.machine()
+    family, model = _first(("cpu family",)), _first(("model",))
+    return f"{name} (family {family} model {model})" if family and model else name
 
 
 def native_dot_products(dtype: torch.dtype) -> bool | None:

@@ -119,6 +119,20 @@ def test_cpu_flags_read_the_x86_and_arm_spellings(monkeypatch, tmp_path):
     cpu_features.cpu_flags.cache_clear()
 
 
+def test_cpu_name_gives_the_x86_family_and_model(monkeypatch, tmp_path):
+    """Two EPYCs a hypervisor names alike (family 25, Zen 4; family 26, Zen 5) are told apart in
+    ``device_name``, so a resumed benchmark does not reuse a cost curve measured on the other."""
+    import builtins
+
+    real_open = builtins.open
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: real_open(cpuinfo if p == "/proc/cpuinfo" else p, *a, **k))
+    cpuinfo.write_text("processor\t: 0\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n")
+    assert cpu_features.cpu_name() == "AMD EPYC (family 26 model 2)"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\n")
+    assert cpu_features.cpu_name() == "Some CPU"
+
+
 def test_cpu_description_names_the_model_level_and_bf16(monkeypatch):
     """What bench reports record as ``device_name`` (and compare before reusing a cost curve): two
     CPUs that differ in bf16 dot products are told apart, where "x86_64" made them one."""
