@@ -68,10 +68,10 @@ case "${1:-main}" in
           # (auto against AR), 64 images, 3 timed passes interleaved batch by batch across methods, seed 4242 (no
           # other table uses it), the cost curve sampled during the passes (predicted speedup, efficiency): "goal 1",
           # "goal 8", "goal 64", one core each (CORE=); REPEATS=5 reruns add two rounds to a finished run;
-          # DTYPE=bf16 runs the bundle in bf16 (emoji-goal-bf16-b*.json); SUFFIX=-avx2 names a run on another CPU
-          # (emoji-goal-b*-avx2.json)
+          # DTYPE=bf16 runs the bundle in bf16 (emoji-goal-bf16-b*.json); SUFFIX=-zen5 names a run on another CPU
+          # (emoji-goal-b*-zen5.json)
     specs="ar,auto"
-    [ "$2" != 64 ] && specs+=",sjd:window=16:init=vertical-sample:coupling=gumbel,sjd:window=8:init=vertical-sample:coupling=gumbel,speculative:gamma=4,static-tree:tree=chain"
+    [ "$2" != 64 ] && specs+=",sjd:window=16:init=vertical-sample:coupling=gumbel,sjd:window=12:init=vertical-sample:coupling=gumbel,sjd:window=8:init=vertical-sample:coupling=gumbel,speculative:gamma=4,static-tree:tree=chain"
     dtype=${DTYPE:-fp32}; name=emoji-goal-b$2; [ "$dtype" != fp32 ] && name=emoji-goal-$dtype-b$2
     name+=${SUFFIX:-}
     taskset -c "${CORE:-0}" specvis bench --model emoji --methods "$specs" --num 64 --batch-size $2 --seed 4242 \
