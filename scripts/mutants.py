@@ -208,6 +208,9 @@ MUTANTS = [
     Mutant("cpu linear: the packed kernel drops the bias", "specvis/models/weight_layout.py",
            "_linear_pointwise(x, self._packed, self.bias,", "_linear_pointwise(x, self._packed, None,",
            ("tests/test_weight_layout.py",)),
+    Mutant("cpu linear: deepcopy and pickling carry the opaque packed copy", "specvis/models/weight_layout.py",
+           'return {k: v for k, v in state.items() if k not in ("_packed", "_packed_key")}', "return state",
+           ("tests/test_weight_layout.py",)),
     Mutant("cpu linear: the pipeline keeps nn.Linear on CPU", "specvis/pipeline.py",
            "                    prepare_cpu_linears(m)", "                    pass", ("tests/test_weight_layout.py",)),
 ]

@@ -89,6 +89,27 @@ def test_packed_copy_follows_in_place_updates_and_casts():
 
 
 @needs_packed
+def test_packed_linear_copies_and_pickles():
+    """``copy.deepcopy`` and ``torch.save`` of a layer that has run packed (a trainer's EMA copy, a
+    saved module) work, and the copy computes what the original does."""
+    import copy
+    import io
+
+    lin = packed()
+    x = torch.randn(8, 24)
+    with torch.no_grad():
+        y = lin(x)
+        twin = copy.deepcopy(lin)
+        buf = io.BytesIO()
+        torch.save(lin, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        for m in (twin, loaded):
+            assert type(m) is PackedLinear
+            torch.testing.assert_close(m(x), y)
+
+
+@needs_packed
 def test_packed_linear_trains_through_autograd():
     """With autograd on, the layer is plain F.linear: gradients reach its weight and bias."""
     lin = packed()

@@ -63,6 +63,12 @@ class PackedLinear(nn.Linear):
             self._packed_key = key
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
+    def __getstate__(self) -> dict:
+        """Pickling and ``copy.deepcopy`` leave the packed copy out (oneDNN's opaque tensor has no
+        storage to copy); the next packed call rebuilds it."""
+        state = super().__getstate__()
+        return {k: v for k, v in state.items() if k not in ("_packed", "_packed_key")}
+
 
 def transpose_linear_weights(module: nn.Module) -> int:
     """Store every CPU ``nn.Linear`` weight of ``module`` as the transpose of a contiguous (in, out)
