@@ -211,6 +211,9 @@ MUTANTS = [
     Mutant("cpu linear: deepcopy and pickling carry the opaque packed copy", "specvis/models/weight_layout.py",
            'return {k: v for k, v in state.items() if k not in ("_packed", "_packed_key")}', "return state",
            ("tests/test_weight_layout.py",)),
+    Mutant("cost curve: one untimed forward before each timed one", "specvis/bench/forward_cost.py",
+           "for timed_call in (False,) * WARM_CALLS + (True,):", "for timed_call in (False, True):",
+           ("tests/test_bench_predicted.py", "-k", "warm_calls")),
     Mutant("cpu linear: the pipeline keeps nn.Linear on CPU", "specvis/pipeline.py",
            "                    prepare_cpu_linears(m)", "                    pass", ("tests/test_weight_layout.py",)),
 ]

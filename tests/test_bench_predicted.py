@@ -227,3 +227,19 @@ def test_interleaved_speedup_is_the_median_of_within_round_ratios():
     del report["pass_order"]
     set_speedups(report)
     assert sjd["speedup"] == 1.0 and "speedup_rounds" not in sjd
+
+
+def test_cost_curve_times_each_forward_after_warm_calls_of_its_size(pipe, monkeypatch):
+    """Sizes interleave, and each timed forward follows ``WARM_CALLS`` untimed ones of its own size: the
+    first forwards after a switch of size cost more (docs/benchmarks/goal.md), and a curve timed right
+    after the switch priced AR's forward above AR's whole decode step. Catches the warm calls dropped or
+    the sizes no longer interleaved."""
+    from specvis.bench import forward_cost
+
+    order = []
+    real = pipe.target.forward_tokens
+    monkeypatch.setattr(pipe.target, "forward_tokens", lambda tokens, *a, **k: order.append(tokens.shape[1]) or real(tokens, *a, **k))
+    forward_cost.cost_curve(pipe, {"target": [1, 5]}, 1, repeats=1)
+    run = forward_cost.WARM_CALLS + 1
+    assert forward_cost.WARM_CALLS >= 3
+    assert order == ([1] * run + [5] * run) * 3  # repeats + 2 rounds, interleaved

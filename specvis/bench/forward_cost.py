@@ -21,6 +21,11 @@ from ..models.base import KVCache
 from ..zoo import load
 
 KINDS = ("target", "draft", "drafter")
+# untimed forwards of a size before each timed one. Switching sizes costs the first forwards after the
+# switch: on the Zen 5 EPYC, batch 1, the emoji target's 1-token forwards after 17-token ones took 1.91,
+# 1.74, 1.46, 1.41 and 1.39 ms (the weights of wide calls are a second, packed copy: models/weight_layout.py),
+# so one untimed forward priced AR's forward at 1.99 ms in a goal run whose AR decode took 1.80 ms a token
+WARM_CALLS = 3
 
 
 class _Probe:
@@ -48,7 +53,8 @@ def _caches(*objs) -> list:
 
 
 def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
-    """Median seconds of one ``kind`` forward over n tokens per row after a half-filled stream."""
+    """Median seconds of one ``kind`` forward over n tokens per row after a half-filled stream, each
+    timed after ``WARM_CALLS`` of its size."""
     dev, target = ctx.device, ctx.target
     B = target.batch
     half = torch.full((B,), ctx.layout.stream_len // 2, device=dev)
@@ -89,11 +95,11 @@ def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
                  half[:, None] + torch.arange(n, device=dev)) for n in sizes]
     times: list[list[float]] = [[] for _ in sizes]
     # sizes interleaved, so that a slow spell of the machine slows every size alike; each timed
-    # forward follows an untimed one of its own size, as in a decode (straight after a bigger forward
-    # a 1-token forward cost about 30% more on the 2-core CPU, batch 1: 5.1 against 4.1 ms)
+    # forward follows WARM_CALLS untimed ones of its own size, as in a decode, whose forwards are of one
+    # size (AR, SJD) or alternate between the same few
     for _ in range(repeats + 2):
         for fwd, ts in zip(fwds, times):
-            for timed_call in (False, True):
+            for timed_call in (False,) * WARM_CALLS + (True,):
                 for c, b in zip(caches, bounds):
                     c.bound = b
                 sync(dev)
@@ -108,7 +114,8 @@ def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
 @torch.no_grad()
 def cost_curve(pipe, sizes: dict[str, list[int]], batch_size: int, repeats: int = 5, sampling=None,
                prompts: list | None = None, grid: tuple[int | None, int | None] = (None, None)) -> dict[str, list[dict]]:
-    """Median seconds (of ``repeats``, after 2 untimed) of one cached forward over n tokens per row,
+    """Median seconds (of ``repeats``, after 2 untimed; each after ``WARM_CALLS`` untimed forwards of
+    its size) of one cached forward over n tokens per row,
     for each kind of ``sizes`` ({"target": [n, ...], "draft": [...], "drafter": [...]}: the target, the
     draft model, the EAGLE drafter), at ``batch_size`` images with both CFG halves as ``sampling``
     (default: the pipeline's) runs them, after a half-filled stream. Class-conditional pipelines use
