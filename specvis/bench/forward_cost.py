@@ -23,9 +23,10 @@ from ..zoo import load
 KINDS = ("target", "draft", "drafter")
 # untimed forwards of a size before each timed one. Switching sizes costs the first forwards after the
 # switch: on the Zen 5 EPYC, batch 1, the emoji target's 1-token forwards after 17-token ones took 1.91,
-# 1.74, 1.46, 1.41 and 1.39 ms (the weights of wide calls are a second, packed copy: models/weight_layout.py),
-# so one untimed forward priced AR's forward at 1.99 ms in a goal run whose AR decode took 1.80 ms a token
-WARM_CALLS = 3
+# 1.74, 1.46, 1.41, 1.39, 1.34 ms (the weights of wide calls are a second, packed copy:
+# models/weight_layout.py). With one untimed forward a goal run's curve priced AR's forward at 1.99 ms
+# while AR's decode took 1.80 ms a token; with three, 1.77 ms against 1.58
+WARM_CALLS = 8
 
 
 class _Probe:
