@@ -11,9 +11,9 @@ at rounding level only, as any two matmul kernels do):
 - ``PackedLinear``: oneDNN over a copy of W packed once in its blocked layout
   (``torch.ops.mkldnn._reorder_linear_weight``) for float32 calls of ``PACKED_MIN_ROWS`` rows or
   more and every bf16 call. MKL runs AVX2-class kernels on this repository's AMD EPYC (Zen 5, AVX-512)
-  and oneDNN AVX-512 ones: one thread, a 256 -> 768 float32 product took 144 against 68 us at 34 rows
-  (a 17-token verify with CFG), 259 against 117 at 66, the same 19 us at 2 rows and 12 against 19 at
-  one row (docs/benchmarks/cpu-linear.md); bf16 6-8 us less than ``F.linear`` at every row count.
+  and oneDNN AVX-512 ones: one thread, 256 -> 768 products over 24 distinct weights took 162 against
+  85 us at 34 rows (a 17-token verify with CFG), 962 against 428 at 272 (17 tokens at batch 8), and
+  bf16 44 against 57-61 at 34 rows, 20 against 32-38 at one or two (docs/benchmarks/cpu-linear.md).
 """
 from __future__ import annotations
 
