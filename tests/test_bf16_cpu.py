@@ -16,7 +16,7 @@ import specvis as sv
 from specvis import cpu_features
 from specvis.models.continuous import ContinuousAR
 from specvis.models.drafter import EagleDrafter
-from specvis.models.weight_layout import transpose_linear_weights
+from specvis.models.weight_layout import prepare_cpu_linears
 
 SAMPLING = sv.Sampling(temperature=0.7, cfg_scale=2.5)
 METHODS = {
@@ -33,7 +33,7 @@ def bf16_models():
     draft = tiny_llamagen(1, dim=16, n_layer=1, sharpness=25.0).to(torch.bfloat16)
     drafter = EagleDrafter.from_target(target, seed=1).eval().to(torch.bfloat16)
     for m in (target, draft, drafter):  # the CPU layout sv.load gives (Pipeline.configure)
-        transpose_linear_weights(m)
+        prepare_cpu_linears(m)
     return target, draft, drafter
 
 

@@ -129,3 +129,26 @@ def test_load_on_cpu_prepares_the_target_drafter_and_draft_linears():
             assert w.is_contiguous() or w.stride() == (1, w.shape[0])
             assert type(s) is (PackedLinear if PACKED_AVAILABLE else nn.Linear)
     assert any(pipe.drafter.head is s for s in pipe.target.modules())  # the borrowed head stays the target's
+
+
+@needs_packed
+@pytest.mark.parametrize("name", ["speculative", "sjd", "static-tree"])
+def test_methods_on_packed_fp32_layers_pass_the_harness(name):
+    """The exactness harness on float32 models prepared as ``sv.load`` prepares them on CPU: its
+    batches of many rows send every forward of the target, draft and drafter through the packed
+    kernel (one- to three-row calls aside). A packed kernel that mixed rows, dropped a bias or kept a
+    stale weight copy would move the output law."""
+    import specvis as sv
+    from exactness import check_method, tiny_llamagen
+    from specvis.models.drafter import EagleDrafter
+
+    target = tiny_llamagen(0)
+    draft = tiny_llamagen(1, dim=16, n_layer=1, sharpness=25.0)
+    drafter = EagleDrafter.from_target(target, seed=1).eval()
+    for m in (target, draft, drafter):
+        prepare_cpu_linears(m)
+    assert all(type(s) is PackedLinear for m in (target, draft, drafter) for s in m.modules() if isinstance(s, nn.Linear))
+    method = {"speculative": sv.Speculative(3), "sjd": sv.SJD(window=3, init="vertical-sample", coupling="gumbel"),
+              "static-tree": sv.StaticTree(tree="chain")}[name]
+    sampling = sv.Sampling(temperature=0.7, cfg_scale=2.5)
+    assert check_method(target, method, sampling, draft=draft, drafter=drafter) > 1e-3
