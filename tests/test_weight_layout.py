@@ -136,8 +136,8 @@ def test_load_on_cpu_prepares_the_target_drafter_and_draft_linears():
 def test_methods_on_packed_fp32_layers_pass_the_harness(name):
     """The exactness harness on float32 models prepared as ``sv.load`` prepares them on CPU: its
     batches of many rows send every forward of the target, draft and drafter through the packed
-    kernel (one- to three-row calls aside). A packed kernel that mixed rows, dropped a bias or kept a
-    stale weight copy would move the output law."""
+    kernel (one- to three-row calls aside). A packed kernel that mixed the batch's rows moves the
+    output law (a planted row reversal fails here: scripts/mutants.py)."""
     import specvis as sv
     from exactness import check_method, tiny_llamagen
     from specvis.models.drafter import EagleDrafter
