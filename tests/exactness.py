@@ -48,6 +48,20 @@ def tiny_llamagen(seed: int, vocab: int = 4, grid: int = 2, dim: int = 32, n_lay
     return model
 
 
+def cpu_models(dtype: torch.dtype = torch.float32):
+    """The harness's (target, draft, EAGLE drafter) in ``dtype``, their linear layers prepared as
+    ``sv.load`` prepares them on CPU (``models.weight_layout.prepare_cpu_linears``: packed kernels)."""
+    from specvis.models.drafter import EagleDrafter
+    from specvis.models.weight_layout import prepare_cpu_linears
+
+    target = tiny_llamagen(0).to(dtype)
+    draft = tiny_llamagen(1, dim=16, n_layer=1, sharpness=25.0).to(dtype)
+    drafter = EagleDrafter.from_target(target, seed=1).eval().to(dtype)
+    for m in (target, draft, drafter):
+        prepare_cpu_linears(m)
+    return target, draft, drafter
+
+
 def sharpen_attention(model, attention: float, value: float) -> None:
     """Scale every layer's query/key rows by ``attention`` and its value rows and output by ``value``."""
     cfg = model.config

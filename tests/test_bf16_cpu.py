@@ -10,13 +10,12 @@ that, and the harness checks the same things as in fp32 (a wrong residual, posit
 
 import pytest
 import torch
-from exactness import check_method, tiny_llamagen
+from exactness import check_method, cpu_models, tiny_llamagen
 
 import specvis as sv
 from specvis import cpu_features
 from specvis.models.continuous import ContinuousAR
 from specvis.models.drafter import EagleDrafter
-from specvis.models.weight_layout import prepare_cpu_linears
 
 SAMPLING = sv.Sampling(temperature=0.7, cfg_scale=2.5)
 METHODS = {
@@ -29,12 +28,7 @@ METHODS = {
 
 @pytest.fixture(scope="module")
 def bf16_models():
-    target = tiny_llamagen(0).to(torch.bfloat16)
-    draft = tiny_llamagen(1, dim=16, n_layer=1, sharpness=25.0).to(torch.bfloat16)
-    drafter = EagleDrafter.from_target(target, seed=1).eval().to(torch.bfloat16)
-    for m in (target, draft, drafter):  # the CPU layout sv.load gives (Pipeline.configure)
-        prepare_cpu_linears(m)
-    return target, draft, drafter
+    return cpu_models(torch.bfloat16)  # the CPU layout sv.load gives (Pipeline.configure)
 
 
 @pytest.mark.parametrize("name", list(METHODS))

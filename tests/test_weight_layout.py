@@ -139,14 +139,9 @@ def test_methods_on_packed_fp32_layers_pass_the_harness(name):
     kernel (one- to three-row calls aside). A packed kernel that mixed the batch's rows moves the
     output law (a planted row reversal fails here: scripts/mutants.py)."""
     import specvis as sv
-    from exactness import check_method, tiny_llamagen
-    from specvis.models.drafter import EagleDrafter
+    from exactness import check_method, cpu_models
 
-    target = tiny_llamagen(0)
-    draft = tiny_llamagen(1, dim=16, n_layer=1, sharpness=25.0)
-    drafter = EagleDrafter.from_target(target, seed=1).eval()
-    for m in (target, draft, drafter):
-        prepare_cpu_linears(m)
+    target, draft, drafter = cpu_models()
     assert all(type(s) is PackedLinear for m in (target, draft, drafter) for s in m.modules() if isinstance(s, nn.Linear))
     method = {"speculative": sv.Speculative(3), "sjd": sv.SJD(window=3, init="vertical-sample", coupling="gumbel"),
               "static-tree": sv.StaticTree(tree="chain")}[name]
