@@ -217,6 +217,9 @@ MUTANTS = [
     Mutant("cost curve: one untimed forward before each timed one", "specvis/bench/forward_cost.py",
            "for timed_call in (False,) * WARM_CALLS + (True,):", "for timed_call in (False, True):",
            ("tests/test_bench_predicted.py", "-k", "warm_calls")),
+    Mutant("cpu linear: packed copies ignore the memory budget", "specvis/models/weight_layout.py",
+           "if budget_bytes is not None and used + size > budget_bytes:", "if False:",
+           ("tests/test_weight_layout.py",)),
     Mutant("cpu linear: the pipeline keeps nn.Linear on CPU", "specvis/pipeline.py",
            "                    prepare_cpu_linears(m)", "                    pass", ("tests/test_weight_layout.py",)),
 ]

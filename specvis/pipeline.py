@@ -131,9 +131,8 @@ class Pipeline:
                     m.compile_decoder()
             self.compiled = True
         if self.device.type == "cpu":  # faster matmuls (models/weight_layout.py)
-            for m in (self.target, self.draft, self.drafter, self.continuous):
-                if isinstance(m, torch.nn.Module):
-                    prepare_cpu_linears(m)
+            prepare_cpu_linears(*(m for m in (self.target, self.draft, self.drafter, self.continuous)
+                                  if isinstance(m, torch.nn.Module)))
         self.graphs = graphs
         return self
 

@@ -57,8 +57,7 @@ def cpu_models(dtype: torch.dtype = torch.float32):
     target = tiny_llamagen(0).to(dtype)
     draft = tiny_llamagen(1, dim=16, n_layer=1, sharpness=25.0).to(dtype)
     drafter = EagleDrafter.from_target(target, seed=1).eval().to(dtype)
-    for m in (target, draft, drafter):
-        prepare_cpu_linears(m)
+    prepare_cpu_linears(target, draft, drafter)
     return target, draft, drafter
 
 

@@ -132,6 +132,29 @@ def test_load_on_cpu_prepares_the_target_drafter_and_draft_linears():
 
 
 @needs_packed
+def test_packing_stops_at_the_memory_budget_in_module_order():
+    """Layers are packed in order while their weights fit the budget; the rest stay nn.Linear with a
+    warning. A guard that packed everything would double a large checkpoint's weight memory."""
+    torch.manual_seed(0)
+    first, second = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)), nn.Linear(8, 8)  # 256 bytes each
+    with pytest.warns(UserWarning, match="packed 2 of 3"):
+        assert prepare_cpu_linears(first, second, budget_bytes=600) == 2
+    assert [type(s) for s in (*first, second)] == [PackedLinear, PackedLinear, nn.Linear]
+    assert not second.weight.is_contiguous()  # transposed all the same
+
+
+@needs_packed
+def test_load_packs_nothing_when_available_memory_is_short(monkeypatch):
+    """The pipeline budgets its packed copies against the memory available at load (half of it)."""
+    import specvis.models.weight_layout as layout
+
+    monkeypatch.setattr(layout, "available_memory_bytes", lambda: 1000)
+    with pytest.warns(UserWarning, match="packed 0 of"):
+        pipe = load("random-tiny")
+    assert not any(type(s) is PackedLinear for s in pipe.target.modules())
+
+
+@needs_packed
 @pytest.mark.parametrize("name", ["speculative", "sjd", "static-tree"])
 def test_methods_on_packed_fp32_layers_pass_the_harness(name):
     """The exactness harness on float32 models prepared as ``sv.load`` prepares them on CPU: its

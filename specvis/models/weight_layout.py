@@ -17,11 +17,15 @@ at rounding level only, as any two matmul kernels do):
 """
 from __future__ import annotations
 
+import os
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PACKED_MIN_ROWS", "PackedLinear", "prepare_cpu_linears", "transpose_linear_weights"]
+__all__ = ["PACKED_MIN_ROWS", "PackedLinear", "available_memory_bytes", "prepare_cpu_linears",
+           "transpose_linear_weights"]
 
 # the fewest rows (product of the input's leading dims) a call needs to run packed oneDNN, by dtype.
 # fp32 under 4 rows stays on MKL: packing from 2 rows made the emoji decodes slower at batch 1 (AR 0.507
@@ -90,17 +94,52 @@ def transpose_linear_weights(module: nn.Module) -> int:
     return changed
 
 
-def prepare_cpu_linears(module: nn.Module) -> int:
-    """Both layouts for every ``nn.Linear`` of ``module`` on the CPU: weights transposed
+def available_memory_bytes() -> int | None:
+    """Memory the kernel can still hand out without swapping (``MemAvailable`` of /proc/meminfo; free
+    pages where there is none), or None where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def prepare_cpu_linears(*modules: nn.Module, budget_bytes: int | None = None) -> int:
+    """Both layouts for every CPU ``nn.Linear`` of ``modules``: weights transposed
     (``transpose_linear_weights``) and the layers made ``PackedLinear`` in place (their class only:
     the same objects, parameters and state dict, so modules shared with another model stay shared).
-    Returns how many layers became ``PackedLinear`` (0 where this torch has no packed oneDNN kernel)."""
-    transpose_linear_weights(module)
+
+    A packed layer holds a second copy of its weight, so layers are packed in order (the first
+    module's first) only while their weights together fit ``budget_bytes``, by default half the
+    memory available now (``available_memory_bytes``): a 7B checkpoint in bf16 (14 GB) would not fit
+    twice on a 24 GiB machine. The rest stay ``nn.Linear``, with a warning. Returns how many layers
+    became ``PackedLinear`` (0 where this torch has no packed oneDNN kernel)."""
+    linears = []
+    for module in modules:
+        transpose_linear_weights(module)
+        linears += [s for s in module.modules() if type(s) is nn.Linear and s.weight.device.type == "cpu"]
     if not PACKED_AVAILABLE:
         return 0
-    changed = 0
-    for sub in module.modules():
-        if type(sub) is nn.Linear and sub.weight.device.type == "cpu":
-            sub.__class__ = PackedLinear
-            changed += 1
-    return changed
+    if budget_bytes is None:
+        free = available_memory_bytes()
+        budget_bytes = free // 2 if free is not None else None
+    used = 0
+    packed = 0
+    for sub in linears:
+        size = sub.weight.numel() * sub.weight.element_size()
+        if budget_bytes is not None and used + size > budget_bytes:
+            continue
+        sub.__class__ = PackedLinear
+        used += size
+        packed += 1
+    if packed < len(linears):
+        warnings.warn(f"packed {packed} of {len(linears)} CPU linear layers: packed copies of the rest would pass "
+                      f"the budget of {budget_bytes / 2**30:.2f} GiB (half the available memory); they run F.linear",
+                      stacklevel=2)
+    return packed
