@@ -230,16 +230,30 @@ def test_interleaved_speedup_is_the_median_of_within_round_ratios():
 
 
 def test_cost_curve_times_each_forward_after_warm_calls_of_its_size(pipe, monkeypatch):
-    """Sizes interleave, and each timed forward follows ``WARM_CALLS`` untimed ones of its own size: the
-    first forwards after a switch of size cost more (docs/benchmarks/goal.md), and a curve timed right
-    after the switch priced AR's forward above AR's whole decode step. Catches the warm calls dropped or
-    the sizes no longer interleaved."""
+    """Sizes interleave, and each round times ``TIMED_CALLS`` forwards after ``WARM_CALLS`` untimed ones
+    of their size: the first forwards after a switch of size cost more (docs/benchmarks/goal.md), and
+    a curve timed right after the switch priced AR's forward above AR's whole decode step. Here the
+    first seven forwards after a switch sleep 20 ms: a curve that timed any of them in a round (the
+    warm calls dropped or timed) would price a size above 10 ms."""
+    import time
+
     from specvis.bench import forward_cost
 
     order = []
     real = pipe.target.forward_tokens
-    monkeypatch.setattr(pipe.target, "forward_tokens", lambda tokens, *a, **k: order.append(tokens.shape[1]) or real(tokens, *a, **k))
-    forward_cost.cost_curve(pipe, {"target": [1, 5]}, 1, repeats=1)
-    run = forward_cost.WARM_CALLS + 1
-    assert forward_cost.WARM_CALLS >= 3
-    assert order == ([1] * run + [5] * run) * 3  # repeats + 2 rounds, interleaved
+
+    def forward(tokens, *a, **k):
+        n = tokens.shape[1]
+        since = next((i for i, m in enumerate(reversed(order)) if m != n), len(order))  # calls of n in a row
+        order.append(n)
+        if since < 7:
+            time.sleep(0.02)
+        return real(tokens, *a, **k)
+
+    monkeypatch.setattr(pipe.target, "forward_tokens", forward)
+    curve = forward_cost.cost_curve(pipe, {"target": [1, 5]}, 1, repeats=5)
+    run = forward_cost.WARM_CALLS + forward_cost.TIMED_CALLS
+    assert forward_cost.WARM_CALLS >= 7
+    rounds = 1 + -(-5 // forward_cost.TIMED_CALLS)  # a first round dropped
+    assert order == ([1] * run + [5] * run) * rounds
+    assert all(r["median_s"] < 0.01 for r in curve["target"])

@@ -27,6 +27,9 @@ KINDS = ("target", "draft", "drafter")
 # models/weight_layout.py). With one untimed forward a goal run's curve priced AR's forward at 1.99 ms
 # while AR's decode took 1.80 ms a token; with three, 1.77 ms against 1.58
 WARM_CALLS = 8
+# timed forwards in a row after each warm-up (a repeat is one of them): one a warm-up, as before, made a
+# curve of 20 repeats cost 198 forwards a size, and auto's calibration 22 s at batch 1 and 68 s at 8
+TIMED_CALLS = 4
 
 
 class _Probe:
@@ -54,8 +57,8 @@ def _caches(*objs) -> list:
 
 
 def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
-    """Median seconds of one ``kind`` forward over n tokens per row after a half-filled stream, each
-    timed after ``WARM_CALLS`` of its size."""
+    """Median seconds of one ``kind`` forward over n tokens per row after a half-filled stream, timed
+    ``TIMED_CALLS`` in a row after ``WARM_CALLS`` of its size."""
     dev, target = ctx.device, ctx.target
     B = target.batch
     half = torch.full((B,), ctx.layout.stream_len // 2, device=dev)
@@ -95,28 +98,29 @@ def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
     fwds = [make(n, torch.randint(0, max(ctx.layout.vocab_size, 1), (B, n), device=dev),  # continuous: unused
                  half[:, None] + torch.arange(n, device=dev)) for n in sizes]
     times: list[list[float]] = [[] for _ in sizes]
-    # sizes interleaved, so that a slow spell of the machine slows every size alike; each timed
-    # forward follows WARM_CALLS untimed ones of its own size, as in a decode, whose forwards are of one
-    # size (AR, SJD) or alternate between the same few
-    for _ in range(repeats + 2):
+    # sizes interleaved, so that a slow spell of the machine slows every size alike; each round runs
+    # WARM_CALLS untimed forwards of a size, then TIMED_CALLS timed ones, as in a decode, whose forwards
+    # are of one size (AR, SJD) or alternate between the same few; the first round's timings are dropped
+    for r in range(1 + -(-repeats // TIMED_CALLS)):
         for fwd, ts in zip(fwds, times):
-            for timed_call in (False,) * WARM_CALLS + (True,):
+            for i in range(WARM_CALLS + TIMED_CALLS):
                 for c, b in zip(caches, bounds):
                     c.bound = b
                 sync(dev)
                 t0 = time.perf_counter()
                 fwd()
                 sync(dev)
-                if timed_call:
+                if r and i >= WARM_CALLS:
                     ts.append(time.perf_counter() - t0)
-    return [{"tokens": n, "median_s": statistics.median(ts[2:])} for n, ts in zip(sizes, times)]
+    return [{"tokens": n, "median_s": statistics.median(ts)} for n, ts in zip(sizes, times)]
 
 
 @torch.no_grad()
 def cost_curve(pipe, sizes: dict[str, list[int]], batch_size: int, repeats: int = 5, sampling=None,
                prompts: list | None = None, grid: tuple[int | None, int | None] = (None, None)) -> dict[str, list[dict]]:
-    """Median seconds (of ``repeats``, after 2 untimed; each after ``WARM_CALLS`` untimed forwards of
-    its size) of one cached forward over n tokens per row,
+    """Median seconds (of ``repeats`` timed forwards or a few more: ``TIMED_CALLS`` in a row after
+    each ``WARM_CALLS`` untimed ones of their size, a first such round dropped) of one cached forward
+    over n tokens per row,
     for each kind of ``sizes`` ({"target": [n, ...], "draft": [...], "drafter": [...]}: the target, the
     draft model, the EAGLE drafter), at ``batch_size`` images with both CFG halves as ``sampling``
     (default: the pipeline's) runs them, after a half-filled stream. Class-conditional pipelines use
