@@ -8,7 +8,8 @@ import fake_cuda
 import pytest
 
 import specvis.bench.runner as runner
-from specvis.bench.report import curve_cost, markdown_table, merge_reports, predicted_time, set_speedups
+from specvis.bench.report import (block_size_fields, curve_cost, markdown_table, merge_reports, predicted_time,
+                                  set_speedups)
 from specvis.cli import main
 from specvis.registry import method_from_spec
 from specvis.zoo import load
@@ -255,5 +256,69 @@ def test_cost_curve_times_each_forward_after_warm_calls_of_its_size(pipe, monkey
     run = forward_cost.WARM_CALLS + forward_cost.TIMED_CALLS
     assert forward_cost.WARM_CALLS >= 7
     rounds = 1 + -(-5 // forward_cost.TIMED_CALLS)  # a first round dropped
-    assert order == ([1] * run + [5] * run) * rounds
+    assert order == ([1] * run + [5] * run) * len(forward_cost.FILLS) * rounds
     assert all(r["median_s"] < 0.01 for r in curve["target"])
+
+
+def test_live_spans_are_the_mean_span_each_forward_attended(pipe, monkeypatch):
+    """``Stats.live_spans[kind][n]``: the mean over that model's forwards of n tokens of the live span
+    ``KVCache.live`` returned (read here by wrapping it). A span booked under another size, or the
+    slots needed booked instead of the span (its bucket multiple), fails."""
+    from specvis.models.base import KVCache
+
+    seen: dict[tuple[int, int], list[int]] = {}
+    real = KVCache.live
+
+    def live(self, n):
+        span = real(self, n)
+        seen.setdefault((id(self), n), []).append(span)
+        return span
+
+    monkeypatch.setattr(KVCache, "live", live)
+    st = sizes_of(pipe, SPECS["speculative"])
+    for kind, cache in (("target", pipe.target.cache), ("draft", pipe.draft.cache)):
+        expect = {n: sum(v) / len(v) for (c, n), v in seen.items() if c == id(cache)}
+        assert st.live_spans[kind] == pytest.approx(expect)
+    assert set(st.live_spans) == set(st.block_sizes)
+
+
+def test_forwards_are_priced_at_their_mean_live_span():
+    """A curve row timed at two live spans prices a run's forwards of its size on the line through
+    them, at the run's mean span for that size; without spans (run or row) at ``median_s``. Runs'
+    spans are merged weighted by their forwards."""
+    from types import SimpleNamespace as NS
+
+    curve = {"target": [{"tokens": 1, "median_s": 2.0, "spans": [[64, 1.0], [192, 3.0]]},
+                        {"tokens": 5, "median_s": 4.0, "spans": [[64, 3.0], [192, 5.0]]}]}
+    sizes = {"1": 10, "5": 4}
+    assert predicted_time({"target_block_sizes": sizes, "target_live_spans": {"1": 128.0, "5": 256.0}},
+                          curve) == pytest.approx(10 * 2.0 + 4 * 6.0)
+    assert predicted_time({"target_block_sizes": sizes}, curve) == pytest.approx(10 * 2.0 + 4 * 4.0)
+    assert curve_cost(curve["target"], 3, 64) == pytest.approx(2.0)  # between sizes, at the span
+    a = NS(block_sizes={"target": {1: 3}}, live_spans={"target": {1: 64.0}})
+    b = NS(block_sizes={"target": {1: 1, 5: 2}}, live_spans={"target": {1: 128.0, 5: 192.0}})
+    assert block_size_fields([a, b]) == {"target_block_sizes": {"1": 4, "5": 2},
+                                         "target_live_spans": {"1": 80.0, "5": 192.0}}
+
+
+def test_cost_curve_times_each_size_at_two_fills(pipe, monkeypatch):
+    """Each size is timed with a quarter and with three quarters of the stream committed: ``spans``
+    holds the live span each ran over and its seconds, ``median_s`` their mean. The forward here sleeps
+    in proportion to the committed length, so a curve that timed both at one fill (the fill not
+    committed) gives two equal times."""
+    import time
+
+    from specvis.bench import forward_cost
+
+    real = pipe.target.forward_tokens
+
+    def forward(tokens, *a, **k):
+        time.sleep(2e-4 * int(pipe.target.cache.length.max()))
+        return real(tokens, *a, **k)
+
+    monkeypatch.setattr(pipe.target, "forward_tokens", forward)
+    rows = forward_cost.cost_curve(pipe, {"target": [1, 5]}, 1, repeats=1)["target"]
+    for r in rows:
+        (lo, t_lo), (hi, t_hi) = r["spans"]
+        assert lo <= hi and t_hi > t_lo + 5e-3  # 32 more committed slots: 6.4 ms more
+        assert r["median_s"] == pytest.approx((t_lo + t_hi) / 2)

@@ -30,6 +30,11 @@ WARM_CALLS = 8
 # timed forwards in a row after each warm-up (a repeat is one of them): one a warm-up, as before, made a
 # curve of 20 repeats cost 198 forwards a size, and auto's calibration 22 s at batch 1 and 68 s at 8
 TIMED_CALLS = 4
+# stream fractions committed before the timed forwards: two live spans per size, through which a run's
+# forwards are priced at their own mean span (``bench.report.at_span``). At batch 8 a 17-token forward
+# of the emoji target took 15-17 ms at spans of 64-128 slots and 19-22 ms at 192-275, and a batch's last
+# forwards, run while its slowest row catches up, have the longest spans
+FILLS = (0.25, 0.75)
 
 
 class _Probe:
@@ -57,11 +62,13 @@ def _caches(*objs) -> list:
 
 
 def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
-    """Median seconds of one ``kind`` forward over n tokens per row after a half-filled stream, timed
-    ``TIMED_CALLS`` in a row after ``WARM_CALLS`` of its size."""
+    """Per block size n: the median seconds of one ``kind`` forward over n tokens per row with each
+    fraction ``FILLS`` of the stream committed (every row alike), timed ``TIMED_CALLS`` in a row after
+    ``WARM_CALLS`` of that size and fill, as ``spans`` [[live span, s], ...] (``KVCache.span``: the slots
+    its attention read), and ``median_s``, their mean (the line through them at the mean span)."""
     dev, target = ctx.device, ctx.target
     B = target.batch
-    half = torch.full((B,), ctx.layout.stream_len // 2, device=dev)
+    fills = [torch.full((B,), int(f * ctx.layout.stream_len), device=dev) for f in FILLS]
     rows = (lambda t: torch.cat([t, t])) if target.cfg else (lambda t: t)
     if kind == "drafter":
         if ctx.drafter is None:
@@ -69,9 +76,12 @@ def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
         drafter = ctx.drafter
         drafter.attach(target.model)
         drafter.setup_cache(2 * B if target.cfg else B, extra=max(sizes) + 2)
-        drafter.commit(rows(half))
         width = drafter.config.hidden_size
         caches = _caches(drafter)
+
+        def commit(fill):
+            drafter.cache.length.zero_()
+            drafter.commit(rows(fill))
 
         def make(n, tokens, pos):
             feats = torch.randn(tokens.shape[0] * (2 if target.cfg else 1), n, width, device=dev,
@@ -84,48 +94,58 @@ def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
         model = view.model
         continuous = getattr(model, "token_dim", None) is not None
         (model.prefill(view.conditions) if continuous else view.prefill())
-        view.set_committed(half)
         caches = _caches(model)
+        commit = view.set_committed
 
         def make(n, tokens, pos):
             if continuous:  # continuous tokens: the trunk's forward (the diffusion head is per token)
                 x = torch.randn(B, n, model.token_dim, device=dev)
                 return lambda: model.forward_tokens(rows(x), rows(pos))
             return lambda: view.forward(tokens, pos)
-    for c in caches:  # live spans (KVCache.live) cover the half-filled stream, not only the prompt
-        c.refresh(int(c.length.max()))
-    bounds = [c.bound for c in caches]  # reset before every timed forward: each sees the same prefix
-    fwds = [make(n, torch.randint(0, max(ctx.layout.vocab_size, 1), (B, n), device=dev),  # continuous: unused
-                 half[:, None] + torch.arange(n, device=dev)) for n in sizes]
-    times: list[list[float]] = [[] for _ in sizes]
-    # sizes interleaved, so that a slow spell of the machine slows every size alike; each round runs
-    # WARM_CALLS untimed forwards of a size, then TIMED_CALLS timed ones, as in a decode, whose forwards
-    # are of one size (AR, SJD) or alternate between the same few; the first round's timings are dropped
+    tokens = {n: torch.randint(0, max(ctx.layout.vocab_size, 1), (B, n), device=dev) for n in sizes}  # continuous: unused
+    fwds = [[make(n, tokens[n], fill[:, None] + torch.arange(n, device=dev)) for n in sizes] for fill in fills]
+    times = [[[] for _ in sizes] for _ in fills]
+    spans = [[0] * len(sizes) for _ in fills]
+    # fills and sizes interleaved, so that a slow spell of the machine slows every one alike; each round
+    # runs WARM_CALLS untimed forwards of a size and fill, then TIMED_CALLS timed ones, as in a decode,
+    # whose forwards are of one size (AR, SJD) or alternate between the same few; the first round's
+    # timings are dropped
     for r in range(1 + -(-repeats // TIMED_CALLS)):
-        for fwd, ts in zip(fwds, times):
-            for i in range(WARM_CALLS + TIMED_CALLS):
-                for c, b in zip(caches, bounds):
-                    c.bound = b
-                sync(dev)
-                t0 = time.perf_counter()
-                fwd()
-                sync(dev)
-                if r and i >= WARM_CALLS:
-                    ts.append(time.perf_counter() - t0)
-    return [{"tokens": n, "median_s": statistics.median(ts)} for n, ts in zip(sizes, times)]
+        for f, fill in enumerate(fills):
+            commit(fill)
+            for c in caches:  # live spans (KVCache.live) cover the committed stream, not only the prompt
+                c.refresh(int(c.length.max()))
+            bounds = [c.bound for c in caches]  # reset before every forward: each sees the same prefix
+            for k, fwd in enumerate(fwds[f]):
+                spans[f][k] = caches[0].span(bounds[0] + sizes[k]) if caches else 0
+                for i in range(WARM_CALLS + TIMED_CALLS):
+                    for c, b in zip(caches, bounds):
+                        c.bound = b
+                    sync(dev)
+                    t0 = time.perf_counter()
+                    fwd()
+                    sync(dev)
+                    if r and i >= WARM_CALLS:
+                        times[f][k].append(time.perf_counter() - t0)
+    out = []
+    for k, n in enumerate(sizes):
+        med = [statistics.median(times[f][k]) for f in range(len(fills))]
+        out.append({"tokens": n, "median_s": sum(med) / len(med), "spans": [[spans[f][k], t] for f, t in enumerate(med)]})
+    return out
 
 
 @torch.no_grad()
 def cost_curve(pipe, sizes: dict[str, list[int]], batch_size: int, repeats: int = 5, sampling=None,
                prompts: list | None = None, grid: tuple[int | None, int | None] = (None, None)) -> dict[str, list[dict]]:
     """Median seconds (of ``repeats`` timed forwards or a few more: ``TIMED_CALLS`` in a row after
-    each ``WARM_CALLS`` untimed ones of their size, a first such round dropped) of one cached forward
-    over n tokens per row,
+    each ``WARM_CALLS`` untimed ones of their size and fill, a first such round dropped) of one cached
+    forward over n tokens per row,
     for each kind of ``sizes`` ({"target": [n, ...], "draft": [...], "drafter": [...]}: the target, the
     draft model, the EAGLE drafter), at ``batch_size`` images with both CFG halves as ``sampling``
-    (default: the pipeline's) runs them, after a half-filled stream. Class-conditional pipelines use
-    classes 0, 1, ...; text-to-image ones ``prompts`` (row i: prompt i mod len) on ``grid``.
-    Returns {kind: [{"tokens": n, "median_s": s}, ...]} for the kinds asked for."""
+    (default: the pipeline's) runs them, after each fraction ``FILLS`` of the stream. Class-conditional
+    pipelines use classes 0, 1, ...; text-to-image ones ``prompts`` (row i: prompt i mod len) on ``grid``.
+    Returns {kind: [{"tokens": n, "median_s": s, "spans": [[live span, s], ...]}, ...]} for the kinds
+    asked for (``_measure``)."""
     probe = _Probe(sizes, repeats)
     sampling = sampling or pipe.default_sampling
     if prompts is None:
@@ -138,8 +158,8 @@ def cost_curve(pipe, sizes: dict[str, list[int]], batch_size: int, repeats: int 
 
 def forward_cost(pipe, sizes: list[int], batch_size: int, repeats: int = 20, kind: str = "target",
                  **kw) -> list[dict]:
-    """Median seconds of a ``kind`` forward (target, draft or drafter) over n tokens after a half-filled
-    prefix, both CFG halves as the pipeline's default sampling runs them (``cost_curve``), with
+    """Seconds of a ``kind`` forward (target, draft or drafter) over n tokens mid-stream (``cost_curve``'s
+    ``median_s``), both CFG halves as the pipeline's default sampling runs them (``cost_curve``), with
     ``relative_to_1``: the cost over that of the first size."""
     rows = cost_curve(pipe, {kind: list(sizes)}, batch_size, repeats, **kw)[kind]
     for r in rows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +37,52 @@ def key_id(key: str) -> str:
 BLOCK_FIELDS = {"target_block_sizes": "target", "draft_block_sizes": "draft", "drafter_block_sizes": "drafter"}
 
 
-def block_size_fields(stats) -> dict[str, dict[str, int]]:
+def block_size_fields(stats) -> dict[str, dict[str, float]]:
     """Forwards by block size summed over runs (an iterable of ``Stats``: ``Stats.block_sizes``), as
-    report fields ``target_block_sizes`` / ``draft_block_sizes`` / ``drafter_block_sizes`` ({"n": calls})."""
-    out: dict[str, dict[int, int]] = {}
+    report fields ``target_block_sizes`` / ``draft_block_sizes`` / ``drafter_block_sizes`` ({"n": calls}),
+    and the mean live span of those forwards (``Stats.live_spans``, weighted by calls) as
+    ``target_live_spans`` / ... ({"n": slots})."""
+    calls: dict[str, dict[int, int]] = {}
+    spans: dict[str, dict[int, list[float]]] = {}
     for st in stats:
         for kind, hist in getattr(st, "block_sizes", {}).items():
-            acc = out.setdefault(f"{kind}_block_sizes", {})
+            acc = calls.setdefault(kind, {})
+            mean = getattr(st, "live_spans", {}).get(kind, {})
             for n, c in hist.items():
                 acc[int(n)] = acc.get(int(n), 0) + int(c)
-    return {k: {str(n): v[n] for n in sorted(v)} for k, v in out.items()}
+                if n in mean:
+                    w = spans.setdefault(kind, {}).setdefault(int(n), [0.0, 0.0])
+                    w[0] += int(c)
+                    w[1] += int(c) * float(mean[n])
+    out: dict[str, dict[str, float]] = {f"{k}_block_sizes": {str(n): v[n] for n in sorted(v)} for k, v in calls.items()}
+    out.update({f"{k}_live_spans": {str(n): t / c for n, (c, t) in sorted(v.items()) if c}
+                for k, v in spans.items()})
+    return out
 
 
-def curve_cost(rows: list[dict[str, Any]], n: int) -> float:
-    """Seconds of one forward over ``n`` tokens from a cost curve [{"tokens", "median_s"}, ...]: the
-    measured point, else linear between (or beyond) the nearest two measured sizes."""
-    pts = sorted((int(r["tokens"]), float(r["median_s"])) for r in rows)
+def _forward_fields(run: dict[str, Any]) -> SimpleNamespace:
+    """A report run's forwards by block size and their live spans, shaped like ``Stats``'s."""
+    kinds = BLOCK_FIELDS.values()
+    return SimpleNamespace(
+        block_sizes={k: {int(n): int(c) for n, c in run[f"{k}_block_sizes"].items()} for k in kinds if run.get(f"{k}_block_sizes")},
+        live_spans={k: {int(n): float(v) for n, v in run[f"{k}_live_spans"].items()} for k in kinds if run.get(f"{k}_live_spans")})
+
+
+def at_span(row: dict[str, Any], span: float | None) -> float:
+    """Seconds of a curve row's forward at live span ``span``: on the line through its two timed spans
+    (``spans``: [[slots, s], [slots, s]], attention grows with the span), else its ``median_s``."""
+    pts = row.get("spans")
+    if span is None or not pts or len(pts) < 2 or pts[0][0] == pts[1][0]:
+        return float(row["median_s"])
+    (l0, t0), (l1, t1) = pts[0], pts[1]
+    return max(0.0, t0 + (t1 - t0) * (float(span) - l0) / (l1 - l0))
+
+
+def curve_cost(rows: list[dict[str, Any]], n: int, span: float | None = None) -> float:
+    """Seconds of one forward over ``n`` tokens, at live span ``span`` (``at_span``; None: the row's
+    ``median_s``), from a cost curve [{"tokens", "median_s"[, "spans"]}, ...]: the measured size,
+    else linear between (or beyond) the nearest two measured sizes."""
+    pts = sorted((int(r["tokens"]), at_span(r, span)) for r in rows)
     for k, t in pts:
         if k == n:
             return t
@@ -68,8 +99,11 @@ def curve_cost(rows: list[dict[str, Any]], n: int) -> float:
 
 def predicted_time(run: dict[str, Any], curve: dict[str, list]) -> float | None:
     """Seconds a run's forwards cost on ``curve`` (``report["cost_curve"]``): the sum over its target
-    forwards of cost_target(block size) and over its draft-model / EAGLE-drafter forwards of
-    cost_draft / cost_drafter(block size), all at the report's batch size and CFG. The prefill is
+    forwards of cost_target(block size, live span) and over its draft-model / EAGLE-drafter forwards of
+    cost_draft / cost_drafter(block size, live span), all at the report's batch size and CFG, each block
+    size at the mean live span of the run's forwards of that size (``target_live_spans``, ...; without
+    them at the curve's ``median_s``): a batch whose last rows lag runs its last forwards over the
+    longest spans. The prefill is
     included, priced as a 1-token forward for every method alike (its real cost, a pass over the
     condition, is the same for every method). A last batch smaller than the batch size is priced at
     the full batch's cost, like every other. Other work (sampling, acceptance, tree building) is
@@ -85,7 +119,8 @@ def predicted_time(run: dict[str, Any], curve: dict[str, list]) -> float | None:
         rows = curve.get(kind)
         if not rows:
             return None
-        total += sum(int(c) * curve_cost(rows, int(n)) for n, c in hist.items())
+        spans = run.get(f"{kind}_live_spans") or {}
+        total += sum(int(c) * curve_cost(rows, int(n), spans.get(str(n))) for n, c in hist.items())
     if int(run.get("draft_forwards", 0)) and not (run.get("draft_block_sizes") or run.get("drafter_block_sizes")):
         return None
     return total
@@ -265,8 +300,11 @@ def markdown_table(report: dict[str, Any]) -> str:
                  + "), the run's images/s over AR's; the median over rounds ("
                  + ("drift within and between rounds cancels" if per_batch else "drift between rounds cancels") + ").\n")
     if pcols:
+        spans = any(r.get("target_live_spans") for r in report.get("runs", [])) and any(
+            row.get("spans") for row in (report.get("cost_curve") or {}).get("target", []))
         note += ("\nPredicted speedup: AR's forward time over the run's, from the forward cost curve (target, "
-                 "draft, drafter by block size) measured in the same benchmark"
+                 "draft, drafter by block size" + (", at the mean live span of the run's forwards" if spans else "")
+                 + ") measured in the same benchmark"
                  + (" during the passes (median of its samples)" if per_batch
                     else " after every round of passes (median over rounds)" if report.get("pass_order") == "interleaved" else "")
                  + "; efficiency = speedup / predicted.\n")
@@ -333,13 +371,7 @@ def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -
         m["n_images"] = n
         for k in ("tokens", "target_forwards", "draft_forwards"):
             m[k] = sum(int(x[k]) for x in runs)
-        for k in BLOCK_FIELDS:  # forwards by block size: summed over the shards
-            if any(k in x for x in runs):
-                hist: dict[int, int] = {}
-                for x in runs:
-                    for size, c in (x.get(k) or {}).items():
-                        hist[int(size)] = hist.get(int(size), 0) + int(c)
-                m[k] = {str(size): hist[size] for size in sorted(hist)}
+        m.update(block_size_fields(map(_forward_fields, runs)))  # summed over the shards, spans weighted
         for k in ("step_compression", "mean_accepted_length"):
             m[k] = sum(x[k] * x["n_images"] for x in runs) / n
         m["wall_s"] = sum(x["wall_s"] for x in runs)

@@ -193,14 +193,24 @@ def measure_cost_curve(pipe, report: dict[str, Any], sampling: Sampling, prompts
 
 
 def median_curve(samples: list[dict[str, list]]) -> dict[str, list]:
-    """Per kind and block size, the median over cost-curve samples of their ``median_s``."""
-    times: dict[str, dict[int, list[float]]] = {}
+    """Per kind and block size, the median over cost-curve samples of their ``median_s`` and of each of
+    their ``spans``' seconds (samples taken by one bench share their spans)."""
+    times: dict[str, dict[int, list[dict]]] = {}
     for curve in samples:
         for kind, rows in curve.items():
             for r in rows:
-                times.setdefault(kind, {}).setdefault(int(r["tokens"]), []).append(float(r["median_s"]))
-    return {kind: [{"tokens": n, "median_s": statistics.median(v)} for n, v in sorted(by.items())]
-            for kind, by in times.items()}
+                times.setdefault(kind, {}).setdefault(int(r["tokens"]), []).append(r)
+    out: dict[str, list] = {}
+    for kind, by in times.items():
+        out[kind] = []
+        for n, rows in sorted(by.items()):
+            row = {"tokens": n, "median_s": statistics.median(float(r["median_s"]) for r in rows)}
+            spans = [r.get("spans") for r in rows]
+            if all(spans) and len({tuple(p[0] for p in sp) for sp in spans}) == 1:
+                row["spans"] = [[span, statistics.median(float(sp[k][1]) for sp in spans)]
+                                for k, (span, _) in enumerate(spans[0])]
+            out[kind].append(row)
+    return out
 
 
 def _load_previous(json_path: Path | None, report: dict[str, Any]) -> tuple[dict[str, dict], dict, dict]:

@@ -136,13 +136,15 @@ def _subset(sizes: set[int]) -> list[int]:
 
 def _price(rows: list[dict], curve: dict, stream_len: int) -> None:
     """Each row's figures over its probe runs: predicted speedup = AR's predicted time for as many
-    batches / the runs' (``bench.report.predicted_time``); mean accepted length weighted by forwards."""
-    from ..bench.report import block_size_fields, predicted_time
+    batches / the runs' (``bench.report.predicted_time``, every forward at the curve's mid-stream price:
+    AR is not probed, so its live spans are unknown); mean accepted length weighted by forwards."""
+    from ..bench.report import BLOCK_FIELDS, block_size_fields, predicted_time
 
     t_ar = predicted_time({"target_block_sizes": {"1": stream_len}}, curve)
     for r in rows:
         runs, forwards = r["runs"], sum(st.target_forwards for st in r["runs"])
-        t = predicted_time({"draft_forwards": sum(st.draft_forwards for st in runs), **block_size_fields(runs)}, curve)
+        sizes = {k: v for k, v in block_size_fields(runs).items() if k in BLOCK_FIELDS}
+        t = predicted_time({"draft_forwards": sum(st.draft_forwards for st in runs), **sizes}, curve)
         r["predicted_speedup"] = len(runs) * t_ar / t if t and t_ar else 0.0
         r["mean_accepted_length"] = sum(st.mean_accepted_length * st.target_forwards for st in runs) / max(forwards, 1)
         r["drafts_per_round"] = sum(st.draft_forwards for st in runs) / max(forwards, 1)

@@ -36,9 +36,12 @@ class Stats:
     # forwards by block size (tokens fed per row): {"target": {n: calls}, "draft": ..., "drafter": ...};
     # the prefill counts as a 1-token target (draft) forward, so each histogram sums to its forward count
     block_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
+    # mean live span (KV slots attended, ``KVCache.live``) of those forwards: {"target": {n: slots}, ...}
+    live_spans: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("accept_map", "extra", "block_sizes")}
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("accept_map", "extra", "block_sizes", "live_spans")}
         d.update(self.extra)
         return d
 
@@ -240,6 +243,7 @@ class DecodeContext:
             accept_map=grid.reshape(B, H, W).cpu(),
             extra=dict(self.extra),
             block_sizes=self.block_sizes(),
+            live_spans=self.live_spans(),
         )
 
     def block_sizes(self) -> dict[str, dict[int, int]]:
@@ -249,6 +253,17 @@ class DecodeContext:
             out["draft"] = dict(sorted(self.draft.sizes.items()))
         if self.drafts.sizes:
             out["drafter"] = dict(sorted(self.drafts.sizes.items()))
+        return out
+
+    def live_spans(self) -> dict[str, dict[int, float]]:
+        """Per model and block size, the mean live span of its forwards (``KVCache.spans``; a forward's
+        attention cost grows with it): what the bench prices each forward at."""
+        models = {"target": self.target.model, "draft": self.draft and self.draft.model, "drafter": self.drafter}
+        out = {}
+        for kind in self.block_sizes():  # a model that ran no forward in this decode may hold an older cache
+            spans = getattr(getattr(models[kind], "cache", None), "spans", None)
+            if spans:
+                out[kind] = {n: total / calls for n, (calls, total) in sorted(spans.items())}
         return out
 
 

@@ -303,6 +303,7 @@ class KVCache:
         self.trace: list[int] = []
         self.pin: int | None = None
         self.overflow = False
+        self.spans: dict[int, list[int]] = {}  # tokens n -> [forwards, sum of their live spans] (bench pricing)
 
     @property
     def rows(self) -> int:
@@ -330,6 +331,9 @@ class KVCache:
                 span = self.pin
             else:  # the round grew past what its pin allowed for: the tight span, flagged
                 self.overflow = True
+        rec = self.spans.setdefault(n, [0, 0])
+        rec[0] += 1
+        rec[1] += span
         return span
 
     def refresh(self, longest: int) -> None:
