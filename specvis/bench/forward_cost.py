@@ -21,14 +21,14 @@ from ..models.base import KVCache
 from ..zoo import load
 
 KINDS = ("target", "draft", "drafter")
-# untimed forwards of a size before each timed one. Switching sizes costs the first forwards after the
+# untimed forwards of a size before its timed ones. Switching sizes costs the first forwards after the
 # switch: on the Zen 5 EPYC, batch 1, the emoji target's 1-token forwards after 17-token ones took 1.91,
 # 1.74, 1.46, 1.41, 1.39, 1.34 ms (the weights of wide calls are a second, packed copy:
 # models/weight_layout.py). With one untimed forward a goal run's curve priced AR's forward at 1.99 ms
 # while AR's decode took 1.80 ms a token; with three, 1.77 ms against 1.58
 WARM_CALLS = 8
-# timed forwards in a row after each warm-up (a repeat is one of them): one a warm-up, as before, made a
-# curve of 20 repeats cost 198 forwards a size, and auto's calibration 22 s at batch 1 and 68 s at 8
+# timed forwards in a row after each warm-up, each one a repeat. One per warm-up made a curve of 20
+# repeats cost 198 forwards a size (auto's calibration: 22 s at batch 1, 68 s at batch 8, emoji bundle)
 TIMED_CALLS = 4
 # stream fractions committed before the timed forwards: two live spans per size, through which a run's
 # forwards are priced at their own mean span (``bench.report.at_span``). At batch 8 a 17-token forward

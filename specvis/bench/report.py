@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -62,10 +62,12 @@ def block_size_fields(stats) -> dict[str, dict[str, float]]:
 
 def _forward_fields(run: dict[str, Any]) -> SimpleNamespace:
     """A report run's forwards by block size and their live spans, shaped like ``Stats``'s."""
+    def field(kind: str, name: str, cast) -> dict[int, Any]:
+        return {int(n): cast(v) for n, v in (run.get(f"{kind}_{name}") or {}).items()}
+
     kinds = BLOCK_FIELDS.values()
-    return SimpleNamespace(
-        block_sizes={k: {int(n): int(c) for n, c in run[f"{k}_block_sizes"].items()} for k in kinds if run.get(f"{k}_block_sizes")},
-        live_spans={k: {int(n): float(v) for n, v in run[f"{k}_live_spans"].items()} for k in kinds if run.get(f"{k}_live_spans")})
+    return SimpleNamespace(block_sizes={k: field(k, "block_sizes", int) for k in kinds if run.get(f"{k}_block_sizes")},
+                           live_spans={k: field(k, "live_spans", float) for k in kinds if run.get(f"{k}_live_spans")})
 
 
 def at_span(row: dict[str, Any], span: float | None) -> float:
