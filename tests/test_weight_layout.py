@@ -1,6 +1,8 @@
 """CPU layouts of linear weights (models/weight_layout.py): same values and outputs, other kernels."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -141,6 +143,10 @@ def test_packing_stops_at_the_memory_budget_in_module_order():
         assert prepare_cpu_linears(first, second, budget_bytes=600) == 2
     assert [type(s) for s in (*first, second)] == [PackedLinear, PackedLinear, nn.Linear]
     assert not second.weight.is_contiguous()  # transposed all the same
+    shared = nn.Linear(8, 8)  # one layer in two modules: packed and budgeted once, so no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert prepare_cpu_linears(nn.Sequential(shared), nn.Sequential(shared), budget_bytes=256) == 1
 
 
 @needs_packed

@@ -120,10 +120,10 @@ def prepare_cpu_linears(*modules: nn.Module, budget_bytes: int | None = None) ->
     memory available now (``available_memory_bytes``): a 7B checkpoint in bf16 (14 GB) would not fit
     twice on a 24 GiB machine. The rest stay ``nn.Linear``, with a warning. Returns how many layers
     became ``PackedLinear`` (0 where this torch has no packed oneDNN kernel)."""
-    linears = []
+    linears = {}  # by identity: a layer shared by two modules is packed (and budgeted) once
     for module in modules:
         transpose_linear_weights(module)
-        linears += [s for s in module.modules() if type(s) is nn.Linear and s.weight.device.type == "cpu"]
+        linears.update((id(s), s) for s in module.modules() if type(s) is nn.Linear and s.weight.device.type == "cpu")
     if not PACKED_AVAILABLE:
         return 0
     if budget_bytes is None:
@@ -131,7 +131,7 @@ def prepare_cpu_linears(*modules: nn.Module, budget_bytes: int | None = None) ->
         budget_bytes = free // 2 if free is not None else None
     used = 0
     packed = 0
-    for sub in linears:
+    for sub in linears.values():
         size = sub.weight.numel() * sub.weight.element_size()
         if budget_bytes is not None and used + size > budget_bytes:
             continue
