@@ -154,6 +154,9 @@ def test_shards_merge_block_sizes_and_keep_the_curve(pipe, tmp_path):
             want[n] = want.get(n, 0) + c
     assert sjd["target_block_sizes"] == want and sum(want.values()) == sjd["target_forwards"]
     assert merged["cost_curve"] == shards[0]["cost_curve"] and merged["runs"][0]["predicted_speedup"] == 1.0
+    assert sjd["forward_s_repeats"] == pytest.approx([sum(s["runs"][1]["forward_s_repeats"][0] for s in shards)])
+    assert 0 < sjd["forward_share"] < 1
+    assert sjd["round_efficiency"] == pytest.approx(sjd["forward_share"] / merged["runs"][0]["forward_share"])
     t = predicted_time(sjd, merged["cost_curve"])
     assert sjd["predicted_speedup"] == pytest.approx(predicted_time(merged["runs"][0], merged["cost_curve"]) / t)
 
@@ -322,3 +325,58 @@ def test_cost_curve_times_each_size_at_two_fills(pipe, monkeypatch):
         (lo, t_lo), (hi, t_hi) = r["spans"]
         assert lo <= hi and t_hi > t_lo + 5e-3  # 32 more committed slots: 6.4 ms more
         assert r["median_s"] == pytest.approx((t_lo + t_hi) / 2)
+
+
+@pytest.mark.parametrize("name,kind", [("speculative", "draft"), ("eagle", "drafter")])
+def test_forward_seconds_are_the_time_inside_each_models_forwards(pipe, monkeypatch, name, kind):
+    """``Stats.forward_s``: per model that ran, the seconds inside its forwards. The second model's
+    forwards sleep 10 ms here, so its seconds are at least 10 ms a forward and the target's (a few ms
+    for the whole decode of this tiny model) far less: seconds booked under the wrong model, not
+    booked for the drafter, or the round's other work counted in, fail."""
+    import time
+
+    model = pipe.draft if kind == "draft" else pipe.drafter
+    real = model.forward_tokens
+
+    def slow(*a, **k):
+        time.sleep(0.01)
+        return real(*a, **k)
+
+    monkeypatch.setattr(model, "forward_tokens", slow)
+    st = sizes_of(pipe, SPECS[name])
+    calls = sum(st.block_sizes[kind].values()) - (1 if kind == "draft" else 0)  # the draft's prefill does not sleep
+    assert set(st.forward_s) == set(st.block_sizes) == {"target", kind}
+    assert 0.01 * calls <= st.forward_s[kind] < 0.01 * calls + 0.5 * st.wall_s
+    assert 0 < st.forward_s["target"] < 0.003 * st.target_forwards
+    assert sum(st.forward_s.values()) < st.wall_s
+
+
+def test_forward_seconds_join_each_pass_and_split_the_efficiency():
+    """Per pass the seconds inside forwards (``forward_s_repeats``); ``forward_share`` is their median
+    share of the pass, ``round_efficiency`` the median over rounds of the run's share over AR's, and
+    ``forward_vs_curve`` the median pass's forward seconds over the curve's price; a pass without the
+    timing (off CPU, an older report resumed) drops the field."""
+    from specvis.bench.runner import add_repeat
+
+    curve = {"target": [{"tokens": 1, "median_s": 0.05}, {"tokens": 5, "median_s": 0.1}]}
+    common = {"n_images": 4, "config": {}, "acceptance": "exact", "lossless": True, "step_compression": 1.0,
+              "mean_accepted_length": 1.0}
+    ar = {"method": "ar", "target_block_sizes": {"1": 200}, **common}  # priced at 10 s
+    sjd = {"method": "sjd", "target_block_sizes": {"1": 1, "5": 50}, **common}  # 5.05 s
+    for run, walls, fwd in ((ar, [10.0, 20.0, 10.0], [9.0, 18.0, 9.0]), (sjd, [5.0, 10.0, 10.0], [4.0, 8.0, 9.0])):
+        for w, f in zip(walls, fwd):
+            add_repeat(run, w, f)
+    report = {"pass_order": "interleaved per batch", "cost_curve": curve, "runs": [ar, sjd]}
+    set_speedups(report)
+    assert sjd["forward_s_repeats"] == [4.0, 8.0, 9.0]
+    assert sjd["forward_share"] == pytest.approx(0.8) and ar["forward_share"] == pytest.approx(0.9)
+    assert sjd["round_efficiency"] == pytest.approx(0.8 / 0.9) and ar["round_efficiency"] == 1.0
+    assert ar["forward_vs_curve"] == pytest.approx(9.0 / 10.0)
+    assert sjd["forward_vs_curve"] == pytest.approx(8.0 / 5.05)
+    table = markdown_table({"model": "m", "device": "cpu", "batch_size": 1, "num_images": 4, "seed": 0,
+                            "torch": "t", **report})
+    assert "| forwards / curve | round efficiency |" in table and "| 1.58 | 0.89 |" in table
+    add_repeat(sjd, 5.0, None)
+    assert "forward_s_repeats" not in sjd and len(sjd["wall_s_repeats"]) == 4
+    set_speedups(report)
+    assert "round_efficiency" not in sjd and "forward_vs_curve" not in sjd and "forward_share" not in sjd

@@ -18,7 +18,7 @@ from .quality import seed_groups, summarize
 KEY_FIELDS = ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards", "shard_index")
 OPTIONAL_KEY_FIELDS = ("num_iter",)  # in the key only where the report has them (older keys stay valid)
 TIMING_FIELDS = ("wall_s", "wall_s_repeats", "images_per_s", "speedup", "speedup_rounds", "predicted_speedup",
-                 "efficiency")
+                 "efficiency", "forward_s_repeats", "forward_share", "round_efficiency", "forward_vs_curve")
 
 
 def run_key(report: dict[str, Any], run: dict[str, Any]) -> str:
@@ -137,32 +137,59 @@ def paired_speedups(run: dict[str, Any], ar: dict[str, Any]) -> list[float] | No
     return [(run["n_images"] / w) / (ar["n_images"] / a) for w, a in zip(walls, ar_walls)]
 
 
+def forward_shares(run: dict[str, Any]) -> list[float] | None:
+    """Per timed pass, the share of its wall-clock spent inside model forwards (``forward_s_repeats``
+    over ``wall_s_repeats``), or None where the passes were not timed that way (off CPU, older reports)."""
+    fwd, walls = run.get("forward_s_repeats") or [], run.get("wall_s_repeats") or []
+    if not fwd or len(fwd) != len(walls) or min(walls) <= 0:
+        return None
+    return [f / w for f, w in zip(fwd, walls)]
+
+
 def set_speedups(report: dict[str, Any]) -> None:
     """``speedup`` = images_per_s over the ``ar`` run's (the first run); with interleaved passes
     (``pass_order``) the median over rounds of that ratio within each round (``speedup_rounds``), so
     that a machine drifting between rounds cancels. With a ``cost_curve`` in the report:
     ``predicted_speedup`` = AR's predicted time over the run's (``predicted_time``: what the forwards
     alone would take on this device; AR's is exactly 1) and ``efficiency`` = speedup /
-    predicted_speedup (how much of the forward-bound speedup the run realises)."""
+    predicted_speedup (how much of the forward-bound speedup the run realises).
+
+    Where the passes timed their forwards (``forward_s_repeats``, CPU), the efficiency splits in two:
+    ``forward_share`` (median over passes of the wall-clock share inside forwards),
+    ``round_efficiency`` = median over rounds of the run's share over AR's in the same round, i.e. the
+    speedup over what the forwards, as they ran in the decode, allow (1 - the round's other work beyond
+    AR's), and ``forward_vs_curve`` = the forwards' median seconds in a pass over their price on the
+    curve (above 1: a forward costs more in the decode than repeated alone, e.g. a draft model whose
+    weights the target's forward pushed out of cache). efficiency = round_efficiency x AR's
+    forward_vs_curve / the run's, up to the medians."""
     runs = report["runs"]
     ar = next((r for r in runs if r["method"] == "ar"), runs[0] if runs else None)
     curve = report.get("cost_curve") or {}
     t_ar = predicted_time(ar, curve) if ar and curve else None
+    interleaved = str(report.get("pass_order", "")).startswith("interleaved")
+    ar_shares = forward_shares(ar) if ar else None
     for r in runs:
-        rounds = paired_speedups(r, ar) if ar and str(report.get("pass_order", "")).startswith("interleaved") else None
+        rounds = paired_speedups(r, ar) if ar and interleaved else None
         if rounds is not None:
             r["speedup_rounds"] = rounds
             r["speedup"] = statistics.median(rounds)
         else:
             r.pop("speedup_rounds", None)
             r["speedup"] = r["images_per_s"] / ar["images_per_s"] if ar and ar["images_per_s"] > 0 else float("nan")
+        for k in ("forward_share", "round_efficiency", "forward_vs_curve", "predicted_speedup", "efficiency"):
+            r.pop(k, None)
+        shares = forward_shares(r)
+        if shares is not None:
+            r["forward_share"] = statistics.median(shares)
+            if interleaved and ar_shares is not None and len(ar_shares) == len(shares):
+                r["round_efficiency"] = statistics.median(s / a for s, a in zip(shares, ar_shares))
         t = predicted_time(r, curve) if t_ar else None
         if t is None or t <= 0:
-            r.pop("predicted_speedup", None)
-            r.pop("efficiency", None)
             continue
         r["predicted_speedup"] = t_ar / t
         r["efficiency"] = r["speedup"] / r["predicted_speedup"]
+        if shares is not None:
+            r["forward_vs_curve"] = statistics.median(r["forward_s_repeats"]) / t
 
 
 def dumps(obj: Any, indent: int = 1, _level: int = 0) -> str:
@@ -255,6 +282,7 @@ QUALITY_COLUMNS = (("fid_proxy", "FID proxy", ".2f"), ("class_accuracy", "class 
 
 
 EXTRA_COLUMNS = (("mean_tree_depth", "mean tree depth"), ("acceptance_rate", "acceptance rate"))
+FORWARD_COLUMNS = (("forward_vs_curve", "forwards / curve"), ("round_efficiency", "round efficiency"))
 
 
 def markdown_table(report: dict[str, Any]) -> str:
@@ -270,9 +298,10 @@ def markdown_table(report: dict[str, Any]) -> str:
     qcols = [c for c in QUALITY_COLUMNS if any(c[0] in r.get("quality", {}) for r in report["runs"])]
     xcols = [c for c in EXTRA_COLUMNS if any(c[0] in r for r in report["runs"])]
     pcols = any("predicted_speedup" in r for r in report["runs"])
+    fcols = [c for c in FORWARD_COLUMNS if any(c[0] in r for r in report["runs"])]
     cols = ["method", "config", "acceptance", "lossless", "step compression", "mean accepted length"] \
         + [c[1] for c in xcols] + ["images/s", "speedup"] + (["predicted speedup", "efficiency"] if pcols else []) \
-        + [c[1] for c in qcols]
+        + [c[1] for c in fcols] + [c[1] for c in qcols]
     rows = ["| " + " | ".join(cols) + " |", "| " + " | ".join(["---"] * 4 + ["---:"] * (len(cols) - 4)) + " |"]
     for r in report["runs"]:
         cells = [r["method"], _cfg_text(r["config"]), r["acceptance"], "yes" if r["lossless"] else "no",
@@ -281,6 +310,7 @@ def markdown_table(report: dict[str, Any]) -> str:
         if pcols:
             cells += [f"{r['predicted_speedup']:.2f}x" if "predicted_speedup" in r else "-",
                       f"{r['efficiency']:.2f}" if "efficiency" in r else "-"]
+        cells += [f"{r[k]:.2f}" if k in r else "-" for k, _ in fcols]
         q = r.get("quality", {})
         for key, _, fmt in qcols:
             v = q.get(key)
@@ -310,6 +340,11 @@ def markdown_table(report: dict[str, Any]) -> str:
                  + (" during the passes (median of its samples)" if per_batch
                     else " after every round of passes (median over rounds)" if report.get("pass_order") == "interleaved" else "")
                  + "; efficiency = speedup / predicted.\n")
+    if fcols:
+        note += ("\nForwards / curve: the seconds spent inside the run's forwards in a pass (timed in the decode, "
+                 "median pass) over their price on the curve. Round efficiency: the run's share of wall-clock inside "
+                 "forwards over AR's, per round (median): the speedup realised of what its forwards, as they ran, "
+                 "allow. efficiency = round efficiency x AR's forwards / curve over the run's.\n")
     return head + "\n".join(rows) + "\n" + note
 
 
@@ -378,9 +413,12 @@ def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -
             m[k] = sum(x[k] * x["n_images"] for x in runs) / n
         m["wall_s"] = sum(x["wall_s"] for x in runs)
         m["wall_s_repeats"] = [sum(w) for w in zip(*(x.get("wall_s_repeats", [x["wall_s"]]) for x in runs))]
+        fwd = [x.get("forward_s_repeats") for x in runs]
+        if all(f and len(f) == len(m["wall_s_repeats"]) for f in fwd):
+            m["forward_s_repeats"] = [sum(f) for f in zip(*fwd)]
         m["images_per_s"] = n / m["wall_s"] if m["wall_s"] > 0 else float("nan")
         for k, v in run0.items():  # method-specific means (Stats.extra, e.g. mean_tree_depth), image-weighted
-            if k not in m and k not in ("speedup", "predicted_speedup", "efficiency") and isinstance(v, float) \
+            if k not in m and k not in TIMING_FIELDS and isinstance(v, float) \
                     and all(k in x for x in runs):
                 m[k] = sum(x[k] * x["n_images"] for x in runs) / n
         m["quality"] = {}

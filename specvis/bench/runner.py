@@ -86,8 +86,20 @@ def _round(pipe, methods: list, work: Work, sampling: Sampling, bar: tqdm | None
     return list(zip(walls, outputs))
 
 
-def add_repeat(run: dict[str, Any], wall: float) -> None:
-    """Record one more timed pass of ``run``: ``wall_s`` is the median of ``wall_s_repeats``."""
+def forward_seconds(outputs: list[tuple[int, Any]]) -> float | None:
+    """Seconds a pass spent inside model forwards (``Stats.forward_s`` summed), or None where a batch
+    has none (not timed off CPU)."""
+    per_batch = [sum(o.stats.forward_s.values()) if getattr(o.stats, "forward_s", None) else None for _, o in outputs]
+    return None if not per_batch or None in per_batch else sum(per_batch)
+
+
+def add_repeat(run: dict[str, Any], wall: float, forward: float | None = None) -> None:
+    """Record one more timed pass of ``run``: ``wall_s`` is the median of ``wall_s_repeats``; ``forward``,
+    the pass's seconds inside forwards, joins ``forward_s_repeats`` (pass for pass with the walls; the
+    field is dropped once a pass lacks it)."""
+    fwd = run.pop("forward_s_repeats", [])
+    if forward is not None and len(fwd) == len(run.get("wall_s_repeats", [])):
+        run["forward_s_repeats"] = [*fwd, forward]
     run["wall_s_repeats"] = [*run.get("wall_s_repeats", []), wall]
     run["wall_s"] = statistics.median(run["wall_s_repeats"])
     run["images_per_s"] = run["n_images"] / run["wall_s"] if run["wall_s"] > 0 else float("nan")
@@ -120,7 +132,7 @@ def new_run(method, work: Work, first: list[tuple[int, Any]], wall: float) -> di
         "accept_map_per_class": maps,
         "images_per_class": counts,
     }
-    add_repeat(run, wall)
+    add_repeat(run, wall, forward_seconds(first))
     return run
 
 
@@ -354,7 +366,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         for i, (wall, outputs) in zip(pending, _round(pipe, [todo[i][0] for i in pending], work, sampling, bar,
                                                       warmup, prompts, grid, between if cost_curve else None)):
             if runs[i] is not None:
-                add_repeat(runs[i], wall)
+                add_repeat(runs[i], wall, forward_seconds(outputs))
                 continue
             runs[i] = run = new_run(todo[i][0], work, outputs, wall)  # first pass: counts, accept maps, quality
             if quality is None:  # built on first need: resumed runs never load the classifier

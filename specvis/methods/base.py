@@ -38,10 +38,13 @@ class Stats:
     block_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
     # mean live span (KV slots attended, ``KVCache.live``) of those forwards: {"target": {n: slots}, ...}
     live_spans: dict[str, dict[int, float]] = field(default_factory=dict)
+    # seconds spent inside those forwards during the decode, on CPU only (a CUDA forward returns before
+    # its kernels finish): {"target": s, ...}; wall_s minus their sum is the rounds' other work
+    forward_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)
-             if f.name not in ("accept_map", "extra", "block_sizes", "live_spans")}
+             if f.name not in ("accept_map", "extra", "block_sizes", "live_spans", "forward_s")}
         d.update(self.extra)
         return d
 
@@ -66,6 +69,7 @@ class GuidedModel:
         model.setup_cache(len(self.conditions), extra)
         self.forwards = 0
         self.sizes: dict[int, int] = {}  # forwards by tokens fed per row (the prefill as 1); host-side
+        self.seconds = 0.0  # host time inside prefill / forward (Stats.forward_s; meaningful on CPU)
         self.hidden: torch.Tensor | None = None  # last hidden states of all rows (rows, n, D)
         layout = getattr(model, "layout", None)
         self.row_end = getattr(layout, "row_end", 0)
@@ -93,19 +97,24 @@ class GuidedModel:
 
     def prefill(self) -> torch.Tensor:
         """Law (B, V) of image token 0."""
+        t0 = time.perf_counter()
         logits, self.hidden = self.model.prefill(self.conditions)
         self.count(1)
         law = self._law(logits[:, None], torch.zeros(self.batch, 1, dtype=torch.long, device=logits.device))
         if self.keep_soft and self.sampling.greedy:
             self.soft = self.soft[:, 0]
+        self.seconds += time.perf_counter() - t0
         return law[:, 0]
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Laws (B, n, V) after each of the n fed tokens (see ``CachedTokenModel.forward_tokens``)."""
+        t0 = time.perf_counter()
         mask = None if tree_mask is None else self._rows(tree_mask)
         logits, self.hidden = self.model.forward_tokens(self._rows(tokens), self._rows(positions), mask)
         self.count(tokens.shape[1])
-        return self._law(logits, positions + 1)
+        law = self._law(logits, positions + 1)
+        self.seconds += time.perf_counter() - t0
+        return law
 
     def count(self, n: int) -> None:
         """One forward over ``n`` tokens per row (a static shape: no device read)."""
@@ -131,6 +140,7 @@ class Counter:
     def __init__(self) -> None:
         self.forwards = 0
         self.sizes: dict[int, int] = {}
+        self.seconds = 0.0  # host time inside those forwards (whoever times them adds it)
 
 
 class DecodeContext:
@@ -244,6 +254,7 @@ class DecodeContext:
             extra=dict(self.extra),
             block_sizes=self.block_sizes(),
             live_spans=self.live_spans(),
+            forward_s=self.forward_seconds(),
         )
 
     def block_sizes(self) -> dict[str, dict[int, int]]:
@@ -254,6 +265,14 @@ class DecodeContext:
         if self.drafts.sizes:
             out["drafter"] = dict(sorted(self.drafts.sizes.items()))
         return out
+
+    def forward_seconds(self) -> dict[str, float]:
+        """Per model that ran, the seconds spent inside its forwards (the law included, as the cost curve
+        times them); on CPU only, where a forward returns when its work is done ({} elsewhere)."""
+        if self.device.type != "cpu":
+            return {}
+        views = {"target": self.target, "draft": self.draft, "drafter": self.drafts}
+        return {kind: views[kind].seconds for kind in self.block_sizes()}
 
     def live_spans(self) -> dict[str, dict[int, float]]:
         """Per model and block size, the mean live span of its forwards (``KVCache.spans``; a forward's

@@ -54,6 +54,7 @@ grid: the paper's alpha), ``resamples``, ``resample_tries`` (mean tries per resa
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -97,14 +98,18 @@ class GuidedContinuous:
 
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """z (B, D) for image token 0, conditional and unconditional."""
+        t0 = time.perf_counter()
         z, _ = self.model.prefill(self.view.conditions)
         self.view.count(1)
+        self.view.seconds += time.perf_counter() - t0
         return self._split(z)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """z (B, n, D) after each fed token (B, n, C) at grid indices ``positions`` (B, n)."""
+        t0 = time.perf_counter()
         z, _ = self.model.forward_tokens(self._rows(tokens), self._rows(positions))
         self.view.count(tokens.shape[1])
+        self.view.seconds += time.perf_counter() - t0
         return self._split(z)
 
     def set_committed(self, n_fed: torch.Tensor) -> None:

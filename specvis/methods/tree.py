@@ -42,6 +42,7 @@ was built to before the rerank: ``depth`` for EAGLE-2, the schedule's d-hat for 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -491,15 +492,19 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape, build
 
 class _Sized:
     """The drafter as a tree round sees it: each ``forward_tokens`` also counts its block size (tokens
-    per row, a static shape) into ``counter.sizes``; ``counter.forwards`` stays the trees' count."""
+    per row, a static shape) into ``counter.sizes`` and its host time into ``counter.seconds``;
+    ``counter.forwards`` stays the trees' count."""
 
     def __init__(self, drafter, counter) -> None:
         self.__dict__.update(_drafter=drafter, _counter=counter)
 
     def forward_tokens(self, tokens: torch.Tensor, *args, **kwargs):
+        t0 = time.perf_counter()
         sizes = self._counter.sizes
         sizes[tokens.shape[1]] = sizes.get(tokens.shape[1], 0) + 1
-        return self._drafter.forward_tokens(tokens, *args, **kwargs)
+        out = self._drafter.forward_tokens(tokens, *args, **kwargs)
+        self._counter.seconds += time.perf_counter() - t0
+        return out
 
     def __getattr__(self, name: str):
         return getattr(self._drafter, name)
