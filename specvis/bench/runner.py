@@ -89,8 +89,9 @@ def _round(pipe, methods: list, work: Work, sampling: Sampling, bar: tqdm | None
 def forward_seconds(outputs: list[tuple[int, Any]]) -> float | None:
     """Seconds a pass spent inside model forwards (``Stats.forward_s`` summed), or None where a batch
     has none (not timed off CPU)."""
-    per_batch = [sum(o.stats.forward_s.values()) if getattr(o.stats, "forward_s", None) else None for _, o in outputs]
-    return None if not per_batch or None in per_batch else sum(per_batch)
+    if not outputs or not all(o.stats.forward_s for _, o in outputs):
+        return None
+    return sum(sum(o.stats.forward_s.values()) for _, o in outputs)
 
 
 def add_repeat(run: dict[str, Any], wall: float, forward: float | None = None) -> None:
