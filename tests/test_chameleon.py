@@ -5,6 +5,8 @@ and greedy decoding with each layout's CFG equals a plain reference loop over tr
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -184,3 +186,48 @@ def test_cli_generate_on_a_chameleon_checkpoint(dirs, tmp_path) -> None:
                  "--width", "4", "--method", "sjd", "--window", "3", "--out", str(out)]) == 0
     assert {"000.png", "001.png", "grid.png", "heatmap.png", "stats.json"} <= {p.name for p in out.iterdir()}
     assert main(["generate", "--model", str(path), "--class", "1", "--out", str(tmp_path / "x")]) == 2
+
+
+LUMINA_RELEASE = Path(__file__).parent / "fixtures" / "lumina_mgpt"
+
+
+@pytest.mark.parametrize("mp", [1, 2])
+def test_lumina_release_layout_reproduces_the_official_logits(mp: int) -> None:
+    """Checkpoints written by Lumina-mGPT's own ``ChameleonXLLMXForConditionalGeneration`` (query/key
+    norms of shape (model_parallel_size, head_dim); mp = 1 plain, mp = 2 with swin norm; made once from
+    the official code, see the fixture's README): specvis loads them and its logits over the image codes
+    equal those of Lumina's inference class on the same sequence (fp32). Catches the shard rows tiled
+    over the heads instead of repeat-interleaved, a shard's row applied to one head only, and the load
+    refusing the layout (the shape mismatch this replaces)."""
+    import json
+
+    path = LUMINA_RELEASE / f"mp{mp}"
+    ref = json.loads((path / "reference_logits.json").read_text())
+    model = load_decoder(path, ref["height"], ref["width"])
+    assert model.chameleon_ids["lumina"]
+    token_map = model.image_embed.token_map.tolist()
+    stream = torch.tensor([[token_map.index(t) for t in ref["stream_ids"]]])
+    assert torch.equal(stream[0][model.layout.forced() >= 0], model.layout.forced()[model.layout.forced() >= 0])
+    ours = model.logits(Prompts.of([ref["prompt_ids"]]), stream[:, :-1])[0]
+    P = len(ref["prompt_ids"])
+    want = torch.tensor(ref["logits"])[P - 1:-1][:, token_map[:CODES]]
+    assert ours.shape == want.shape and (ours - want).abs().max() < 1e-5
+
+
+def test_query_key_norm_layouts_and_bad_shapes() -> None:
+    """Per-head rows pass unchanged (transformers' layout); per-shard rows are repeat-interleaved over
+    each shard's consecutive heads; a row count that does not divide the heads is one line naming the
+    tensor."""
+    from specvis.families.chameleon import per_head_norm
+
+    key = "hf_layers.0.self_attn.q_norm.weight"
+    per_head = torch.randn(4, 8)
+    assert torch.equal(per_head_norm(key, per_head, 4, 2, 8, "d"), per_head)
+    shards = torch.randn(2, 8)
+    assert torch.equal(per_head_norm(key, shards, 4, 2, 8, "d"), shards[[0, 0, 1, 1]])
+    assert torch.equal(per_head_norm(key.replace("q_norm", "k_norm"), shards, 4, 2, 8, "d"), shards)
+    other = torch.randn(3, 8)
+    assert per_head_norm("hf_layers.0.mlp.up_proj.weight", other, 4, 2, 8, "d") is other
+    for bad in (torch.randn(3, 8), torch.randn(4, 6), torch.randn(0, 8)):
+        with pytest.raises(ValueError, match="q_norm.weight has shape"):
+            per_head_norm(key, bad, 4, 2, 8, "d")

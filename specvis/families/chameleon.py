@@ -24,6 +24,7 @@ rows of ``lm_head`` directly. Two layouts, as their official inference code buil
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -79,6 +80,37 @@ def native_grid(config: dict) -> tuple[int, int]:
     return (48, 48) if is_lumina(config) else (32, 32)  # Lumina-mGPT-7B-768; Anole 512 px
 
 
+QK_NORM = re.compile(r"hf_layers\.\d+\.self_attn\.([qk])_norm\.(weight|bias)")
+
+
+def per_head_norm(key: str, tensor: torch.Tensor, n_head: int, n_kv_head: int, head_dim: int,
+                  where: str) -> torch.Tensor:
+    """A query/key-norm affine tensor in transformers' per-head layout (heads, head_dim); other keys pass.
+
+    Two release layouts hold these norms:
+
+    - transformers' Chameleon (Anole, Meta's converted checkpoints): one row per head, (heads, head_dim).
+    - Lumina-mGPT's ``ChameleonXLLMXForConditionalGeneration``: one row per model-parallel shard,
+      (model_parallel_size, head_dim). Its ``ChameleonLayerNorm`` (lumina_mgpt/model/chameleon/
+      modeling_chameleon.py lines 198-218) normalises each head over head_dim and applies
+      ``weight.repeat_interleave(heads // mp, dim=0)`` (likewise the bias): head h takes the row of
+      shard h // (heads // mp), the heads of a shard being consecutive. That is the expansion here.
+
+    The layout is told by the row count (a flat tensor is read as rows of head_dim): rows == heads is
+    per head (for mp == heads the two agree), rows dividing heads is per shard; anything else is a
+    one-line error naming the tensor. The rotary pairing of head_dim is the same in both layouts.
+    """
+    found = QK_NORM.fullmatch(key)
+    if found is None:
+        return tensor
+    heads = n_head if found.group(1) == "q" else n_kv_head
+    rows = tensor.numel() // head_dim if tensor.numel() % head_dim == 0 else 0
+    if rows == 0 or heads % rows:
+        raise ValueError(f"{where}: {key} has shape {tuple(tensor.shape)}; expected ({heads}, {head_dim}) per head "
+                         f"or (model_parallel_size, {head_dim}) with model_parallel_size dividing {heads} (Lumina-mGPT)")
+    return tensor.reshape(rows, head_dim).repeat_interleave(heads // rows, dim=0)
+
+
 def build(directory: Path, config: dict, height: int | None = None, width: int | None = None):
     where = str(directory)
     cfg = llama_config(config, where)
@@ -88,6 +120,7 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     H, W = native_grid(config) if height is None else (height, width)
     row_end = [special(config, ROW_END, where)] if lumina else []
     sd = read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
+    sd = {k: per_head_norm(k, v, cfg.n_head, cfg.n_kv_head, cfg.head_dim, where) for k, v in sd.items()}
     if "lm_head.weight" not in sd:
         raise ValueError(f"{where}: checkpoint lacks lm_head.weight")
     head = nn.Linear(cfg.dim, len(codes), bias=False)
