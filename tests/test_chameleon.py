@@ -231,3 +231,41 @@ def test_query_key_norm_layouts_and_bad_shapes() -> None:
     for bad in (torch.randn(3, 8), torch.randn(4, 6), torch.randn(0, 8)):
         with pytest.raises(ValueError, match="q_norm.weight has shape"):
             per_head_norm(key, bad, 4, 2, 8, "d")
+
+
+@pytest.mark.parametrize("where,grid", [
+    ("Lumina-mGPT-7B-512", (32, 32)), ("Lumina-mGPT-7B-768", (48, 48)), ("Lumina-mGPT-7B-1024", (64, 64)),
+    ("hub/models--Alpha-VLLM--Lumina-mGPT-7B-1024/snapshots/0123abc", (64, 64)),
+    ("Lumina-mGPT-7B-768-Omni", (48, 48)), ("lumina-mgpt-34b-512/weights", (32, 32)),
+    ("my-lumina", (48, 48))])
+def test_lumina_native_grid_is_the_releases_target_size(tmp_path, where: str, grid: tuple[int, int]) -> None:
+    """The official inference runs at the checkpoint's target size (7B-512: 32x32 tokens, 7B-768: 48x48,
+    7B-1024: 64x64), which only the release's name says: a directory named after it (or the Hub cache's
+    models--Alpha-VLLM--<name> above the snapshot) sets the default grid and the size in the prompt's
+    text; a name that tells nothing falls back to the official demo's 768 px. Anole stays 32x32."""
+    import json
+    import shutil
+
+    d = tmp_path / where
+    shutil.copytree(LUMINA_RELEASE / "mp1", d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 10240}))
+    model = load_decoder(d)
+    assert (model.layout.height, model.layout.width) == grid
+    anole = tmp_path / "Lumina-mGPT-7B-1024-anole"
+    anole.mkdir()
+    del cfg["z_loss_weight"]
+    cfg["architectures"] = ["ChameleonForConditionalGeneration"]
+    (anole / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(d / "model.safetensors", anole)
+    assert (load_decoder(anole).layout.height, load_decoder(anole).layout.width) == (32, 32)
+
+
+def test_lumina_release_name_with_an_unusable_size_is_one_line(tmp_path) -> None:
+    import shutil
+
+    d = tmp_path / "Lumina-mGPT-7B-500"
+    shutil.copytree(LUMINA_RELEASE / "mp1", d)
+    with pytest.raises(ValueError, match="500 px, not a multiple of Lumina-mGPT's 32-px patches; pass height="):
+        load_decoder(d)
+    assert load_decoder(d, 2, 4).layout.height == 2

@@ -76,8 +76,34 @@ def special(config: dict, name: str, where: str) -> int:
     return int(vocab[name])
 
 
-def native_grid(config: dict) -> tuple[int, int]:
-    return (48, 48) if is_lumina(config) else (32, 32)  # Lumina-mGPT-7B-768; Anole 512 px
+RELEASE_SIZE = re.compile(r"lumina-mgpt-[0-9.]+b-([0-9]+)", re.IGNORECASE)
+LUMINA_FALLBACK_PX = 768  # the official demo's --target_size default (demos/demo_image_generation.py line 254)
+
+
+def native_grid(config: dict, directory: Path) -> tuple[int, int]:
+    """The grid a checkpoint generates by default, in 16-px tokens.
+
+    Anole: 32x32 (Meta's 512-px images). Lumina-mGPT: the official inference takes the image size as
+    ``target_size`` "consistent with the checkpoint" (README; ``FlexARInferenceSolver(model_path,
+    precision, target_size)``), and a release says it only in its name: Lumina-mGPT-7B-512 (32x32),
+    -768 and -768-Omni (48x48), -1024 (64x64), -34B-512 (32x32); its config.json and
+    generation_config.json do not hold it. So the size is read from the first directory, innermost
+    first, whose name contains ``Lumina-mGPT-<n>B-<px>`` (a download named after the release, or the
+    Hugging Face cache's ``models--Alpha-VLLM--Lumina-mGPT-7B-512/snapshots/<hash>``); when no name
+    tells, 768 px (the official demo's default target size). ``height``/``width`` override either.
+    """
+    if not is_lumina(config):
+        return 32, 32
+    px = LUMINA_FALLBACK_PX
+    for part in reversed(Path(directory).absolute().parts):
+        found = RELEASE_SIZE.search(part)
+        if found:
+            px = int(found.group(1))
+            break
+    if px < 32 or px % 32:
+        raise ValueError(f"{directory}: the release name says {px} px, not a multiple of Lumina-mGPT's 32-px "
+                         "patches; pass height= and width= (--height/--width) in image tokens")
+    return px // 16, px // 16
 
 
 QK_NORM = re.compile(r"hf_layers\.\d+\.self_attn\.([qk])_norm\.(weight|bias)")
@@ -117,7 +143,7 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     cfg.qk_norm, cfg.swin_norm = True, bool(config.get("swin_norm", False))
     codes = image_ids(config, where)
     lumina = is_lumina(config)
-    H, W = native_grid(config) if height is None else (height, width)
+    H, W = native_grid(config, directory) if height is None else (height, width)
     row_end = [special(config, ROW_END, where)] if lumina else []
     sd = read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
     sd = {k: per_head_norm(k, v, cfg.n_head, cfg.n_kv_head, cfg.head_dim, where) for k, v in sd.items()}
