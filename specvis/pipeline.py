@@ -244,7 +244,8 @@ class TextPipeline(Pipeline):
                 self._processor = getattr(transformers, kind).from_pretrained(str(self.directory))
             except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError ...
                 raise ValueError(f"{self.directory}: cannot load the checkpoint's {kind} for text prompts "
-                                 f"({one_line(exc)}); token-id prompts need none") from None
+                                 f"({one_line(exc)}); token-id prompts need none, and under CFG neither do "
+                                 "token-id negative_prompts or a family whose unconditional prompt is ids") from None
         return self._processor
 
     @property

@@ -269,3 +269,36 @@ def test_lumina_release_name_with_an_unusable_size_is_one_line(tmp_path) -> None
     with pytest.raises(ValueError, match="500 px, not a multiple of Lumina-mGPT's 32-px patches; pass height="):
         load_decoder(d)
     assert load_decoder(d, 2, 4).layout.height == 2
+
+
+@pytest.mark.parametrize("kind", ["lumina", "anole"])
+def test_token_id_prompts_with_cfg_need_no_tokenizer(tmp_path, kind: str) -> None:
+    """A checkpoint directory without tokenizer files (the Lumina release fixture; an Anole copy of it):
+    token-id prompts under CFG get the family's official unconditional rows from config ids alone
+    (Lumina-mGPT: the prompt from its begin-image on, i.e. [begin-image, h, w]; Anole: [BOS,
+    begin-image]) and generate exactly what the same rows given as negative prompts generate. A
+    Lumina prompt without begin-image is one line."""
+    import json
+    import shutil
+
+    d = tmp_path / kind
+    shutil.copytree(LUMINA_RELEASE / "mp1", d)
+    if kind == "anole":
+        cfg = json.loads((d / "config.json").read_text())
+        del cfg["z_loss_weight"]
+        cfg["architectures"] = ["ChameleonForConditionalGeneration"]
+        (d / "config.json").write_text(json.dumps(cfg))
+    ref = json.loads((d / "reference_logits.json").read_text())
+    pipe = sv.load(str(d))
+    prompts = [ref["prompt_ids"], ref["prompt_ids"][:2] + ref["prompt_ids"][4:]]
+    want = [[4, 7, 8]] * 2 if kind == "lumina" else [[1, 4]] * 2
+    greedy = sv.Sampling(temperature=0.0, cfg_scale=3.0)
+    cond = pipe.conditions(prompts, None, greedy, 2, 4)
+    assert [cond.uncond.ids[r, : int(cond.uncond.lengths[r])].tolist() for r in range(2)] == want
+    assert pipe._processor is None  # no tokenizer was loaded
+    out = pipe(prompts=prompts, method=sv.AR(), sampling=greedy, decode=False, height=2, width=4)
+    same = pipe(prompts=prompts, negative_prompts=want, method=sv.AR(), sampling=greedy, decode=False, height=2, width=4)
+    assert torch.equal(out.tokens, same.tokens)
+    if kind == "lumina":
+        with pytest.raises(ValueError, match="lacks token 4, where this model's unconditional prompt starts"):
+            pipe(prompts=[[1, 26, 27]], sampling=greedy, decode=False, height=2, width=4)
