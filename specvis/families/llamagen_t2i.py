@@ -294,8 +294,10 @@ class CaptionPipeline(TextPipeline):
         return enc.encode(rows, self.device, self.dtype)
 
     def conditions(self, prompts, negative_prompts, sampling: Sampling, height: int | None,
-                   width: int | None) -> Condition:
-        """Captions of the prompts; the CFG rows are the negative prompts' or the official null caption."""
+                   width: int | None, positive_suffix: bool = True) -> Condition:
+        """Captions of the prompts; the CFG rows are the negative prompts' or the official null caption.
+        LlamaGen's sample_t2i.py adds no suffix to its prompts: ``positive_suffix`` changes nothing."""
+        self.with_positive_suffix(prompts, positive_suffix)  # checks the flag
         self.set_grid(height, width)
         cond = self.captions(prompts, "prompts")
         if negative_prompts is not None:
