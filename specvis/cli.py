@@ -215,6 +215,9 @@ def build_parser() -> Parser:
     g.add_argument("--prompt", dest="prompts", action="append", help="text prompt (text-to-image checkpoints); repeat for more")
     g.add_argument("--negative-prompt", dest="negative_prompts", action="append",
                    help="negative prompt for CFG, one per --prompt or one for all (default: the family's own)")
+    g.add_argument("--no-positive-suffix", dest="positive_suffix", action="store_false",
+                   help="send the prompt text as given, without the family's official positive suffix "
+                        "(Emu3: ' masterpiece, film grained, best quality.')")
     g.add_argument("--height", type=int, help="image height in tokens (text-to-image checkpoints; default native)")
     g.add_argument("--width", type=int, help="image width in tokens (default native)")
     g.add_argument("--num", type=int, help="number of images (default: one per --class, else 8)")
@@ -326,11 +329,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
         def run(m, n: int = num):
             return pipe(prompts=prompts[:n], negative_prompts=None if negative is None else negative[:n], method=m,
-                        sampling=sampling, seed=a.seed, height=a.height, width=a.width)
+                        sampling=sampling, seed=a.seed, height=a.height, width=a.width,
+                        positive_suffix=a.positive_suffix)
     else:
-        if a.prompts or a.negative_prompts or a.height is not None or a.width is not None:
-            raise ValueError(f"model {a.model} is class-conditional: --prompt/--negative-prompt/--height/--width "
-                             "do not apply (give --class N)")
+        if a.prompts or a.negative_prompts or a.height is not None or a.width is not None or not a.positive_suffix:
+            raise ValueError(f"model {a.model} is class-conditional: --prompt/--negative-prompt/--height/--width/"
+                             "--no-positive-suffix do not apply (give --class N)")
         classes = a.classes or list(range(pipe.num_classes))
         num = a.num or (len(a.classes) if a.classes else 8)
         classes = [classes[i % len(classes)] for i in range(num)]
@@ -351,6 +355,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if text:
         layout = pipe.target.layout  # the grid of the call
         conditions = {"prompts": prompts, "negative_prompts": negative, "height": layout.height, "width": layout.width,
+                      "positive_suffix": pipe.with_positive_suffix([""], a.positive_suffix)[0],
                       **({"draft": pipe.extras["draft"]} if "draft" in pipe.extras else {})}
     else:
         conditions = {"classes": classes}

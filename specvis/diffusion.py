@@ -1,13 +1,16 @@
 """DDPM math for continuous-token diffusion heads (Ho et al. 2020; Nichol & Dhariwal 2021, "iDDPM"),
 in the form MAR's DiffLoss uses it, plus the pieces CSpD needs on top.
 
-- Noise schedules: cosine (iDDPM Eq. 17) and linear (DDPM); ``respace`` keeps K of the T training
-  steps and recomputes the betas from the kept alphas_cumprod (iDDPM Sec. 4).
+- Noise schedules: cosine (iDDPM Eq. 17) and linear (DDPM); ``space_timesteps`` picks the kept
+  training steps by the official rule (a step count, per-section counts "a,b,c" or "ddimN") and
+  ``respace`` recomputes the betas from the kept alphas_cumprod (iDDPM Sec. 4).
 - ``GaussianDiffusion.p_mean_logvar``: epsilon prediction -> posterior mean (DDPM Eq. 7/11); the
   variance is either fixed (beta_tilde) or learned as an interpolation v in log space between beta_t
-  and beta_tilde_t (iDDPM Eq. 15), v clamped to [-1, 1] and mapped to [0, 1]; optionally the predicted
-  x_0 is clipped to [-clip_x0, clip_x0] (iDDPM/ADM ``clip_denoised``: at the noisiest step x0_hat is
-  eps's error times sqrt(1/abar_T) ~ 1e4, which a not fully trained net turns into huge means).
+  and beta_tilde_t (iDDPM Eq. 15), v mapped to f = (v + 1) / 2 with no clamp (LTH14/mar
+  ``diffusion/gaussian_diffusion.py`` lines 285-292: an output |v| > 1 extrapolates past beta_t or
+  beta_tilde_t); optionally the predicted x_0 is clipped to [-clip_x0, clip_x0] (iDDPM/ADM
+  ``clip_denoised``: at the noisiest step x0_hat is eps's error times sqrt(1/abar_T) ~ 1e4, which a
+  not fully trained net turns into huge means).
 - ``GaussianDiffusion.training_loss``: MSE on epsilon (DDPM Eq. 14) + the VLB term for the learned
   variance with a frozen mean (iDDPM L_hybrid, Sec. 3.1).
 - ``gaussian_log_density``: log N(x; mu, diag(exp(logvar))) for the transitions p(x_{t-1} | x_t)
@@ -19,6 +22,7 @@ in the form MAR's DiffLoss uses it, plus the pieces CSpD needs on top.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,17 +53,71 @@ def make_betas(schedule: str, num_steps: int) -> torch.Tensor:
     raise ValueError(f"noise_schedule must be 'cosine' or 'linear', got {schedule!r}")
 
 
-def respace(betas: torch.Tensor, num_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep ``num_steps`` evenly spaced steps of the T in ``betas`` (the first and the last when K > 1).
+StepSpec = int | str
+
+
+def space_timesteps(num_train_steps: int, spec: StepSpec, field: str = "num_sampling_steps") -> list[int]:
+    """The training steps (ascending) that a sampler respaced by ``spec`` keeps out of T = ``num_train_steps``.
+
+    The rule of the official ``space_timesteps`` (iDDPM, as LTH14/mar ``diffusion/respace.py`` lines
+    12-63 has it), so that a checkpoint's ``num_sampling_steps`` keeps the same steps here:
+
+    - ``K`` (int or digit string) is the one-section list ``[K]``.
+    - ``"c_1,c_2,...,c_n"``: T is cut into n consecutive sections, the first T mod n of them one step
+      longer (sizes T // n or T // n + 1); section i of S steps keeps c_i <= S of them: its start plus
+      round(x_j), x_0 = 0 and x_{j+1} = x_j + (S - 1) / (c_i - 1) accumulated in float64 (stride 1 when
+      c_i <= 1), ``round`` rounding halves to even. Accumulating the stride is not linspace: for 282 of
+      the 1,000 counts at T = 1000 (K = 21, 23, 27, ...) a kept step differs by one.
+    - ``"ddimN"``: range(0, T, s) for the smallest integer stride s in 1 .. T - 1 giving exactly N steps
+      (DDIM's striding); no such s is an error.
+
+    Errors are one-line ValueErrors naming ``field`` and the allowed forms.
+    """
+    forms = (f"a step count in 1..{num_train_steps} (num_train_steps), comma-separated per-section counts "
+             "like '10,15,20', or 'ddimN'")
+    if isinstance(spec, bool) or not isinstance(spec, (int, str)):
+        raise ValueError(f"{field} must be {forms}, got {spec!r}")
+    text = str(spec).strip()
+    if text.startswith("ddim"):
+        if not re.fullmatch(r"[0-9]+", text[4:]):
+            raise ValueError(f"{field} must be {forms}, got {spec!r}")
+        for stride in range(1, num_train_steps):
+            if len(range(0, num_train_steps, stride)) == int(text[4:]):
+                return list(range(0, num_train_steps, stride))
+        raise ValueError(f"{field} {spec!r}: no integer stride gives exactly {int(text[4:])} of {num_train_steps} "
+                         "steps (DDIM striding: range(0, T, s))")
+    parts = [p.strip() for p in text.split(",")]
+    if not all(re.fullmatch(r"[0-9]+", p) for p in parts):
+        raise ValueError(f"{field} must be {forms}, got {spec!r}")
+    counts = [int(p) for p in parts]
+    if len(counts) == 1 and not 1 <= counts[0] <= num_train_steps:
+        raise ValueError(f"{field} must be {forms}, got {spec!r}")
+    base, longer = divmod(num_train_steps, len(counts))
+    kept, start = [], 0
+    for i, count in enumerate(counts):
+        size = base + (1 if i < longer else 0)
+        if count > size:
+            raise ValueError(f"{field} {spec!r}: section {i} has {size} of the {num_train_steps} training steps, "
+                             f"cannot keep {count}")
+        stride = (size - 1) / (count - 1) if count > 1 else 1.0
+        x = 0.0
+        for _ in range(count):
+            kept.append(start + round(x))
+            x += stride
+        start += size
+    if not kept:
+        raise ValueError(f"{field} {spec!r} keeps no step: it must be {forms}")
+    return sorted(set(kept))
+
+
+def respace(betas: torch.Tensor, num_steps: StepSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the steps ``space_timesteps(T, num_steps)`` of the T in ``betas``.
 
     Returns (new betas (K,), kept original step indices (K,)): alphas_cumprod of the respaced process
     equals the original one at the kept steps (iDDPM Sec. 4), so a network trained on T steps is
     queried at the original step index of each kept step.
     """
-    T = betas.shape[0]
-    if not 1 <= num_steps <= T:
-        raise ValueError(f"num_sampling_steps must be in 1..{T} (num_train_steps), got {num_steps}")
-    kept = torch.linspace(0, T - 1, num_steps, dtype=torch.float64).round().long().unique()
+    kept = torch.tensor(space_timesteps(betas.shape[0], num_steps), dtype=torch.long)
     abar = torch.cumprod(1 - betas, 0)[kept]
     prev = torch.cat([abar.new_ones(1), abar[:-1]])
     return 1 - abar / prev, kept
@@ -142,12 +200,13 @@ class GaussianDiffusion(nn.Module):
         """Network output (N, C or 2C) at step i (N,) -> mean and log variance of p(x_{t-1} | x_t).
 
         eps -> x0_hat = sqrt(1/abar) x_t - sqrt(1/abar - 1) eps -> posterior mean (DDPM Eq. 11);
-        learned variance: log var = f log beta_t + (1 - f) log beta_tilde_t, f = (v + 1) / 2 (iDDPM Eq. 15).
+        learned variance: log var = f log beta_t + (1 - f) log beta_tilde_t, f = (v + 1) / 2 (iDDPM Eq. 15),
+        v unclamped as in the official code (|v| > 1 extrapolates).
         """
         C = x_t.shape[-1]
         eps = out[..., :C]
         if self.learn_sigma:
-            frac = (out[..., C:].clamp(-1.0, 1.0) + 1) / 2
+            frac = (out[..., C:] + 1) / 2  # no clamp: official LEARNED_RANGE
             logvar = frac * self._at(self.log_betas, i, x_t) + (1 - frac) * self._at(self.posterior_log_variance, i, x_t)
         else:
             logvar = self._at(self.posterior_log_variance, i, x_t).expand_as(x_t)

@@ -244,7 +244,8 @@ class TextPipeline(Pipeline):
                 self._processor = getattr(transformers, kind).from_pretrained(str(self.directory))
             except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError ...
                 raise ValueError(f"{self.directory}: cannot load the checkpoint's {kind} for text prompts "
-                                 f"({one_line(exc)}); token-id prompts need none") from None
+                                 f"({one_line(exc)}); token-id prompts need none, and under CFG neither do "
+                                 "token-id negative_prompts or a family whose unconditional prompt is ids") from None
         return self._processor
 
     @property
@@ -282,6 +283,16 @@ class TextPipeline(Pipeline):
             raise ValueError(f"{what}: token ids must be in 0..{vocab - 1}")
         return out
 
+    def with_positive_suffix(self, prompts, on: bool):
+        """The text prompts with the family's official positive suffix appended (``POSITIVE_SUFFIX`` of its
+        module, "" where it has none) when ``on``; token-id prompts are whole prefixes and stay as given."""
+        if not isinstance(on, bool):
+            raise ValueError(f"positive_suffix must be True or False, got {on!r}")
+        suffix = getattr(self.family, "POSITIVE_SUFFIX", "")
+        if not on or not suffix or not isinstance(prompts, (list, tuple)):
+            return prompts
+        return [p + suffix if isinstance(p, str) else p for p in prompts]
+
     def set_grid(self, height: int | None, width: int | None) -> tuple[int, int]:
         """Generate ``height x width`` image tokens (None: the native grid's) with the target and draft."""
         native = self.grid
@@ -312,13 +323,15 @@ class TextPipeline(Pipeline):
     @torch.no_grad()
     def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
                  decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
-                 width: int | None = None, progress=None) -> Generation:
+                 width: int | None = None, progress=None, positive_suffix: bool = True) -> Generation:
+        """``positive_suffix``: append the family's official positive suffix to each text prompt, as its
+        official scripts do (Emu3: ``POSITIVE_SUFFIX``; the other families have none); False turns it off."""
         if classes is not None:
             raise ValueError(f"model {self.name} is text-conditioned: give prompts=, not classes=")
         if prompts is None:
             raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
         sampling = sampling or self.default_sampling
-        cond = self.conditions(prompts, negative_prompts, sampling, height, width)
+        cond = self.conditions(prompts, negative_prompts, sampling, height, width, positive_suffix)
         out = generate(self.target, cond, method, sampling, seed, draft=self.draft, drafter=self.drafter,
                        codebook=self.codebook if _needs_codebook(method) else None, graphs=self.graphs,
                        progress=progress)
@@ -327,13 +340,13 @@ class TextPipeline(Pipeline):
         return out
 
     def conditions(self, prompts, negative_prompts, sampling: Sampling, height: int | None,
-                   width: int | None) -> Condition:
+                   width: int | None, positive_suffix: bool = True) -> Condition:
         """The call's conditional rows and their CFG rows (None without CFG), on the grid it asks for."""
         if (isinstance(prompts, (list, tuple)) and isinstance(negative_prompts, (list, tuple))
                 and len(negative_prompts) != len(prompts)):
             raise ValueError(f"negative_prompts: {len(negative_prompts)} given for {len(prompts)} prompts; give one per prompt")
         H, W = self.set_grid(height, width)
-        rows = self._ids(prompts, "prompts", H, W)
+        rows = self._ids(self.with_positive_suffix(prompts, positive_suffix), "prompts", H, W)
         self._check_lengths(rows, "prompts")
         cond = Prompts.of(rows, self.device)
         uncond = None

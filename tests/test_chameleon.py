@@ -5,6 +5,8 @@ and greedy decoding with each layout's CFG equals a plain reference loop over tr
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -184,3 +186,119 @@ def test_cli_generate_on_a_chameleon_checkpoint(dirs, tmp_path) -> None:
                  "--width", "4", "--method", "sjd", "--window", "3", "--out", str(out)]) == 0
     assert {"000.png", "001.png", "grid.png", "heatmap.png", "stats.json"} <= {p.name for p in out.iterdir()}
     assert main(["generate", "--model", str(path), "--class", "1", "--out", str(tmp_path / "x")]) == 2
+
+
+LUMINA_RELEASE = Path(__file__).parent / "fixtures" / "lumina_mgpt"
+
+
+@pytest.mark.parametrize("mp", [1, 2])
+def test_lumina_release_layout_reproduces_the_official_logits(mp: int) -> None:
+    """Checkpoints written by Lumina-mGPT's own ``ChameleonXLLMXForConditionalGeneration`` (query/key
+    norms of shape (model_parallel_size, head_dim); mp = 1 plain, mp = 2 with swin norm; made once from
+    the official code, see the fixture's README): specvis loads them and its logits over the image codes
+    equal those of Lumina's inference class on the same sequence (fp32). Catches the shard rows tiled
+    over the heads instead of repeat-interleaved, a shard's row applied to one head only, and the load
+    refusing the layout (the shape mismatch this replaces)."""
+    import json
+
+    path = LUMINA_RELEASE / f"mp{mp}"
+    ref = json.loads((path / "reference_logits.json").read_text())
+    model = load_decoder(path, ref["height"], ref["width"])
+    assert model.chameleon_ids["lumina"]
+    token_map = model.image_embed.token_map.tolist()
+    stream = torch.tensor([[token_map.index(t) for t in ref["stream_ids"]]])
+    assert torch.equal(stream[0][model.layout.forced() >= 0], model.layout.forced()[model.layout.forced() >= 0])
+    ours = model.logits(Prompts.of([ref["prompt_ids"]]), stream[:, :-1])[0]
+    P = len(ref["prompt_ids"])
+    want = torch.tensor(ref["logits"])[P - 1:-1][:, token_map[:CODES]]
+    assert ours.shape == want.shape and (ours - want).abs().max() < 1e-5
+
+
+def test_query_key_norm_layouts_and_bad_shapes() -> None:
+    """Per-head rows pass unchanged (transformers' layout); per-shard rows are repeat-interleaved over
+    each shard's consecutive heads; a row count that does not divide the heads is one line naming the
+    tensor."""
+    from specvis.families.chameleon import per_head_norm
+
+    key = "hf_layers.0.self_attn.q_norm.weight"
+    per_head = torch.randn(4, 8)
+    assert torch.equal(per_head_norm(key, per_head, 4, 2, 8, "d"), per_head)
+    shards = torch.randn(2, 8)
+    assert torch.equal(per_head_norm(key, shards, 4, 2, 8, "d"), shards[[0, 0, 1, 1]])
+    assert torch.equal(per_head_norm(key.replace("q_norm", "k_norm"), shards, 4, 2, 8, "d"), shards)
+    other = torch.randn(3, 8)
+    assert per_head_norm("hf_layers.0.mlp.up_proj.weight", other, 4, 2, 8, "d") is other
+    for bad in (torch.randn(3, 8), torch.randn(4, 6), torch.randn(0, 8)):
+        with pytest.raises(ValueError, match="q_norm.weight has shape"):
+            per_head_norm(key, bad, 4, 2, 8, "d")
+
+
+@pytest.mark.parametrize("where,grid", [
+    ("Lumina-mGPT-7B-512", (32, 32)), ("Lumina-mGPT-7B-768", (48, 48)), ("Lumina-mGPT-7B-1024", (64, 64)),
+    ("hub/models--Alpha-VLLM--Lumina-mGPT-7B-1024/snapshots/0123abc", (64, 64)),
+    ("Lumina-mGPT-7B-768-Omni", (48, 48)), ("lumina-mgpt-34b-512/weights", (32, 32)),
+    ("my-lumina", (48, 48))])
+def test_lumina_native_grid_is_the_releases_target_size(tmp_path, where: str, grid: tuple[int, int]) -> None:
+    """The official inference runs at the checkpoint's target size (7B-512: 32x32 tokens, 7B-768: 48x48,
+    7B-1024: 64x64), which only the release's name says: a directory named after it (or the Hub cache's
+    models--Alpha-VLLM--<name> above the snapshot) sets the default grid and the size in the prompt's
+    text; a name that tells nothing falls back to the official demo's 768 px. Anole stays 32x32."""
+    import json
+    import shutil
+
+    d = tmp_path / where
+    shutil.copytree(LUMINA_RELEASE / "mp1", d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 10240}))
+    model = load_decoder(d)
+    assert (model.layout.height, model.layout.width) == grid
+    anole = tmp_path / "Lumina-mGPT-7B-1024-anole"
+    anole.mkdir()
+    del cfg["z_loss_weight"]
+    cfg["architectures"] = ["ChameleonForConditionalGeneration"]
+    (anole / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(d / "model.safetensors", anole)
+    assert (load_decoder(anole).layout.height, load_decoder(anole).layout.width) == (32, 32)
+
+
+def test_lumina_release_name_with_an_unusable_size_is_one_line(tmp_path) -> None:
+    import shutil
+
+    d = tmp_path / "Lumina-mGPT-7B-500"
+    shutil.copytree(LUMINA_RELEASE / "mp1", d)
+    with pytest.raises(ValueError, match="500 px, not a multiple of Lumina-mGPT's 32-px patches; pass height="):
+        load_decoder(d)
+    assert load_decoder(d, 2, 4).layout.height == 2
+
+
+@pytest.mark.parametrize("kind", ["lumina", "anole"])
+def test_token_id_prompts_with_cfg_need_no_tokenizer(tmp_path, kind: str) -> None:
+    """A checkpoint directory without tokenizer files (the Lumina release fixture; an Anole copy of it):
+    token-id prompts under CFG get the family's official unconditional rows from config ids alone
+    (Lumina-mGPT: the prompt from its begin-image on, i.e. [begin-image, h, w]; Anole: [BOS,
+    begin-image]) and generate exactly what the same rows given as negative prompts generate. A
+    Lumina prompt without begin-image is one line."""
+    import json
+    import shutil
+
+    d = tmp_path / kind
+    shutil.copytree(LUMINA_RELEASE / "mp1", d)
+    if kind == "anole":
+        cfg = json.loads((d / "config.json").read_text())
+        del cfg["z_loss_weight"]
+        cfg["architectures"] = ["ChameleonForConditionalGeneration"]
+        (d / "config.json").write_text(json.dumps(cfg))
+    ref = json.loads((d / "reference_logits.json").read_text())
+    pipe = sv.load(str(d))
+    prompts = [ref["prompt_ids"], ref["prompt_ids"][:2] + ref["prompt_ids"][4:]]
+    want = [[4, 7, 8]] * 2 if kind == "lumina" else [[1, 4]] * 2
+    greedy = sv.Sampling(temperature=0.0, cfg_scale=3.0)
+    cond = pipe.conditions(prompts, None, greedy, 2, 4)
+    assert [cond.uncond.ids[r, : int(cond.uncond.lengths[r])].tolist() for r in range(2)] == want
+    assert pipe._processor is None  # no tokenizer was loaded
+    out = pipe(prompts=prompts, method=sv.AR(), sampling=greedy, decode=False, height=2, width=4)
+    same = pipe(prompts=prompts, negative_prompts=want, method=sv.AR(), sampling=greedy, decode=False, height=2, width=4)
+    assert torch.equal(out.tokens, same.tokens)
+    if kind == "lumina":
+        with pytest.raises(ValueError, match="lacks token 4, where this model's unconditional prompt starts"):
+            pipe(prompts=[[1, 26, 27]], sampling=greedy, decode=False, height=2, width=4)

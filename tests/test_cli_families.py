@@ -356,7 +356,7 @@ def test_token_id_prompts_need_no_processor(dirs, tmp_path, name):
     files, and give the tokens of the same prompts as text."""
     full = sv.load(str(dirs[name]))
     H, W = full.grid
-    ids = full.family.encode(full.processor, PROMPTS, H, W)
+    ids = full.family.encode(full.processor, full.with_positive_suffix(PROMPTS, True), H, W)
     kw = dict(method=sv.SJD(window=4), seed=3, decode=False)
     neg = {}
     if name.startswith("emu3"):  # its default negative prompt is text: give it as ids too
@@ -390,6 +390,51 @@ def test_default_negative_prompts(dirs):
         assert not torch.equal(default, other)  # the negative prompt matters at this scale
         if name.startswith("emu3"):  # the same as the official negative prompt given as text
             assert torch.equal(default, pipe(prompts=PROMPTS, negative_prompts=[emu3_family.NEGATIVE] * 2, **kw).tokens)
+
+
+def test_emu3_positive_suffix_by_default_and_off(dirs, tmp_path):
+    """Emu3's official scripts send prompt + " masterpiece, film grained, best quality." and the negative
+    prompt without it: the default conditional rows are Emu3Processor's rows of the suffixed text
+    (hf_tiny.prompt_ids), the unconditional rows the plain negative prompt's; positive_suffix=False
+    (Python) and --no-positive-suffix (CLI) send the text as given; token-id prompts never change;
+    Janus has no suffix. Catches the suffix missing, misspelt, added to the negative prompt or kept
+    when turned off."""
+    d = dirs["emu3-native"]
+    pipe = sv.load(str(d))
+    assert emu3_family.POSITIVE_SUFFIX == " masterpiece, film grained, best quality."
+    rows = lambda texts: [r[m.bool()].tolist() for r, m in zip(texts["input_ids"], texts["attention_mask"])]  # noqa: E731
+    cfg = sv.Sampling(cfg_scale=3.0)
+    on = pipe.conditions(PROMPTS, None, cfg, None, None)
+    off = pipe.conditions(PROMPTS, None, cfg, None, None, positive_suffix=False)
+    official = prompt_ids(d, [p + emu3_family.POSITIVE_SUFFIX for p in PROMPTS], negative_prompt=emu3_family.NEGATIVE)
+    as_given = prompt_ids(d, PROMPTS, negative_prompt=emu3_family.NEGATIVE)
+    listed = lambda p: [p.ids[r, : int(p.lengths[r])].tolist() for r in range(len(p))]  # noqa: E731
+    assert listed(on.cond) == rows(official) and listed(off.cond) == rows(as_given)
+    neg = [r[m.bool()].tolist() for r, m in zip(official["uncond_input_ids"], official["uncond_attention_mask"])]
+    assert listed(on.uncond) == listed(off.uncond) == neg
+    ids = rows(as_given)
+    assert listed(pipe.conditions(ids, None, cfg, None, None).cond) == ids
+    greedy = dict(method=sv.AR(), sampling=sv.Sampling(temperature=0.0, cfg_scale=3.0), decode=False)
+    plain = pipe(prompts=PROMPTS, positive_suffix=False, **greedy).tokens
+    assert torch.equal(plain, pipe(prompts=ids, **greedy).tokens)
+    suffixed = pipe(prompts=PROMPTS, **greedy).tokens
+    assert torch.equal(suffixed, pipe(prompts=rows(official), **greedy).tokens) and not torch.equal(suffixed, plain)
+    with pytest.raises(ValueError, match="positive_suffix must be True or False"):
+        pipe(prompts=PROMPTS, positive_suffix="no", **greedy)
+    janus = sv.load(str(dirs["janus"]))
+    assert janus.with_positive_suffix(PROMPTS, True) == PROMPTS
+    # the CLI flag: stats.json says which suffix was sent, and the PNGs are the plain prompts' images
+    for flag, suffix in (([], emu3_family.POSITIVE_SUFFIX), (["--no-positive-suffix"], "")):
+        out = tmp_path / f"out{len(flag)}"
+        assert main(["generate", "--model", str(d), "--method", "ar", "--temperature", "0", "--cfg-scale", "3",
+                     "--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--out", str(out), *flag]) == 0
+        assert json.loads((out / "stats.json").read_text())["positive_suffix"] == suffix
+    images = pipe(prompts=PROMPTS, positive_suffix=False, **{**greedy, "decode": True}).images
+    from PIL import Image
+
+    for i, im in enumerate(images):
+        assert np.array_equal(np.asarray(Image.open(tmp_path / "out1" / f"{i:03d}.png").convert("RGB")),
+                              np.asarray(im.convert("RGB")))
 
 
 # ------------------------------------------------------------------------------ atomic outputs

@@ -73,8 +73,10 @@ def test_ar_on_a_continuous_model_is_target_only_cspd():
     a = pipe([0, 1, 2], AR(), seed=3)
     b = pipe([0, 1, 2], CSpD(prefill=1.0), seed=3)
     # equal up to float rounding: on CPU the linear weights' layout (models/weight_layout.py) makes a
-    # matmul's rounding depend on its row count, and CSpD's target forwards take other row counts
-    torch.testing.assert_close(a.latents, b.latents, rtol=1e-5, atol=1e-4)
+    # matmul's rounding depend on its row count, and CSpD's target forwards take other row counts; the
+    # random head's variance output |v| > 1 extrapolates the step noise (official formula), so relative
+    # rounding reaches 2.3e-5 at seed 3 (a wrong draw would be off by O(1))
+    torch.testing.assert_close(a.latents, b.latents, rtol=1e-4, atol=1e-4)
     assert a.stats.extra == {}
     assert a.stats.step_compression == 1.0 and len(a.images) == 3
     c = pipe([0, 1, 2], CSpD(gamma=4, prefill=0.0), seed=3)
@@ -152,10 +154,10 @@ def test_bundle_add_parts_and_zoo_loading(tmp_path):
     assert _emoji_continuous(tmp_path, meta, tiny.tokenizer) is None  # no continuous parts: None
 
 
-def test_sampler_clips_x0_and_clamps_the_variance_interpolation():
+def test_sampler_clips_x0_and_extrapolates_the_variance_as_the_official_code():
     """At the noisiest step x0_hat = sqrt(1/abar) x_t - ... amplifies an epsilon error by ~1e4: with
-    clip_x0 the posterior mean stays within the clip's scale; v outside [-1, 1] cannot push the log
-    variance past log beta_t (it would extrapolate without the clamp)."""
+    clip_x0 the posterior mean stays within the clip's scale; v outside [-1, 1] is not clamped (the
+    official LEARNED_RANGE formula): v = 5 puts the log variance at 3 log beta_t - 2 log beta_tilde_t."""
     from specvis.diffusion import GaussianDiffusion, make_betas, respace
 
     betas, kept = respace(make_betas("cosine", 1000), 25)
@@ -166,7 +168,8 @@ def test_sampler_clips_x0_and_clamps_the_variance_interpolation():
     m_free, lv_free = free.p_mean_logvar(out, x_t, i)
     m_clip, lv_clip = clipped.p_mean_logvar(out, x_t, i)
     assert m_free.abs().max() > 100 and m_clip.abs().max() < 3.0 + x_t.abs().max()
-    assert torch.allclose(lv_clip, free.log_betas[24].expand_as(lv_clip))  # v = 5 acts as v = 1
+    want = 3 * free.log_betas[24] - 2 * free.posterior_log_variance[24]  # f = (5 + 1) / 2 = 3
+    assert torch.allclose(lv_clip, want.expand_as(lv_clip)) and not torch.allclose(want, free.log_betas[24])
     assert torch.equal(lv_free, lv_clip)
 
 

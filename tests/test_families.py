@@ -79,7 +79,8 @@ def test_greedy_ar_with_cfg_equals_transformers_generate(dirs, name: str, batch:
     ours = torch.cat([pipe(prompts=PROMPTS[i:i + batch], method=sv.AR(), sampling=greedy, decode=False,
                            height=H, width=W, **({k: v[i:i + batch] for k, v in neg.items()})).tokens
                       for i in range(0, len(PROMPTS), batch)])
-    ref = hf_greedy_image_tokens(d, PROMPTS, 3.0, batch_size=batch, negative_prompt="")
+    suffix = pipe.with_positive_suffix([""], True)[0]  # Emu3's official scripts append it; Janus has none
+    ref = hf_greedy_image_tokens(d, [p + suffix for p in PROMPTS], 3.0, batch_size=batch, negative_prompt="")
     assert torch.equal(ours, ref)
     for method in (sv.SJD(window=4, init="vertical-sample"), sv.Jacobi(window=4)):  # exact methods, same tokens
         out = pipe(prompts=PROMPTS, method=method, sampling=greedy, decode=False, height=H, width=W,

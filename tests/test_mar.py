@@ -5,7 +5,10 @@ schedule, CFG schedule, per-sample seeds). Tiny random models, seconds on CPU.""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,16 +197,69 @@ def test_kl_vae_shapes_and_mar_scale():
 
 # ---------------------------------------------------------------- model
 
-def test_respacing_matches_the_official_space_timesteps():
-    """diffusion/respace.py space_timesteps(1000, [K]): round(i * (T - 1) / (K - 1)) accumulated."""
-    for K in (100, 50, 250, 64):
-        stride, cur, want = 999 / (K - 1), 0.0, []
-        for _ in range(K):
-            want.append(round(cur))
-            cur += stride
-        model = MAR(MARConfig(**{**TINY, "num_train_steps": 1000, "num_sampling_steps": str(K)}))
-        assert model.diffloss.sampler.timesteps.tolist() == want, K
+FIXTURES = Path(__file__).parent / "fixtures" / "mar_diffusion"
+
+
+def _digest(steps: list[int]) -> str:
+    return hashlib.sha256(",".join(map(str, steps)).encode()).hexdigest()[:16]
+
+
+def test_respacing_keeps_the_official_steps_for_every_count_and_form():
+    """Against the official ``space_timesteps`` (LTH14/mar diffusion/respace.py, run once: the fixture's
+    README): every K in 1..1000 at T = 1000 (int and digit string), section lists and "ddimN". Catches
+    linspace(0, T-1, K).round() (282 counts differ, e.g. K = 21 keeps 499, not 500), a rounding other
+    than Python's half-to-even on the accumulated stride, and section sizes split the wrong way."""
+    from specvis.diffusion import space_timesteps
+
+    ref = json.loads((FIXTURES / "space_timesteps.json").read_text())
+    T = ref["num_timesteps"]
+    for K in range(1, T + 1):
+        assert _digest(space_timesteps(T, K)) == ref["counts"][str(K)], K
+    for K, steps in ref["full"].items():
+        assert space_timesteps(T, K) == steps
+        assert torch.linspace(0, T - 1, int(K), dtype=torch.float64).round().long().tolist() != steps  # the old rule
+    for case in ref["strings"]:
+        if "error" in case:
+            with pytest.raises(ValueError, match="num_sampling_steps"):
+                space_timesteps(case["num_timesteps"], case["spec"])
+        else:
+            assert space_timesteps(case["num_timesteps"], case["spec"]) == case["steps"], case["spec"]
+
+
+def test_mar_config_takes_the_official_step_forms_and_refuses_others_in_one_line():
+    """MARConfig.num_sampling_steps as main_mar.py passes it (a string): counts, section lists and
+    "ddimN" reach the DiffLoss sampler; anything else is one line naming the field and the forms."""
+    from specvis.diffusion import space_timesteps
+
+    for spec in ("21", 21, "10,15,20", "ddim25"):
+        model = MAR(MARConfig(**{**TINY, "num_train_steps": 1000, "num_sampling_steps": spec}))
+        assert model.diffloss.sampler.timesteps.tolist() == space_timesteps(1000, spec)
         assert model.diffloss.train_diffusion.num_steps == 1000
+    for bad in ("ddim1", "abc", "0", 1001, "-5", "10,,5", True, 2.5, "1,999"):
+        with pytest.raises(ValueError, match="MARConfig.num_sampling_steps") as e:
+            MARConfig(**{**TINY, "num_train_steps": 1000, "num_sampling_steps": bad})
+        assert "\n" not in str(e.value)
+
+
+def test_learned_variance_is_the_official_unclamped_interpolation():
+    """p(x_{t-1} | x_t) against the official ``p_mean_variance`` (LTH14/mar gaussian_diffusion.py, learned
+    range, respaced to "21", run once: the fixture's README) on network outputs with |v| up to 3: log
+    variance f log beta_t + (1 - f) log beta_tilde_t with f = (v + 1) / 2 unclamped. Clamping v to
+    [-1, 1] is off by 1.78 at |v| = 2.03; the respacing rule shows in the step the net is queried at."""
+    from specvis.diffusion import GaussianDiffusion, make_betas, respace
+
+    ref = json.loads((FIXTURES / "p_mean_variance.json").read_text())
+    d = GaussianDiffusion(*respace(make_betas(ref["noise_schedule"], ref["num_train_steps"]), ref["respacing"]))
+    x, eps, v = (torch.tensor(ref[k], dtype=torch.float64) for k in ("x", "eps", "v"))
+    i = torch.tensor(ref["step_index"])
+    assert d.timesteps[i].tolist() == ref["model_timesteps"]
+    mean, logvar = d.p_mean_logvar(torch.cat([eps, v], 1), x, i)
+    want_lv, want_mean = torch.tensor(ref["log_variance"], dtype=torch.float64), torch.tensor(ref["mean"], dtype=torch.float64)
+    assert (logvar - want_lv).abs().max() < 1e-4
+    assert (mean - want_mean).abs().max() < 1e-4 * (1 + want_mean.abs().max())
+    hi = torch.maximum(d.log_betas[i], d.posterior_log_variance[i]).double()[:, None]
+    lo = torch.minimum(d.log_betas[i], d.posterior_log_variance[i]).double()[:, None]
+    assert ((want_lv > hi + 0.5) | (want_lv < lo - 0.5)).sum() >= 8  # rows where a clamp of v would be off
 
 
 def _ln(x, sd, name, eps=1e-6):

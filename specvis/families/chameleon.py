@@ -19,11 +19,22 @@ rows of ``lm_head`` directly. Two layouts, as their official inference code buil
   official code lets the model sample and specvis fixes from height/width; each row of image tokens
   ends with ``<reserved08799>`` (forced: ``Layout.row_end = 1``). CFG starts at begin-image: the
   unconditional prompt is [begin-image, h, w] with no text and no BOS; guided = u + s (c - u) on raw
-  logits (official cfg 4.0, top-k 2000).
+  logits (official cfg 4.0, top-k 2000). The default grid is the release's target size, which only its
+  name tells (``native_grid``: 7B-512 32x32, 7B-768 48x48, 7B-1024 64x64; 768 px when no name tells).
+
+The unconditional rows come from config.json's ids (``vocabulary_map``: ``<s>``, begin-image, the size
+tokens), as a ``PromptDecoder`` rule, so token-id prompts under CFG need no tokenizer.
+
+Query/key-norm layouts verified against the code that wrote them (``per_head_norm``): transformers'
+Chameleon, one row per head (tests/test_chameleon.py, tiny ``ChameleonForConditionalGeneration``
+models, logits equal); Lumina-mGPT's release layout, one row per model-parallel shard, with mp = 1 and
+mp = 2 (checkpoints written by Lumina's own ``ChameleonXLLMXForConditionalGeneration``, logits equal to
+its inference class's: tests/fixtures/lumina_mgpt).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -75,8 +86,65 @@ def special(config: dict, name: str, where: str) -> int:
     return int(vocab[name])
 
 
-def native_grid(config: dict) -> tuple[int, int]:
-    return (48, 48) if is_lumina(config) else (32, 32)  # Lumina-mGPT-7B-768; Anole 512 px
+RELEASE_SIZE = re.compile(r"lumina-mgpt-[0-9.]+b-([0-9]+)", re.IGNORECASE)
+LUMINA_FALLBACK_PX = 768  # the official demo's --target_size default (demos/demo_image_generation.py line 254)
+
+
+def native_grid(config: dict, directory: Path) -> tuple[int, int]:
+    """The grid a checkpoint generates by default, in 16-px tokens.
+
+    Anole: 32x32 (Meta's 512-px images). Lumina-mGPT: the official inference takes the image size as
+    ``target_size`` "consistent with the checkpoint" (README; ``FlexARInferenceSolver(model_path,
+    precision, target_size)``), and a release says it only in its name: Lumina-mGPT-7B-512 (32x32),
+    -768 and -768-Omni (48x48), -1024 (64x64), -34B-512 (32x32); its config.json and
+    generation_config.json do not hold it. So the size is read from the first directory, innermost
+    first, whose name contains ``Lumina-mGPT-<n>B-<px>`` (a download named after the release, or the
+    Hugging Face cache's ``models--Alpha-VLLM--Lumina-mGPT-7B-512/snapshots/<hash>``); when no name
+    tells, 768 px (the official demo's default target size). ``height``/``width`` override either.
+    """
+    if not is_lumina(config):
+        return 32, 32
+    px = LUMINA_FALLBACK_PX
+    for part in reversed(Path(directory).absolute().parts):
+        found = RELEASE_SIZE.search(part)
+        if found:
+            px = int(found.group(1))
+            break
+    if px < 32 or px % 32:
+        raise ValueError(f"{directory}: the release name says {px} px, not a multiple of Lumina-mGPT's 32-px "
+                         "patches; pass height= and width= (--height/--width) in image tokens")
+    return px // 16, px // 16
+
+
+QK_NORM = re.compile(r"hf_layers\.\d+\.self_attn\.([qk])_norm\.(weight|bias)")
+
+
+def per_head_norm(key: str, tensor: torch.Tensor, n_head: int, n_kv_head: int, head_dim: int,
+                  where: str) -> torch.Tensor:
+    """A query/key-norm affine tensor in transformers' per-head layout (heads, head_dim); other keys pass.
+
+    Two release layouts hold these norms:
+
+    - transformers' Chameleon (Anole, Meta's converted checkpoints): one row per head, (heads, head_dim).
+    - Lumina-mGPT's ``ChameleonXLLMXForConditionalGeneration``: one row per model-parallel shard,
+      (model_parallel_size, head_dim). Its ``ChameleonLayerNorm`` (lumina_mgpt/model/chameleon/
+      modeling_chameleon.py lines 198-218) normalises each head over head_dim and applies
+      ``weight.repeat_interleave(heads // mp, dim=0)`` (likewise the bias): head h takes the row of
+      shard h // (heads // mp), the heads of a shard being consecutive. That is the expansion here.
+
+    The layout is told by the row count (a flat tensor is read as rows of head_dim): rows == heads is
+    per head (for mp == heads the two agree), rows dividing heads is per shard; anything else is a
+    one-line error naming the tensor. The rotary pairing of head_dim is the same in both layouts.
+    """
+    found = QK_NORM.fullmatch(key)
+    if found is None:
+        return tensor
+    heads = n_head if found.group(1) == "q" else n_kv_head
+    rows = tensor.numel() // head_dim if tensor.numel() % head_dim == 0 else 0
+    if rows == 0 or heads % rows:
+        raise ValueError(f"{where}: {key} has shape {tuple(tensor.shape)}; expected ({heads}, {head_dim}) per head "
+                         f"or (model_parallel_size, {head_dim}) with model_parallel_size dividing {heads} (Lumina-mGPT)")
+    return tensor.reshape(rows, head_dim).repeat_interleave(heads // rows, dim=0)
 
 
 def build(directory: Path, config: dict, height: int | None = None, width: int | None = None):
@@ -85,18 +153,49 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     cfg.qk_norm, cfg.swin_norm = True, bool(config.get("swin_norm", False))
     codes = image_ids(config, where)
     lumina = is_lumina(config)
-    H, W = native_grid(config) if height is None else (height, width)
+    H, W = native_grid(config, directory) if height is None else (height, width)
     row_end = [special(config, ROW_END, where)] if lumina else []
     sd = read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
+    sd = {k: per_head_norm(k, v, cfg.n_head, cfg.n_kv_head, cfg.head_dim, where) for k, v in sd.items()}
     if "lm_head.weight" not in sd:
         raise ValueError(f"{where}: checkpoint lacks lm_head.weight")
     head = nn.Linear(cfg.dim, len(codes), bias=False)
     sd["head.weight"] = sd.pop("lm_head.weight")[torch.tensor(codes)]  # image-vocabulary rows only
-    model = PromptDecoder(cfg, Layout(H, W, len(codes), row_end=len(row_end)), None, head)
+    ids = {"eot": special(config, EOT, where), "boi": special(config, BOI, where), "lumina": lumina,
+           "bos": bos_id(config), "sizes": size_tokens(config)}
+    model = PromptDecoder(cfg, Layout(H, W, len(codes), row_end=len(row_end)), None, head, unconditional_rule(ids))
     model.image_embed = MappedEmbedding(model.tok_embeddings, torch.tensor(codes + row_end))
-    model.chameleon_ids = {"eot": special(config, EOT, where), "boi": special(config, BOI, where), "lumina": lumina}
+    model.chameleon_ids = ids
     model.default_sampling = LUMINA_SAMPLING if lumina else DEFAULT_SAMPLING
     return model, sd
+
+
+def bos_id(config: dict) -> int | None:
+    """The tokenizer's BOS ``<s>`` as config.json's vocabulary_map (the tokenizer's vocabulary) has it, else
+    config's ``bos_token_id``; None when neither is there."""
+    vocab = config.get("vocabulary_map") or {}
+    value = vocab.get("<s>", config.get("bos_token_id"))
+    return None if value is None else int(value)
+
+
+def size_tokens(config: dict) -> dict[int, int]:
+    """Lumina-mGPT's size tokens n -> id of ``<reserved{8800 + n:05d}>`` (n patches of 32 px), from vocabulary_map."""
+    out = {}
+    for name, i in (config.get("vocabulary_map") or {}).items():
+        found = re.fullmatch(r"<reserved(\d{5})>", name)
+        if found and int(found.group(1)) >= 8800:
+            out[int(found.group(1)) - 8800] = int(i)
+    return out
+
+
+def unconditional_rule(ids: dict) -> tuple | None:
+    """The official unconditional prompt as a ``PromptDecoder`` rule, from config ids alone (so token-id
+    prompts need no tokenizer): Lumina-mGPT guides from begin-image on (its CFG processor feeds the
+    unconditional branch the tokens from the image start, i.e. [begin-image, h, w]: the conditional
+    prompt's tail); Anole's is the fixed [BOS, begin-image]."""
+    if ids["lumina"]:
+        return ("from", ids["boi"])
+    return None if ids["bos"] is None else ("fixed", (ids["bos"], ids["boi"]))
 
 
 def _tokenizer(processor):
@@ -111,29 +210,34 @@ def encode(processor, texts: list[str], height: int, width: int, model: PromptDe
     for t in texts:
         if ids["lumina"]:
             q = f"Generate an image of {width * 16}x{height * 16} according to the following prompt:\n{t}"
-            body = tok(q)["input_ids"] + [ids["eot"], ids["boi"]] + grid_tokens(tok, height, width)
+            body = tok(q)["input_ids"] + [ids["eot"], ids["boi"]] + grid_tokens(model, height, width)
         else:
             body = tok(t)["input_ids"] + [ids["eot"], ids["boi"]]
         out.append([int(i) for i in body])
     return out
 
 
-def grid_tokens(tok, height: int, width: int) -> list[int]:
+def grid_tokens(model: PromptDecoder, height: int, width: int) -> list[int]:
     """Lumina-mGPT's size tokens <reserved{8800 + n:05d}>, n = grid / 2 (32-px patches of 16-px tokens)."""
     if height % 2 or width % 2:
         raise ValueError(f"Lumina-mGPT grids are in 32-px patches: height and width must be even, got {height}x{width}")
-    vocab = tok.get_vocab()
-    return [int(vocab[f"<reserved{8800 + n // 2:05d}>"]) for n in (height, width)]
+    sizes = model.chameleon_ids["sizes"]
+    for n in (height // 2, width // 2):
+        if n not in sizes:
+            raise ValueError(f"config.json vocabulary_map lacks <reserved{8800 + n:05d}>, Lumina-mGPT's size token "
+                             f"for {n} patches: the grid {height}x{width} cannot be prompted")
+    return [sizes[height // 2], sizes[width // 2]]
 
 
 def negative(processor, count: int, height: int, width: int, model: PromptDecoder) -> list[list[int]]:
-    """The unconditional prompt: [BOS, begin-image] (Anole); [begin-image, h, w] (Lumina-mGPT)."""
-    tok = _tokenizer(processor)
+    """The unconditional prompt of a text prompt on this grid: [BOS, begin-image] (Anole); [begin-image,
+    h, w] (Lumina-mGPT). From config ids; the processor serves only a config without a BOS id."""
     ids = model.chameleon_ids
     if ids["lumina"]:
-        row = [ids["boi"]] + grid_tokens(tok, height, width)
+        row = [ids["boi"]] + grid_tokens(model, height, width)
     else:
-        row = [int(tok.bos_token_id), ids["boi"]]
+        bos = ids["bos"] if ids["bos"] is not None else int(_tokenizer(processor).bos_token_id)
+        row = [bos, ids["boi"]]
     return [row] * count
 
 

@@ -11,6 +11,13 @@ the native size is 720x720 px, i.e. 90x90 tokens. CFG: transformers' ``generate`
 log-softmaxed logits, u' + s (c' - u') with c' = c - logsumexp(c); that is API.md's formula plus a
 per-row constant, which the softmax over the image vocabulary removes, so the law is API.md's.
 The unconditional prompt is the official negative prompt through the same template.
+
+Prompt text: the official scripts append the positive suffix " masterpiece, film grained, best
+quality." to every prompt (``image_generation.py`` lines 31 and 36, ``gradio_demo.py`` lines 71 and 79:
+``prompt + POSITIVE_PROMPT``) and none to the negative prompt, which is their ``NEGATIVE_PROMPT``
+(``NEGATIVE`` here). specvis does the same by default (``POSITIVE_SUFFIX``, appended by the pipeline to
+text prompts, not to token-id prompts); ``pipe(..., positive_suffix=False)`` or ``specvis generate
+--no-positive-suffix`` sends the text as given.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from .hf import llama_config, read_json, read_tensors
 NAME = "emu3"
 DEFAULT_SAMPLING = {"cfg_scale": 3.0, "top_k": 2048}  # the official generation example
 EOL = "<|extra_200|>"
+POSITIVE_SUFFIX = " masterpiece, film grained, best quality."  # image_generation.py POSITIVE_PROMPT
 NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
             "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry.")
 RENAMES = [

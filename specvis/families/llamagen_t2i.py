@@ -24,9 +24,8 @@ tokenised to at most ``cls_token_num`` (120) tokens with ``</s>``, padded to 120
 state of ``T5EncoderModel`` is the caption; its valid tokens condition the GPT (``LlamaGenT2I``
 explains why specvis's valid-first prefix gives the official left-padded logits). A ``list[int]``
 prompt is flan-t5 input ids (``</s>`` included), encoded the same way. Text cleaning: the official
-``clean_caption`` (ftfy, BeautifulSoup, ~40 regular expressions for URLs, HTML, ids, file names) is not
-reproduced; specvis lower-cases, strips and collapses white space, which is what it does to plain
-prose. CFG: the unconditional row is the model's ``uncond_embedding`` under the caption's mask, guided =
+``clean_caption`` applied twice (ftfy, BeautifulSoup, ~40 regular expressions for URLs, HTML, ids, file
+names, sizes; ``specvis.families.llamagen_caption``, which needs ftfy and beautifulsoup4). CFG: the unconditional row is the model's ``uncond_embedding`` under the caption's mask, guided =
 u + s (c - u) on raw logits (API.md's formula); official defaults cfg 7.5, top-k 1000, temperature 1.
 The text encoder runs in the GPT's dtype (fp32 unless the pipeline is configured otherwise; the
 official script runs both in bf16).
@@ -43,6 +42,7 @@ from ..models.base import Captions, Condition
 from ..models.checkpoint import one_line
 from ..pipeline import TextPipeline
 from .hf import read_json
+from .llamagen_caption import clean_caption
 from ..sampling import Sampling
 from ..viz import to_pil
 
@@ -213,8 +213,8 @@ def load_vq(directory: Path):
 
 
 def clean_text(text: str) -> str:
-    """Lower case, stripped, white space collapsed (what the official cleaning does to plain prose)."""
-    return re.sub(r"\s+", " ", text).strip().lower()
+    """The caption as the official ``T5Embedder.text_preprocessing`` cleans it (``llamagen_caption``)."""
+    return clean_caption(text)
 
 
 class CaptionEncoder:
@@ -294,8 +294,10 @@ class CaptionPipeline(TextPipeline):
         return enc.encode(rows, self.device, self.dtype)
 
     def conditions(self, prompts, negative_prompts, sampling: Sampling, height: int | None,
-                   width: int | None) -> Condition:
-        """Captions of the prompts; the CFG rows are the negative prompts' or the official null caption."""
+                   width: int | None, positive_suffix: bool = True) -> Condition:
+        """Captions of the prompts; the CFG rows are the negative prompts' or the official null caption.
+        LlamaGen's sample_t2i.py adds no suffix to its prompts: ``positive_suffix`` changes nothing."""
+        self.with_positive_suffix(prompts, positive_suffix)  # checks the flag
         self.set_grid(height, width)
         cond = self.captions(prompts, "prompts")
         if negative_prompts is not None:

@@ -184,7 +184,7 @@ class DiffusionHead(nn.Module):
     and a sampling schedule respaced to K steps."""
 
     def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int, num_train_steps: int,
-                 num_sampling_steps: int, noise_schedule: str = "cosine", learn_sigma: bool = True,
+                 num_sampling_steps: int | str, noise_schedule: str = "cosine", learn_sigma: bool = True,
                  clip_denoised: float | None = None) -> None:
         super().__init__()
         self.token_dim = token_dim

@@ -361,7 +361,8 @@ class PromptDecoder(CachedStack, nn.Module):
     ``image_head`` over the image codes only (sampling is restricted to the image vocabulary).
     ``unconditional`` holds the family's CFG convention as data: ``("keep", keep_ids, pad_id)``
     replaces every prompt token not in ``keep_ids`` by ``pad_id`` (Janus), ``("fixed", ids)`` is one
-    fixed negative prompt (Emu3)."""
+    fixed negative prompt (Anole), ``("from", token_id)`` is each prompt from its last ``token_id`` on
+    (Lumina-mGPT: guidance starts at begin-image)."""
 
     null_condition = None
     num_conditions = None
@@ -417,6 +418,13 @@ class PromptDecoder(CachedStack, nn.Module):
         if rule[0] == "keep":
             keep = torch.isin(prompts.ids, torch.as_tensor(rule[1], device=prompts.ids.device))
             return Prompts(torch.where(keep, prompts.ids, torch.full_like(prompts.ids, rule[2])), prompts.lengths)
+        if rule[0] == "from":
+            rows = [prompts.ids[r, : int(prompts.lengths[r])].tolist() for r in range(len(prompts))]
+            for r, row in enumerate(rows):
+                if rule[1] not in row:
+                    raise ValueError(f"prompt {r} lacks token {rule[1]}, where this model's unconditional prompt starts "
+                                     "(the official template ends with it): pass negative prompts")
+            return Prompts.of([row[len(row) - 1 - row[::-1].index(rule[1]):] for row in rows], prompts.ids.device)
         return Prompts.of([list(rule[1])] * len(prompts), prompts.ids.device)
 
     @torch.no_grad()

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import check_tensors, one_line
+from ..diffusion import StepSpec, space_timesteps
 from .continuous import DiffusionHead
 
 __all__ = ["MARConfig", "MAR", "MARSample", "mask_schedule", "cfg_scales", "load_mar_checkpoint",
@@ -105,7 +106,7 @@ class MARConfig:
     model: str = field(default="", compare=False)  # preset name, informational
 
     def __post_init__(self) -> None:
-        self.num_sampling_steps = _steps(self.num_sampling_steps)
+        self.num_sampling_steps = _steps(self.num_sampling_steps)  # checked against num_train_steps below
         for name in ("img_size", "vae_stride", "patch_size", "encoder_embed_dim", "encoder_depth",
                      "encoder_num_heads", "decoder_embed_dim", "decoder_depth", "decoder_num_heads",
                      "vae_embed_dim", "class_num", "diffloss_d", "diffloss_w", "diffusion_batch_mul",
@@ -124,9 +125,7 @@ class MARConfig:
             raise ValueError(f"MARConfig.mask_ratio_min must be in (0, 1], got {self.mask_ratio_min!r}")
         if not 0 <= self.label_drop_prob < 1:
             raise ValueError(f"MARConfig.label_drop_prob must be in [0, 1), got {self.label_drop_prob!r}")
-        if not 1 <= self.num_sampling_steps <= self.num_train_steps:
-            raise ValueError(f"MARConfig.num_sampling_steps must be in 1..{self.num_train_steps}, "
-                             f"got {self.num_sampling_steps!r}")
+        space_timesteps(self.num_train_steps, self.num_sampling_steps, "MARConfig.num_sampling_steps")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "MARConfig":
@@ -148,12 +147,16 @@ class MARConfig:
         return self.vae_embed_dim * self.patch_size ** 2
 
 
-def _steps(value) -> int:
-    """``num_sampling_steps`` as the official string ("100") or int; section lists and "ddimN" are not supported."""
-    try:
+def _steps(value) -> StepSpec:
+    """``num_sampling_steps`` as the official code takes it (``main_mar.py --num_sampling_steps``, a string):
+    a count ("100" or 100) becomes an int, a section list ("10,15,20") or "ddimN" stays a string; the
+    form is checked by ``space_timesteps`` against num_train_steps."""
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]+\s*", value):
         return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"MARConfig.num_sampling_steps must be a step count like 100 or '100', got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"MARConfig.num_sampling_steps must be a step count like 100 or '100', per-section counts "
+                         f"like '10,15,20', or 'ddimN', got {value!r}")
+    return value
 
 
 # ---------------------------------------------------------------- ViT blocks (timm's layout)
@@ -644,7 +647,7 @@ def infer_config(sd: dict[str, torch.Tensor], args=None, where: str = "") -> MAR
 
 
 def load_mar_checkpoint(path: str | os.PathLike, ema: bool = True, config: MARConfig | None = None,
-                        num_sampling_steps: int | None = None) -> MAR:
+                        num_sampling_steps: StepSpec | None = None) -> MAR:
     """An official ``checkpoint-last.pth`` (dict with ``model`` and ``model_ema`` state dicts, ``args``)
     -> ``MAR`` in eval mode with the EMA weights (``ema=False``: ``model``; a file without
     ``model_ema`` falls back to ``model``), loaded strictly. The config is inferred unless given;
