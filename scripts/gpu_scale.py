@@ -3,9 +3,10 @@
     PYTHONPATH=$PWD SPECVIS_COMMIT=<commit> python3 scripts/gpu_scale.py            # GPU: writes $OUT/gpu-scale-<gpu>.json
     python scripts/gpu_scale.py --smoke --out docs/results/gpu-scale-smoke.json     # CPU: same code paths, tiny shapes
 
-Sections, most valuable first, each under a time budget (``--budget`` seconds in all, ``--tests-reserve`` of
-them kept for the CUDA tests at the end); the JSON is rewritten atomically after each section, so a call
-cut short still returns what it measured. bf16 throughout (on a CPU without bf16 dot products, fp32), CFG
+What it measures, below; it runs bandwidth, the 7B shape, then ``SCHEDULE`` (the most valuable first; the
+CUDA tests before the least predictable blocks, so that they always run), each section only if its
+minimum time is left of ``--budget`` (``--tests-reserve`` of it kept for the tests); the JSON is rewritten
+atomically after each section, so a call cut short still returns what it measured. bf16 throughout (on a CPU without bf16 dot products, fp32), CFG
 on, captured rounds (CUDA graphs) unless a figure says eager.
 
 1. ``bandwidth_gbps``: a device-to-device copy (bytes read + written over the median time).
@@ -19,7 +20,7 @@ on, captured rounds (CUDA graphs) unless a figure says eager.
    weights acceptance means nothing, so rounds are timed, not images.
 3. ``emoji_t2i`` / ``emoji``: the shipped bundles (real acceptance) at batch 1 and 8, AR and every lossless
    method (``METHODS``) through ``specvis.bench.runner.run_bench`` (its cost curve gives ``efficiency``),
-   in three modes: captured rounds (the headline), eager, captured + ``torch.compile``.
+   in three modes: captured rounds (the headline), eager, captured + ``torch.compile`` (AR and SJD).
 4. ``projection_lumina_768_s``: PROJECTED seconds of a 768-px Lumina-mGPT image (2,357 steps) from the
    measured 7B AR step, and for SJD from the 7B SJD round at the mean accepted length measured on
    emoji-t2i in the same run. A projection, labelled so.
@@ -331,6 +332,8 @@ class Run:
         self.device = torch.device("cuda" if torch.cuda.is_available() and not plan.smoke else "cpu")
         self.dtype = torch.bfloat16 if self.device.type == "cuda" or sv_cpu_bf16() else torch.float32
         self.report: dict[str, Any] = skeleton(self.device, self.dtype, plan)
+        if args.resume:
+            self.report = resumed(Path(args.resume), self.report)
         self.path = output_path(args.out, self.report["device_name"], plan.smoke)
 
     def left(self) -> float:
@@ -420,6 +423,21 @@ def skeleton(device: torch.device, dtype: torch.dtype, plan: Plan) -> dict:
         "cuda_tests": None,
         "sections": {},
     }
+
+
+def resumed(path: Path, fresh: dict) -> dict:
+    """An earlier report of this script (``--resume``: a later call adds sections to it), checked to be of
+    the same kind of run on the same device and software; this call's date and commit join ``calls``."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--resume {path}: unreadable ({one_line(exc)})") from None
+    for key in ("kind", "smoke", "device_name", "torch", "dtype"):
+        if old.get(key) != fresh[key]:
+            raise SystemExit(f"--resume {path}: its {key} is {old.get(key)!r}, this run's {fresh[key]!r}")
+    calls = old.get("calls") or [{"date": old["date"], "commit": old["commit"]}]
+    old["calls"] = [*calls, {"date": fresh["date"], "commit": fresh["commit"]}]
+    return old
 
 
 def gpu_slug(name: str) -> str:
@@ -766,11 +784,12 @@ def pytest_outcomes(text: str) -> dict:
 SECTION_NEEDS = {"graphs": 25, "eager": 30, "compile": 90}  # seconds a bench block needs at least (GPU)
 BUNDLES = ("emoji-t2i", "emoji")
 # after bandwidth and the 7B shape, by value: captured rounds at batch 1 (the goals), transformers, eager at
-# batch 1, then batch 8; then the CUDA tests; then captured + compile, the least predictable in time (every
-# new block size and live span is a compile), with what is left
+# batch 1, captured rounds at batch 8; then the CUDA tests, so that they always run; then with what is left:
+# captured + compile at batch 1 (the least predictable in time: every new block size and live span is a
+# compile), eager at batch 8, captured + compile at batch 8
 SCHEDULE = ([(b, 1, "graphs") for b in BUNDLES] + [("vs_transformers",)] + [(b, 1, "eager") for b in BUNDLES]
-            + [(b, 8, m) for m in ("graphs", "eager") for b in BUNDLES] + [("cuda_tests",)]
-            + [(b, n, "compile") for n in (1, 8) for b in BUNDLES])
+            + [(b, 8, "graphs") for b in BUNDLES] + [("cuda_tests",)]
+            + [(b, n, m) for n, m in ((1, "compile"), (8, "eager"), (8, "compile")) for b in BUNDLES])
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -781,6 +800,7 @@ def main(argv: list[str] | None = None) -> Path:
                     help="seconds for the whole run (default 420 on a GPU: one 8-minute call with room to start)")
     ap.add_argument("--tests-reserve", type=float, default=None, help="seconds kept for the CUDA tests (default 100)")
     ap.add_argument("--no-tests", action="store_true", help="skip tests/test_cuda.py")
+    ap.add_argument("--resume", help="an earlier gpu-scale JSON of the same device: add this call's sections to it")
     ap.add_argument("--only", nargs="*", help="run only the sections whose name starts with one of these "
                                               "(bandwidth, 7b, emoji, emoji_t2i, vs_transformers, cuda_tests)")
     args = ap.parse_args(argv)
@@ -811,8 +831,9 @@ def main(argv: list[str] | None = None) -> Path:
         if run.device.type != "cuda" and mode != "eager":
             run.report["sections"][key] = {"status": "skipped", "reason": "captured rounds and compile are CUDA-only"}
             continue
+        after_tests = SCHEDULE.index(item) > SCHEDULE.index(("cuda_tests",))
         run.section(key, SECTION_NEEDS[mode] * scale, lambda: bench_block(run, bundle, batch, mode),
-                    reserve=mode != "compile")
+                    reserve=not after_tests)
         projection(run)
     run.save()
     print(f"[gpu_scale] wrote {run.path} in {time.monotonic() - run.t0:.0f} s", flush=True)

@@ -227,3 +227,27 @@ def test_pytest_outcomes_counts_each_outcome():
     out = gs.pytest_outcomes(text)
     assert (out["passed"], out["failed"], out["skipped"], out["error"]) == (1, 1, 1, 1)
     assert out["failing"] == ["tests/test_cuda.py::test_a[sjd]", "tests/test_cuda.py::test_c"]
+
+
+def test_vs_transformers_without_transformers_says_why(monkeypatch):
+    """The device machine may lack transformers: the comparison is null with the reason, not a crash."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    run = type("R", (), {"report": {"vs_transformers": {"1": None, "8": None}}})()
+    gs.vs_transformers(run)
+    out = run.report["vs_transformers"]
+    assert out["1"] is None and out["8"] is None and "not installed" in out["reason"]
+
+
+def test_resume_adds_to_an_earlier_report_of_the_same_device(tmp_path):
+    """--resume keeps an earlier call's figures, records both calls, and refuses another device's report."""
+    fresh = {"kind": "gpu-scale", "smoke": False, "device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0",
+             "dtype": "bfloat16", "date": "d2", "commit": "c2"}
+    old = {**fresh, "date": "d1", "commit": "c1", "bandwidth_gbps": 3000.0}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    merged = gs.resumed(path, fresh)
+    assert merged["bandwidth_gbps"] == 3000.0
+    assert merged["calls"] == [{"date": "d1", "commit": "c1"}, {"date": "d2", "commit": "c2"}]
+    path.write_text(json.dumps({**old, "device_name": "NVIDIA H200"}))
+    with pytest.raises(SystemExit, match="device_name"):
+        gs.resumed(path, fresh)
