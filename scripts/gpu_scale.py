@@ -34,12 +34,14 @@ Shapes (cited):
 - Chameleon-7B: hidden 4096, 32 layers, 32 heads, FFN 11008, vocabulary 65536 (issue 49; the
   transformers Chameleon config of facebook/chameleon-7b), 8192 image codes (Chameleon's VQ), query/key
   norms as ``families.chameleon.build`` sets them.
-- Janus-Pro-1B: the transformers-format ``text_config`` of the converted checkpoint, as stored at
+- Janus-Pro-1B: the ``text_config`` of the transformers-format Janus-Pro-1B config as stored at
   https://huggingface.co/hf-internal-testing/tiny-processor-janus/blob/main/config.json (hidden 2048,
   24 layers, 16 heads and 16 KV heads, FFN 5632, vocabulary 102400, 16384 positions, RMS eps 1e-6, RoPE
-  theta 10000; pruna-test/tiny_janus has the same numbers with 1 layer); its generation path from the
-  original config (deepseek-ai Janus-Pro configs: ``gen_vision_config`` 16384 codes of 8 dims,
-  ``gen_aligner_config`` depth 2 onto the model width, ``gen_head_config`` width = model width).
+  theta 10000; https://huggingface.co/pruna-test/tiny_janus/blob/main/config.json: the same with 1 layer).
+  The generation path as DeepSeek's configs give it (stored copy of Janus-Pro-7B's:
+  https://huggingface.co/cyan2k/Janus-Pro-7B-bnb-4bit/blob/main/config.json): ``gen_vision_config`` 16384
+  codes of 8 dims, ``gen_aligner_config`` depth 2 from 8 dims onto the model width, ``gen_head_config``
+  image_token_embed = n_embed = the model width (4096 there; 2048 here by the same rule).
 """
 
 from __future__ import annotations
