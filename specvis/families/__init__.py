@@ -42,15 +42,21 @@ def load_decoder(directory: str | Path, height: int | None = None, width: int | 
         model.family = family
         return model
     model, sd = family.build(Path(directory), config, height, width)
+    load_tensors(model, sd, str(directory))
+    model.family = family
+    return model.float().eval()
+
+
+def load_tensors(model: PromptDecoder, sd: dict, where: str) -> None:
+    """Load a family's renamed tensors (``build``'s: Llama layers still in the Hugging Face layout under
+    ``hf_layers.``) into ``model``, strictly; one-line ValueErrors naming ``where``."""
     cfg = model.config
     try:
         layers = import_llama_layers(sd, "hf_layers.", cfg.n_layer, cfg.n_head, cfg.n_kv_head)
     except KeyError as e:
-        raise ValueError(f"{directory}: checkpoint lacks {e}") from None
+        raise ValueError(f"{where}: checkpoint lacks {e}") from None
     sd = {k: v for k, v in sd.items() if not k.startswith("hf_layers.")} | layers
-    load_strict(model, sd, str(directory))
-    model.family = family
-    return model.float().eval()
+    load_strict(model, sd, where)
 
 
 def load_pipeline(name: str | Path, draft: str | Path | None = None, drafter: str | Path | None = None):

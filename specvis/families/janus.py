@@ -57,8 +57,11 @@ def native_grid(config: dict) -> tuple[int, int]:
     return side, side
 
 
-def build(directory: Path, config: dict, height: int | None = None, width: int | None = None) -> PromptDecoder:
-    where = str(directory)
+def make_decoder(config: dict, ids: dict[str, int], where: str, height: int | None = None,
+                 width: int | None = None) -> PromptDecoder:
+    """The decoder a Janus ``config.json`` describes (random weights: ``build`` loads them), with the
+    special ``ids`` (bos, pad, boi: ``special_ids``) for its unconditional prompt. Build it under
+    ``torch.device("meta")`` to place no storage (it has no buffers)."""
     cfg = llama_config(config.get("text_config") or {}, where)
     vq = config.get("vq_config") or {}
     H, W = native_grid(config) if height is None else (height, width)
@@ -68,9 +71,12 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
         head_in = int(vq.get("image_token_embed_dim", cfg.dim))
     except KeyError as e:
         raise ValueError(f"{where}: vq_config lacks or has an unsupported {e}") from None
-    ids = special_ids(directory)
-    model = PromptDecoder(cfg, Layout(H, W, codes), AlignedEmbedding(codes, code_dim, proj, depth, act()),
-                          MLPHead(head_in, proj, codes, act()), unconditional=("keep", (ids["bos"], ids["boi"]), ids["pad"]))
+    return PromptDecoder(cfg, Layout(H, W, codes), AlignedEmbedding(codes, code_dim, proj, depth, act()),
+                         MLPHead(head_in, proj, codes, act()), unconditional=("keep", (ids["bos"], ids["boi"]), ids["pad"]))
+
+
+def build(directory: Path, config: dict, height: int | None = None, width: int | None = None) -> PromptDecoder:
+    model = make_decoder(config, special_ids(directory), str(directory), height, width)
     scale = read_json(directory / "generation_config.json").get("guidance_scale")
     if scale is not None:  # transformers' generate reads its CFG scale there too
         model.default_sampling = {**DEFAULT_SAMPLING, "cfg_scale": float(scale)}

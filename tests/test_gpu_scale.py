@@ -1,0 +1,253 @@
+"""scripts/gpu_scale.py (issue 49): its CPU smoke run writes every key the issue pins, with measured
+values finite and positive, and its parts do what the GPU run relies on (models built on the device
+with the drawn weights, the floor's byte count, rounds timed mid-stream, the bench summary, the
+transformers weights mapped onto specvis's Janus decoder, the CUDA-test counts)."""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import specvis as sv
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_scale.py"
+COMMITTED = ROOT / "docs" / "results" / "gpu-scale-smoke.json"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_scale", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_scale"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gs = load_script()
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_scale") / "smoke.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def positive(value, where: str) -> None:
+    assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{where}: {value!r} is not a number"
+    assert math.isfinite(value) and value > 0, f"{where}: {value!r} is not finite and positive"
+
+
+def test_smoke_report_has_every_pinned_key(smoke):
+    """The JSON layout of issue 49: every key present, keys of batch sizes and token counts exactly the
+    issue's strings, every measurement a finite positive number; no section failed."""
+    assert smoke["kind"] == "gpu-scale" and smoke["smoke"] is True and "SMOKE" in smoke["note"]
+    for key in ("device_name", "date", "commit", "torch"):
+        assert isinstance(smoke[key], str) and smoke[key], key
+    positive(smoke["bandwidth_gbps"], "bandwidth_gbps")
+    b7 = smoke["shapes"]["7b"]
+    positive(b7["floor_ms"], "7b.floor_ms")
+    assert set(b7["ar_step_ms"]) == {"1", "4", "16"}
+    assert set(b7["cost_ms"]) == {"1", "4"}
+    assert set(b7["sjd_round_ms"]) == {"16", "32"}
+    for b, v in b7["ar_step_ms"].items():
+        positive(v, f"7b.ar_step_ms.{b}")
+    for b, row in b7["cost_ms"].items():
+        assert set(row) == {"1", "2", "5", "9", "17", "33", "65"}, b
+        for k, v in row.items():
+            positive(v, f"7b.cost_ms.{b}.{k}")
+    for w, v in b7["sjd_round_ms"].items():
+        positive(v, f"7b.sjd_round_ms.{w}")
+    positive(b7["spec_round_ms"], "7b.spec_round_ms")
+    assert set(smoke["vs_transformers"]) >= {"1", "8"}
+    for b in ("1", "8"):
+        positive(smoke["vs_transformers"][b], f"vs_transformers.{b}")
+    for bundle in ("emoji", "emoji_t2i"):
+        assert set(smoke[bundle]) == {"1", "8"}
+        for b, entry in smoke[bundle].items():
+            for key in ("ar_img_s", "best_lossless_speedup", "min_speedup"):
+                positive(entry[key], f"{bundle}.{b}.{key}")
+            methods = {r["method"] for r in entry["runs"]}
+            assert methods == {"ar", "sjd", "speculative", "static-tree", "eagle", "adt"}, methods
+            for r in entry["runs"]:
+                for key in ("images_per_s", "speedup", "mean_accepted_length", "efficiency"):
+                    positive(r[key], f"{bundle}.{b}.{r['method']}.{key}")
+    proj = smoke["projection_lumina_768_s"]
+    positive(proj["ar"], "projection.ar")
+    positive(proj["sjd"], "projection.sjd")
+    assert "PROJECTION" in proj["note"]
+    assert smoke["cuda_tests"]["skipped"] > 0 and smoke["cuda_tests"]["failed"] == 0
+    failed = {k: v for k, v in smoke["sections"].items() if v["status"] == "error"}
+    assert not failed, failed
+
+
+def key_tree(obj, path=""):
+    """The report's key paths (lists of runs and per-round timings excluded: their length varies)."""
+    if not isinstance(obj, dict):
+        return set()
+    out = set()
+    for k, v in obj.items():
+        if k in ("runs", "ms_all", "errors", "skipped"):
+            continue
+        out.add(f"{path}.{k}")
+        out |= key_tree(v, f"{path}.{k}")
+    return out
+
+
+def test_committed_smoke_report_matches_the_script(smoke):
+    """docs/results/gpu-scale-smoke.json is the smoke output of the script as committed (same keys)."""
+    committed = json.loads(COMMITTED.read_text())
+    assert committed["smoke"] is True
+    ignore = lambda paths: {p for p in paths if not p.startswith((".sections", ".elapsed_s"))}  # noqa: E731
+    assert ignore(key_tree(committed)) == ignore(key_tree(smoke))
+
+
+def test_t2i_prompt_ids_are_the_bundle_encoding():
+    """The committed prompt ids (the device machine needs no tokenizer) are what the emoji-t2i bundle's
+    processor makes of docs/benchmarks/emoji-t2i-prompts.txt."""
+    pytest.importorskip("transformers")
+    pipe = sv.load("emoji-t2i")
+    texts = (ROOT / "docs" / "benchmarks" / "emoji-t2i-prompts.txt").read_text().splitlines()
+    assert pipe.family.encode(pipe.processor, texts, 16, 16, pipe.target) == gs.t2i_prompts()
+
+
+def test_build_on_device_draws_every_weight():
+    """Meta, then storage on the device, then the drawn values: Linear and Embedding weights N(0, 0.02^2),
+    norm scales (RMSNorm and Chameleon's per-head LayerNorm) 1, biases 0; a module with buffers is refused."""
+    model = gs.chameleon_decoder(gs.SMOKE_7B, 64, 4, torch.device("cpu"), torch.float32, seed=0)
+    assert not any(p.is_meta for p in model.parameters())
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            assert torch.equal(p, torch.ones_like(p)), name
+        elif name.endswith("bias"):
+            assert torch.equal(p, torch.zeros_like(p)), name
+    mats = torch.cat([p.flatten() for n, p in model.named_parameters() if p.dim() == 2 and "norm" not in n])
+    assert mats.std().item() == pytest.approx(0.02, rel=0.02) and abs(mats.mean().item()) < 1e-3
+    again = gs.chameleon_decoder(gs.SMOKE_7B, 64, 4, torch.device("cpu"), torch.float32, seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+    with pytest.raises(ValueError, match="buffers"):
+        gs.build_on_device(lambda: nn.BatchNorm1d(4), torch.device("cpu"), torch.float32, 0)
+
+
+def test_read_bytes_leaves_out_the_embedding_table():
+    """A step reads every weight once but only the fed tokens' rows of the text embedding table."""
+    model = gs.chameleon_decoder(gs.SMOKE_7B, 64, 4, torch.device("cpu"), torch.bfloat16, seed=0)
+    everything = sum(p.numel() for p in model.parameters())
+    table = gs.SMOKE_7B["vocab_size"] * gs.SMOKE_7B["hidden_size"]
+    assert gs.read_bytes(model) == 2 * (everything - table)
+
+
+class Spy:
+    """A method whose rounds record the committed length and the target/draft caches' lengths."""
+
+    name = "spy"
+    lossless = True
+    acceptance = None
+    pad = 3
+
+    def __init__(self) -> None:
+        self.seen = []
+
+    def decode(self, ctx) -> None:
+        ctx.target.prefill()
+        ctx.draft.prefill()
+
+        def round_():
+            self.seen.append((ctx.n.tolist(), ctx.target.model.cache.length.tolist(),
+                              ctx.draft.model.cache.length.tolist()))
+            ctx.target.forward(ctx.tokens[:, :2], ctx.positions(ctx.n - 1, 2))
+
+        ctx.run(round_)
+
+
+def test_round_timer_times_the_method_round_mid_stream():
+    """RoundTimer runs the method's own round (warm + reps times, eager on CPU) with every row at
+    ``fill`` of the stream committed and both caches rolled to it (prefix + start - 1 slots), then
+    ends the decode; it reports the median of the timed rounds and the context."""
+    plan = gs.plan_for(True)
+    target = gs.chameleon_decoder(gs.SMOKE_7B, 64, 8, torch.device("cpu"), torch.float32, seed=0)
+    draft = gs.chameleon_decoder(gs.SMOKE_DRAFT, 64, 8, torch.device("cpu"), torch.float32, seed=1)
+    spy = Spy()
+    timer = gs.RoundTimer(spy, fill=0.5, warm=2, reps=3)
+    cond = gs.random_condition(target, 2, 5, seed=0)
+    out = sv.generate(target, cond, timer, sv.Sampling(cfg_scale=3.0), draft=draft)
+    start = int(0.5 * target.layout.stream_len)  # 36 of 72 stream positions
+    prefix = torch.tensor([5, 5, 3, 3])  # two conditional rows, then their negative prompts
+    assert len(spy.seen) == 2 + 3
+    for n, t_len, d_len in spy.seen:
+        assert n == [start, start]
+        assert t_len == (prefix + start - 1).tolist() and d_len == t_len
+    assert timer.result["context_slots"] == 5 + start - 1
+    assert len(timer.result["ms_all"]) == 3 and timer.result["ms"] > 0 and not timer.result["captured"]
+    assert out.tokens.shape == (2, 64)
+    res = gs.time_rounds(target, sv.AR(), 1, plan, graphs=False)
+    assert res["ms"] > 0 and len(res["ms_all"]) == plan.reps
+
+
+def test_summarise_counts_lossless_methods_only():
+    runs = [{"method": "ar", "config": {}, "lossless": True, "images_per_s": 2.0, "speedup": 1.0},
+            {"method": "sjd", "config": {"window": 16}, "lossless": True, "images_per_s": 3.0, "speedup": 1.5},
+            {"method": "speculative", "config": {}, "lossless": True, "images_per_s": 1.6, "speedup": 0.8},
+            {"method": "sjd", "config": {"accept": "lantern"}, "lossless": False, "images_per_s": 8.0, "speedup": 4.0}]
+    s = gs.summarise(runs)
+    assert s["ar_img_s"] == 2.0 and s["best_lossless_speedup"] == 1.5 and s["min_speedup"] == 0.8
+    assert s["best_lossless"].startswith("sjd")
+
+
+def test_specvis_janus_holds_the_transformers_weights():
+    """The Janus-Pro-shaped comparison runs the same weights: specvis's decoder made from transformers'
+    model scores the first image token as transformers does (fp32)."""
+    pytest.importorskip("transformers")
+    plan = gs.plan_for(True)
+    vocab = plan.janus_text["vocab_size"]
+    ids = {"bos": vocab - 400, "pad": vocab - 398, "boi": vocab - 384}
+    hf = gs.hf_janus(plan, torch.device("cpu"), torch.float32, ids)
+    model = gs.specvis_janus(hf, ids, 8)
+    prompt = torch.cat([torch.tensor([[ids["bos"]]]), torch.randint(0, ids["bos"], (1, 9)),
+                        torch.tensor([[ids["boi"]]])], 1)
+    with torch.no_grad():
+        assert gs.first_logits_diff(hf, model, prompt) < 1e-4
+    assert model.layout.num_tokens == plan.janus_tokens
+
+
+def test_pytest_outcomes_counts_each_outcome():
+    text = ("tests/test_cuda.py::test_a[ar] PASSED  [ 25%]\ntests/test_cuda.py::test_a[sjd] FAILED  [ 50%]\n"
+            "tests/test_cuda.py::test_b SKIPPED (needs CUDA)  [ 75%]\ntests/test_cuda.py::test_c ERROR\n"
+            "== 1 failed, 1 passed ==\n")
+    out = gs.pytest_outcomes(text)
+    assert (out["passed"], out["failed"], out["skipped"], out["error"]) == (1, 1, 1, 1)
+    assert out["failing"] == ["tests/test_cuda.py::test_a[sjd]", "tests/test_cuda.py::test_c"]
+
+
+def test_vs_transformers_without_transformers_says_why(monkeypatch):
+    """The device machine may lack transformers: the comparison is null with the reason, not a crash."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    run = type("R", (), {"report": {"vs_transformers": {"1": None, "8": None}}})()
+    gs.vs_transformers(run)
+    out = run.report["vs_transformers"]
+    assert out["1"] is None and out["8"] is None and "not installed" in out["reason"]
+
+
+def test_resume_adds_to_an_earlier_report_of_the_same_device(tmp_path):
+    """--resume keeps an earlier call's figures, records both calls, and refuses another device's report."""
+    fresh = {"kind": "gpu-scale", "smoke": False, "device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0",
+             "dtype": "bfloat16", "date": "d2", "commit": "c2"}
+    old = {**fresh, "date": "d1", "commit": "c1", "bandwidth_gbps": 3000.0}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    merged = gs.resumed(path, fresh)
+    assert merged["bandwidth_gbps"] == 3000.0
+    assert merged["calls"] == [{"date": "d1", "commit": "c1"}, {"date": "d2", "commit": "c2"}]
+    path.write_text(json.dumps({**old, "device_name": "NVIDIA H200"}))
+    with pytest.raises(SystemExit, match="device_name"):
+        gs.resumed(path, fresh)
