@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import rows_at, sample
+from .sampling import rows_at, sample, uniform
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def verify_chain(rule, p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
         alpha, residual = rule(p[:, :g], q, draft)
     else:
         alpha, residual = rule(p[:, :g], q, draft, soft=soft[:, :g])
-    u = torch.rand(alpha.shape, device=alpha.device, generator=generator)
+    u = uniform(alpha.shape, alpha, generator)  # float64: no acceptance floor (sampling.uniform)
     accepted = (u < alpha).long().cumprod(dim=-1).sum(dim=-1)
     at = accepted.clamp_max(g - 1)[:, None]  # the rejected position's residual, normalised alone
     rejected = normalise(rows_at(residual, at), rows_at(p, at))[:, 0]

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .sampling import uniform
+
 LOG_2PI = math.log(2 * math.pi)
 
 
@@ -272,7 +274,7 @@ def residual_sample(propose: Callable[[], tuple[torch.Tensor, torch.Tensor]],
     for _ in range(max_tries):
         x, log_p = propose()
         alpha = (-torch.expm1(log_q(x) - log_p)).clamp(0.0, 1.0)
-        u = torch.rand(alpha.shape, device=alpha.device, generator=generator)
+        u = uniform(alpha.shape, alpha, generator)  # float64: no acceptance floor (sampling.uniform)
         take = ~done & (u < alpha)
         if out is None:
             out = x.clone()

@@ -19,8 +19,17 @@ the target's input token embeddings (``input_embeddings(model)``; ``specvis.gene
 ``bind``), ``"codebook"`` the tokenizer's VQ codebook. So that one threshold means the same on every
 model, distances are divided by the median squared distance between distinct rows of the table (over
 at most 1024 evenly spaced rows): ``max_dist=0.5`` keeps neighbours closer than half the typical pair.
+This normalisation departs from the official code, which thresholds raw squared distances at 0.5
+(junhyukso/GSD scheduler/jacobi_iteration_lumina_mgpt.py: the table ``embed_tokens.weight[:10000]``,
+lines 1197-1199; ``d_thr = 0.5``, lines 316-320): on Lumina-mGPT's own table the official threshold is
+``max_dist`` = 0.5 / (that table's median squared distance).
 ``max_dist=None`` (default) switches the filter off: the paper reports the filters barely change the
 result (Table 2: 636.2 vs 636.8 NFE), and no table is then needed.
+
+Structural ids (Emu3's and Lumina-mGPT's row ends, ``Layout.row_end``): the laws then run over the codes
+and the structural ids after them, while the distance table has rows for the codes only.
+``specvis.generate`` binds the rule ``with_structural``: a structural id is alone in its cluster and
+joins no code's (it occurs only where the law is a point mass at it, so it is accepted either way).
 
 Residual (``residual=``): "paper" (default, as the official code) normalise(max(0, p - q)) over the full
 vocabulary; "min-tv" (Cool-SD, AAAI 2026) normalise(max(0, p - q f)), f(y) = min(1, P(C_y)/Q(C_y)) the
@@ -157,18 +166,26 @@ class GSD:
 
 
 class BoundGSD:
-    """``GSD`` with its normalised distance table (or None): a pure batched rule (p, q, x) -> (alpha, residual)."""
+    """``GSD`` with its normalised distance table (or None): a pure batched rule (p, q, x) -> (alpha, residual).
+    ``structural``: the last ids of the laws that are structural (``with_structural``)."""
 
     lossless = False
     name = "gsd"
 
-    def __init__(self, spec: GSD, table: torch.Tensor | None) -> None:
-        self.spec, self.table = spec, table
+    def __init__(self, spec: GSD, table: torch.Tensor | None, structural: int = 0) -> None:
+        self.spec, self.table, self.structural = spec, table, structural
         self.below, self.above = spec.window
         self.delta_p, self.max_dist, self.residual = float(spec.delta_p), spec.max_dist, spec.residual
 
     def config(self) -> dict:
         return self.spec.config()
+
+    def with_structural(self, n: int) -> "BoundGSD":
+        """The rule on laws over the codes then ``n`` structural ids (``Layout.row_end``, as
+        ``BoundLantern.with_structural``): a structural id is alone in its cluster and joins no code's.
+        It occurs only where the law is a point mass at it (a forced position, drafted as that id), so
+        its acceptance is 1 either way; the distance table has rows for the codes only."""
+        return BoundGSD(self.spec, self.table, n)
 
     def cluster(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, order: torch.Tensor,
                 rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -184,16 +201,20 @@ class BoundGSD:
         py, qy = p.gather(-1, ids.flatten(-2)).view(pos.shape), q.gather(-1, ids.flatten(-2)).view(pos.shape)
         px = p.gather(-1, x)[..., None]
         in_c = inside & ((py - px).abs() < self.delta_p)
+        codes = V - self.structural  # ids 0 .. codes-1 are image codes, the rest structural
+        if self.structural:
+            in_c &= (ids < codes) & (x[..., None] < codes)
         if self.max_dist is not None:
             if self.table is None:
                 raise ValueError("GSD.max_dist needs an embedding table: use GSD(...).bind(codebook, embeddings), "
                                  "or specvis.generate")
             if self.table.device != p.device:
                 self.table = self.table.to(p.device)
-            if self.table.shape[0] < V:
-                raise ValueError(f"GSD embedding table has {self.table.shape[0]} rows for a vocabulary of {V}")
-            ex = self.table[x]  # (..., n, d)
-            dist = (self.table[ids] - ex[..., None, :]).square().sum(-1)
+            if self.table.shape[0] < codes:
+                raise ValueError(f"GSD embedding table has {self.table.shape[0]} rows for a vocabulary of {codes}"
+                                 + (f" codes and {self.structural} structural ids" if self.structural else ""))
+            ex = self.table[x.clamp_max(codes - 1)]  # (..., n, d); structural pairs are already out
+            dist = (self.table[ids.clamp_max(codes - 1)] - ex[..., None, :]).square().sum(-1)
             in_c &= dist < self.max_dist
         in_c |= offsets == 0  # x always belongs to its cluster
         zero = torch.zeros_like(py)

@@ -76,6 +76,15 @@ bound on the committed token's law (a point mass; TV(point mass at y, s) = 1 - s
 Draft trees (``sibling``): deterministic candidates x1, x2, ... tried in turn, each as a point-mass
 draft; per tried candidate the distortion is <= delta, so the committed token is within
 delta * E[number of candidates tried] of p (telescoping over the chain of rejections).
+
+Departures from the official code (jadohu/LANTERN @ 3a56e45, models/ea_model_llamagen.py
+``evaluate_posterior``; the Anole and Lumina-mGPT files alike):
+- k counts x itself: B_k(x) is x and its k - 1 nearest codes. The official table excludes x
+  (``top_16383_indices.npy`` for 16,384 codes) and ``lantern_k`` counts neighbours only (line 744:
+  ``nearest_latents[xi, :lantern_k]``), so the official ``lantern_k`` is specvis's k - 1.
+- A rejected sibling's residual is the paper's [p_{k,delta}(.|x) - q]^+ with q the point mass at x:
+  p with x and the members of A zeroed. The official code zeroes x and, when any neighbour was merged,
+  x's first ``lantern_k + 1`` neighbours (line 773), whatever A holds.
 """
 
 from __future__ import annotations

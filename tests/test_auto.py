@@ -4,6 +4,7 @@ method (or AR when nothing is predicted faster), its output is that method's out
 import math
 from types import SimpleNamespace
 
+import fake_clock
 import pytest
 import torch
 
@@ -106,17 +107,28 @@ def test_margin_keeps_ar_when_the_best_is_not_enough(pipe, monkeypatch):
 
 
 def test_choice_is_cached_per_batch_size(pipe, monkeypatch):
+    """One calibration per (model, batch size, sampling, ...): a cached choice runs no probe, and its
+    ``auto_calibration_s`` is the lookup's alone. On a fake clock (no wall time) each probe takes 1 s and
+    nothing else any time, so the first call's calibration is n s and the cached one's exactly 0."""
+    clock = fake_clock.install(monkeypatch)
     calls = []
     real = auto_mod.probe
-    monkeypatch.setattr(auto_mod, "probe", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+
+    def probe(*a, **k):
+        calls.append(a[2])
+        out = real(*a, **k)
+        clock.advance(1.0)
+        return out
+
+    monkeypatch.setattr(auto_mod, "probe", probe)
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if n == 1 else 100.0 * n))  # AR: no timing
     monkeypatch.setattr(auto_mod, "PROBE_IMAGES", 1)  # one probe per candidate: the counts below are exact
     n = len(auto_mod.candidates(draft=True, drafter=True))
-    pipe([0, 1], sv.Auto(), seed=0)
-    assert len(calls) == n
+    first = pipe([0, 1], sv.Auto(), seed=0)
+    assert len(calls) == n and first.stats.extra["auto_calibration_s"] == pytest.approx(float(n))
     a = sv.Auto()  # another instance, other classes and seed, same model / batch / sampling: no probe
     out = pipe([2, 3], a, seed=5)
-    assert len(calls) == n and a.chosen is not None and out.stats.extra["auto_calibration_s"] < 0.5
+    assert len(calls) == n and a.chosen is not None and out.stats.extra["auto_calibration_s"] == 0.0
     pipe([0, 1, 2], sv.Auto(), seed=0)  # another batch size: probes again
     assert len(calls) == 2 * n
     pipe([0, 1], sv.Auto(), sv.Sampling(temperature=0.5), seed=0)  # other sampling: probes again

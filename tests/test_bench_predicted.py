@@ -4,6 +4,7 @@ the cost curve in the report JSON and its reuse on resume, shards and --no-cost-
 
 import json
 
+import fake_clock
 import fake_cuda
 import pytest
 
@@ -236,13 +237,13 @@ def test_interleaved_speedup_is_the_median_of_within_round_ratios():
 def test_cost_curve_times_each_forward_after_warm_calls_of_its_size(pipe, monkeypatch):
     """Sizes interleave, and each round times ``TIMED_CALLS`` forwards after ``WARM_CALLS`` untimed ones
     of their size: the first forwards after a switch of size cost more (docs/benchmarks/goal.md), and
-    a curve timed right after the switch priced AR's forward above AR's whole decode step. Here the
-    first seven forwards after a switch sleep 20 ms: a curve that timed any of them in a round (the
-    warm calls dropped or timed) would price a size above 10 ms."""
-    import time
-
+    a curve timed right after the switch priced AR's forward above AR's whole decode step. Here, on a
+    fake clock (``fake_clock``: no wall time), the first seven forwards after a switch take 20 ms and
+    the others 1 ms: a curve that timed any of them in a round (the warm calls dropped or timed) would
+    price a size above 1 ms."""
     from specvis.bench import forward_cost
 
+    clock = fake_clock.install(monkeypatch)
     order = []
     real = pipe.target.forward_tokens
 
@@ -250,8 +251,7 @@ def test_cost_curve_times_each_forward_after_warm_calls_of_its_size(pipe, monkey
         n = tokens.shape[1]
         since = next((i for i, m in enumerate(reversed(order)) if m != n), len(order))  # calls of n in a row
         order.append(n)
-        if since < 7:
-            time.sleep(0.02)
+        clock.advance(0.02 if since < 7 else 0.001)
         return real(tokens, *a, **k)
 
     monkeypatch.setattr(pipe.target, "forward_tokens", forward)
@@ -260,7 +260,8 @@ def test_cost_curve_times_each_forward_after_warm_calls_of_its_size(pipe, monkey
     assert forward_cost.WARM_CALLS >= 7
     rounds = 1 + -(-5 // forward_cost.TIMED_CALLS)  # a first round dropped
     assert order == ([1] * run + [5] * run) * len(forward_cost.FILLS) * rounds
-    assert all(r["median_s"] < 0.01 for r in curve["target"])
+    for r in curve["target"]:
+        assert r["median_s"] == pytest.approx(0.001) and [t for _, t in r["spans"]] == pytest.approx([0.001, 0.001])
 
 
 def test_live_spans_are_the_mean_span_each_forward_attended(pipe, monkeypatch):
@@ -306,49 +307,60 @@ def test_forwards_are_priced_at_their_mean_live_span():
 
 def test_cost_curve_times_each_size_at_two_fills(pipe, monkeypatch):
     """Each size is timed with a quarter and with three quarters of the stream committed: ``spans``
-    holds the live span each ran over and its seconds, ``median_s`` their mean. The forward here sleeps
-    in proportion to the committed length, so a curve that timed both at one fill (the fill not
-    committed) gives two equal times."""
-    import time
-
+    holds the live span each ran over and its seconds, ``median_s`` their mean. The forward here takes
+    0.2 ms per committed slot on a fake clock (no wall time), so each fill's time is 0.2 ms times its
+    committed length, and a curve that timed both at one fill (the fill not committed) gives two equal
+    times."""
     from specvis.bench import forward_cost
 
+    clock = fake_clock.install(monkeypatch)
     real = pipe.target.forward_tokens
+    lengths = set()
 
     def forward(tokens, *a, **k):
-        time.sleep(2e-4 * int(pipe.target.cache.length.max()))
+        committed = int(pipe.target.cache.length.max())
+        lengths.add(committed)
+        clock.advance(2e-4 * committed)
         return real(tokens, *a, **k)
 
     monkeypatch.setattr(pipe.target, "forward_tokens", forward)
     rows = forward_cost.cost_curve(pipe, {"target": [1, 5]}, 1, repeats=1)["target"]
+    lo_len, hi_len = min(lengths), max(lengths)
+    assert len(lengths) == 2 and hi_len - lo_len >= 16
     for r in rows:
         (lo, t_lo), (hi, t_hi) = r["spans"]
-        assert lo <= hi and t_hi > t_lo + 5e-3  # 32 more committed slots: 6.4 ms more
+        assert lo <= hi and t_lo == pytest.approx(2e-4 * lo_len) and t_hi == pytest.approx(2e-4 * hi_len)
         assert r["median_s"] == pytest.approx((t_lo + t_hi) / 2)
 
 
 @pytest.mark.parametrize("name,kind", [("speculative", "draft"), ("eagle", "drafter")])
 def test_forward_seconds_are_the_time_inside_each_models_forwards(pipe, monkeypatch, name, kind):
-    """``Stats.forward_s``: per model that ran, the seconds inside its forwards. The second model's
-    forwards sleep 10 ms here, so its seconds are at least 10 ms a forward and the target's (a few ms
-    for the whole decode of this tiny model) far less: seconds booked under the wrong model, not
-    booked for the drafter, or the round's other work counted in, fail."""
-    import time
-
+    """``Stats.forward_s``: per model that ran, the seconds inside its forwards. On a fake clock (no wall
+    time) each target forward (prefill included) takes 1 ms and each forward of the second model 10 ms,
+    nothing else takes time: the seconds booked are exactly those, and they add up to the decode's
+    wall-clock. Seconds booked under the wrong model, not booked for the drafter or for a view's
+    forwards, or the round's other work (the other model's forwards) counted in, fail."""
+    clock = fake_clock.install(monkeypatch)
     model = pipe.draft if kind == "draft" else pipe.drafter
-    real = model.forward_tokens
+    calls = {"target": 0, kind: 0}
 
-    def slow(*a, **k):
-        time.sleep(0.01)
-        return real(*a, **k)
+    def timed(who, fn, seconds):
+        def run(*a, **k):
+            calls[who] += 1
+            clock.advance(seconds)
+            return fn(*a, **k)
+        return run
 
-    monkeypatch.setattr(model, "forward_tokens", slow)
+    monkeypatch.setattr(model, "forward_tokens", timed(kind, model.forward_tokens, 0.01))
+    for fn in ("prefill", "forward_tokens"):
+        monkeypatch.setattr(pipe.target, fn, timed("target", getattr(pipe.target, fn), 0.001))
     st = sizes_of(pipe, SPECS[name])
-    calls = sum(st.block_sizes[kind].values()) - (1 if kind == "draft" else 0)  # the draft's prefill does not sleep
     assert set(st.forward_s) == set(st.block_sizes) == {"target", kind}
-    assert 0.01 * calls <= st.forward_s[kind] < 0.01 * calls + 0.5 * st.wall_s
-    assert 0 < st.forward_s["target"] < 0.003 * st.target_forwards
-    assert sum(st.forward_s.values()) < st.wall_s
+    assert calls["target"] == st.target_forwards
+    assert calls[kind] == sum(st.block_sizes[kind].values()) - (1 if kind == "draft" else 0)  # the draft's prefill is not wrapped
+    assert st.forward_s[kind] == pytest.approx(0.01 * calls[kind])
+    assert st.forward_s["target"] == pytest.approx(0.001 * st.target_forwards)
+    assert st.wall_s == pytest.approx(clock.now) and sum(st.forward_s.values()) == pytest.approx(st.wall_s)
 
 
 def test_forward_seconds_join_each_pass_and_split_the_efficiency():

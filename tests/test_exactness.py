@@ -1,4 +1,4 @@
-"""Exactness of AR and draft-model speculative sampling against the enumerated law of API.md.
+"""Exactness of AR, draft-model speculative sampling and SJD (each coupling) against the enumerated law of API.md.
 
 Each case draws 20,000 grids (3 conditions, batches of 10,000 mixing them) from a
 2x2 grid over 4 codes and runs a chi-square test at fixed seeds: a wrong residual, an off-by-one
@@ -40,6 +40,15 @@ def test_ar_is_exact(target, name):
 @pytest.mark.parametrize("name", list(SAMPLINGS))
 def test_speculative_is_exact(target, draft, gamma, name):
     assert check_method(target, sv.Speculative(gamma), SAMPLINGS[name], draft=draft) > P_MIN
+
+
+@pytest.mark.parametrize("coupling", ["none", "maximal", "gumbel"])
+@pytest.mark.parametrize("name", ["cfg_t0.7", "topp"])
+def test_sjd_is_exact_with_each_coupling(target, coupling, name):
+    """SJD with each re-draft coupling named explicitly: the paper's uncoupled SJD ("none") keeps its own
+    test now that Gumbel coupling is the default (the full sweeps: tests/test_sjd.py, tests/test_coupling.py)."""
+    method = sv.SJD(window=3, init="vertical-sample", coupling=coupling)
+    assert check_method(target, method, SAMPLINGS[name]) > P_MIN
 
 
 class BrokenResidual(Exact):

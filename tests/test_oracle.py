@@ -24,8 +24,9 @@ METHODS = {
     "speculative_g1": (sv.Speculative(gamma=1), SAMPLING),
     "speculative_g3": (sv.Speculative(gamma=3), SAMPLING),
     "jacobi_w4": (sv.Jacobi(window=4), GREEDY),
-    **{f"sjd_{init}": (sv.SJD(window=3, init=init), SAMPLING) for init in sv.methods.sjd.INITS},
-    "sjd_norefine": (sv.SJD(window=3, init="horizontal-sample", refine=False), SAMPLING),
+    **{f"sjd_{init}": (sv.SJD(window=3, init=init, coupling="none"), SAMPLING) for init in sv.methods.sjd.INITS},
+    **{f"sjd_{c}": (sv.SJD(window=3, init="vertical-sample", coupling=c), SAMPLING) for c in ("maximal", "gumbel")},
+    "sjd_norefine": (sv.SJD(window=3, init="horizontal-sample", refine=False, coupling="none"), SAMPLING),
     "sjd_greedy": (sv.SJD(window=4, init="vertical-repeat"), GREEDY),
     "eagle": (sv.EagleTree(depth=3, top_k=3, total_tokens=7), SAMPLING),
     "eagle_greedy": (sv.EagleTree(depth=3, top_k=2, total_tokens=5), GREEDY),
@@ -64,7 +65,8 @@ def emoji():
     return sv.load("emoji")
 
 
-@pytest.mark.parametrize("name", ["ar", "speculative_g3", "sjd_vertical-sample", "sjd_horizontal-repeat", "eagle", "adt_horizontal"])
+@pytest.mark.parametrize("name", ["ar", "speculative_g3", "sjd_vertical-sample", "sjd_gumbel", "sjd_horizontal-repeat", "eagle",
+                                  "adt_horizontal"])
 def test_emoji_target_laws(emoji, name):
     method, _ = METHODS[name]
     with oracle(deferred=True) as report:

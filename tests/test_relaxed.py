@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from exactness import exact_law, sample_counts
+from exactness import condition_rows, exact_law, sample_counts, tiny_prompt_model
 from test_lantern import _cache, codebook, draft, target  # noqa: F401 (the same fixtures)
 from test_lantern import PLAIN, V, conditional_tvs, ref_neighbours, tol, tv
 
 import specvis as sv
 from specvis.accept import Exact, verify_chain
+from specvis.generate import bind_rule
 from specvis.bench.relaxed_tv import one_step_law
 from specvis.gsd import GSD, input_embeddings, normalised_table
 from specvis.lantern import Lantern
@@ -187,6 +188,31 @@ def test_gsd_singleton_cluster_is_exact(target, draft):
         assert torch.equal(sv.generate(target, cond, sv.Speculative(3, acceptance=rule), s, seed=7, draft=draft).tokens,
                            ref_sp)
         assert torch.equal(sv.generate(target, cond, sv.SJD(window=3, acceptance=rule), s, seed=7).tokens, ref_sjd)
+
+
+def test_gsd_distance_filter_on_a_row_end_layout():
+    """Emu3's layout (a row-end id after each grid row; laws over 3 codes + 1 structural id, the input
+    embeddings over the codes only). The distance filter runs through ``sv.generate`` (it raised "GSD
+    embedding table has 3 rows for a vocabulary of 4"), commits codes only, and with singleton clusters
+    (max_dist 0) is Exact token for token. The structural id joins no code's cluster: below it passes
+    the rank, probability and (huge max_dist) distance filters, and its q of 0.2 would make x = 1's
+    acceptance P/Q = 0.2 / 0.9 instead of 0.2 / 0.7; at a forced position x is the row end, accepted."""
+    model = tiny_prompt_model(0, janus=False, row_end=1, height=2, width=3)
+    cond = condition_rows(model, [0, 1, 2, 0, 1, 2])
+    out = sv.generate(model, cond, sv.SJD(window=4, acceptance=GSD(group=4, delta_p=0.5, max_dist=2.0)), PLAIN, seed=0)
+    assert out.tokens.shape == (6, 6) and int(out.tokens.max()) < 3
+    exact = sv.generate(model, cond, sv.SJD(window=4, acceptance=Exact()), PLAIN, seed=0).tokens
+    single = GSD(group=4, delta_p=0.5, max_dist=0.0)
+    assert torch.equal(sv.generate(model, cond, sv.SJD(window=4, acceptance=single), PLAIN, seed=0).tokens, exact)
+
+    rule = bind_rule(GSD(group=4, delta_p=0.5, max_dist=1e9), None, model)
+    p, q = torch.tensor([[0.1, 0.1, 0.8, 0.0]]), torch.tensor([[0.4, 0.3, 0.1, 0.2]])
+    alpha, _ = rule(p, q, torch.tensor([1]))
+    assert alpha.item() == pytest.approx(0.2 / 0.7)
+    codes_only = GSD(group=4, delta_p=0.5, max_dist=1e9).bind(None, embeddings=input_embeddings(model))
+    assert alpha.item() == pytest.approx(codes_only(p[:, :3], q[:, :3], torch.tensor([1]))[0].item())
+    point = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
+    assert rule(point, point, torch.tensor([3]))[0].item() == 1.0
 
 
 def test_gsd_measured_law_matches_enumeration(target):

@@ -36,7 +36,7 @@ def test_greedy_is_a_point_mass_at_the_argmax():
 
 
 def test_sampler_matches_the_law_and_is_seeded():
-    """The exponential race draws from p: 200k draws of a 4-way law within 0.005 of each probability."""
+    """``sample`` draws from p: 200k draws of a 4-way law within 0.005 of each probability."""
     p = torch.tensor([0.1, 0.2, 0.3, 0.4]).expand(200_000, 4)
     x = sample(p, make_generator(0, "cpu"))
     freq = torch.bincount(x, minlength=4).float() / x.numel()
@@ -57,12 +57,30 @@ def test_methods_validate_their_fields():
         sv.Speculative(gamma=0)
 
 
-@pytest.mark.parametrize("u", [0.0, 1 - 2**-24])  # the ends of torch.rand's float32 range
-def test_exponential_race_keeps_a_point_mass_at_the_ends_of_u(monkeypatch, u):
-    """The race argmax(p / E) with E = -log(1 - U) clamped: at U = 0 (E would be 0: 0/0 = NaN wins)
-    and at the largest U (E = 16.6) a point mass still draws its token. Catches E = -log U, which is
-    +inf at U = 0, zeroes the point mass and returns token 0 (seen once in the exactness tests)."""
+@pytest.mark.parametrize("u", [0.0, 1 - 2**-53])  # the ends of torch.rand's float64 range
+def test_draws_keep_a_point_mass_at_the_ends_of_u(monkeypatch, u):
+    """At U = 0 and at the largest U both draws return a point mass's token: the inverse CDF of
+    ``sample``, and the race argmax(p / E) with E = -log(1 - U) clamped (at U = 0, E would be 0 and
+    0/0 = NaN would win; the largest U gives E = 36.7). Catches E = -log U, which is +inf at U = 0,
+    zeroes the point mass and returns token 0 (seen once in the exactness tests)."""
     monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, u, dtype=kw.get("dtype")))
     p = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
     assert sample(p).tolist() == [2, 1]
-    assert torch.isfinite(exponential(p)).all() and (exponential(p) > 0).all()
+    e = exponential(p)
+    assert torch.isfinite(e).all() and (e > 0).all() and torch.argmax(p / e, -1).tolist() == [2, 1]
+
+
+def test_sample_never_draws_a_zero_probability_code(monkeypatch):
+    """Codes with p = 0 (top-k, top-p, a residual's zeros) are never drawn, whatever U: their intervals
+    of the integer CDF are empty. Every row below at 4,099 values of U, 0 and the largest included; at
+    U < 1/2 the first row draws code 1, from 1/2 on code 3."""
+    p = torch.tensor([[0.0, 0.5, 0.0, 0.5], [1e-30, 0.0, 1.0, 0.0], [0.25, 0.25, 0.25, 0.25], [0.0, 0.0, 0.0, 1.0]])
+    us = torch.cat([torch.linspace(0, 1 - 2**-53, 4096, dtype=torch.float64),
+                    torch.tensor([2**-53, 0.5 - 2**-53, 0.5], dtype=torch.float64)])
+    rows = p[None].expand(len(us), -1, -1).reshape(-1, 4)
+    u = us[:, None].expand(-1, 4).reshape(-1, 1)
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: u.clone())
+    x = sample(rows)
+    assert bool((rows.gather(1, x[:, None]) > 0).all())
+    first = x.view(len(us), 4)[:, 0]
+    assert torch.equal(first, torch.where(us < 0.5, 1, 3))

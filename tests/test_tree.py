@@ -115,6 +115,24 @@ def test_adt_bisection_and_adjacent_init():
     assert d3.tolist() == [6, 2, 5] and k3.tolist() == [8, 10, 10]
 
 
+def test_adt_vertical_init_reads_the_position_above_across_row_ends():
+    """Emu3's layout (3 x 3 codes, a row-end id after each row: stream stride 4). The upper neighbour of
+    stream position n is n - 4 (the layout's stride), not n - 3 (the grid width). Every stream position i
+    here was committed by a tree of depth i + 1 and top-k i + 21; with no adaptation steps the next tree
+    takes its upper neighbour's (d, k). Drafting position 5 (row 1, column 1): above is 1; position 10
+    (row 2, column 2): above is 6; position 7 (row 1's row end): above is 3 (row 0's)."""
+    m = ADTTree(init="vertical", depth_step=0, topk_step=0, depth_range=(0, 100), topk_range=(0, 100))
+    ctx = SimpleNamespace(n=torch.tensor([5, 10, 7]), device=torch.device("cpu"),
+                          tokens=torch.zeros(3, 12, dtype=torch.long), layout=Layout(3, 3, 8, row_end=1),
+                          generator=torch.Generator().manual_seed(0))
+    s = _Adaptive(m, ctx)
+    s.dtab.copy_(torch.arange(1, 13).expand(3, -1))
+    s.ktab.copy_(torch.arange(21, 33).expand(3, -1))
+    none = torch.zeros(3, dtype=torch.long)  # the previous tree committed nothing: the tables stay
+    d, k = s.next(ctx, torch.full((3,), 50), torch.full((3,), 50), none, none, none)
+    assert d.tolist() == [2, 7, 4] and k.tolist() == [22, 27, 24]
+
+
 def test_adt_alpha_counts_the_bonus_token():
     """Paper 002, Sec. III-B: alpha = tau / d-hat with tau the acceptance length including the bonus
     token. With beta = 1, a depth-d tree that accepted d - 1 drafts (tau = d) is positive: it grows

@@ -61,7 +61,7 @@ import torch
 
 from ..diffusion import ResidualDraw, gaussian_log_density, residual_sample, transition_log_density
 from ..models.continuous import DiffusionHead, Trajectory
-from ..sampling import Sampling
+from ..sampling import Sampling, uniform
 from .base import DecodeContext, GuidedModel
 
 RATIOS = ("paper", "coupled", "trajectory")
@@ -310,7 +310,7 @@ class CSpD:
             else:
                 log_ratio, aux = self._paper_log_ratio(target, q_runs, flat(pc), flat(pu), gen)
                 log_ratio = log_ratio.reshape(B, g)
-            u = torch.rand(B, g, device=lat.device, generator=gen)
+            u = uniform((B, g), lat, gen)  # float64: log u = -inf (accept all) has probability 2^-53
             accepted = (torch.log(u) < log_ratio).long().cumprod(1).sum(1)
             if self.ratio == "trajectory":
                 nxt, tries, fallback = self._trajectory_next(target, draft, accepted, pc, pu, zq_all, zqu_all, gen)

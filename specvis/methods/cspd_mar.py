@@ -73,6 +73,7 @@ import torch
 
 from ..diffusion import transition_log_density
 from ..models.continuous import Trajectory
+from ..sampling import uniform
 from .cspd import GREEDY_ATOL, CSpD, paper_residual, trajectory_residual
 
 
@@ -269,7 +270,7 @@ def cspd_mar(method: CSpD, target, draft, labels: torch.Tensor, sampling, num_it
                 log_ratio = method._trajectory_log_ratio(pview, q_runs, pz, pzu)
             else:
                 log_ratio, aux = method._paper_log_ratio(pview, q_runs, pz, pzu, gen)
-            u = torch.rand(log_ratio.shape, device=dev, generator=gen)
+            u = uniform(log_ratio.shape, log_ratio, gen)  # float64: no acceptance floor (sampling.uniform)
             ok = torch.log(u) < log_ratio
             if method.ratio == "trajectory":
                 dview = HeadView(draft.diffloss, torch.cat(qscale, 1).reshape(-1, 1), tau)

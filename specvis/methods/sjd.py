@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..accept import Exact, normalise, verify_chain
-from ..sampling import exponential, rows_at, sample
+from ..sampling import exponential, rows_at, sample, uniform
 from .base import DecodeContext
 
 INITS = ("random", "horizontal-repeat", "vertical-repeat", "horizontal-sample", "vertical-sample")
@@ -198,7 +198,7 @@ def coupling_step(p_new: torch.Tensor, p_old: torch.Tensor, x: torch.Tensor,
 def maximal_coupling(p_new: torch.Tensor, p_old: torch.Tensor, x: torch.Tensor,
                      generator: torch.Generator | None = None) -> torch.Tensor:
     """A draw distributed as p_new, equal to x ~ p_old with probability min(1, p_new(x) / p_old(x))."""
-    keep, law = coupling_step(p_new, p_old, x, torch.rand(x.shape, device=x.device, generator=generator))
+    keep, law = coupling_step(p_new, p_old, x, uniform(x.shape, x, generator))
     return torch.where(keep, x, sample(law, generator))
 
 
@@ -221,7 +221,7 @@ class _Initialiser:
             self.R = self.width + window
             self.ring = torch.zeros(ctx.n.shape[0], self.R, self.V, device=dev)
         if coupling == "gumbel":  # E_m of the positions in the window, slot-aligned like the drafts
-            self.race = torch.ones(ctx.n.shape[0], window, self.V, device=dev)
+            self.race = torch.ones(ctx.n.shape[0], window, self.V, device=dev, dtype=torch.float64)
 
     def _ring_write(self, pos: torch.Tensor, laws: torch.Tensor) -> None:
         rows = torch.arange(pos.shape[0], device=pos.device)[:, None] * self.R
@@ -274,7 +274,7 @@ class _Initialiser:
             draft = torch.argmax(q / race, dim=-1)
         elif self.coupling == "maximal" and prev is not None:
             x, q_old = prev[0].gather(1, old), rows_at(prev[1], old)
-            keep, law = coupling_step(q, q_old, x, torch.rand(x.shape, device=x.device, generator=ctx.generator))
+            keep, law = coupling_step(q, q_old, x, uniform(x.shape, x, ctx.generator))
             draft = torch.where(had & keep, x, sample(torch.where(had[..., None], law, q), ctx.generator))
         else:
             draft = sample(q, ctx.generator)

@@ -96,8 +96,9 @@ class ADTTree(_TreeMethod):
     """ADT-Tree (Lei et al., paper 002, Sec. IV): each tree's depth d-hat and width (top-k) k-hat.
 
     Initialisation (Sec. IV-A): from the tree that committed the left neighbour (``horizontal``: the
-    previous tree of the row), the upper neighbour (``vertical``; the previous tree where there is no
-    upper neighbour or it came from the prefill), or uniformly at random (``random``).
+    previous tree of the row), the upper neighbour (``vertical``: the stream position one layout stride
+    back, row ends included; the previous tree where there is no upper neighbour or it came from the
+    prefill), or uniformly at random (``random``).
     Adaptation (eq. 2): the acceptance rate of the previous tree is alpha = tau / d with tau its
     acceptance length *including* the bonus token (accepted + 1; Sec. III-B, and tau = accept_length
     + 1 in the authors' code) and d its scheduled depth. alpha >= ``beta``: d + ``depth_step`` and
@@ -107,7 +108,9 @@ class ADTTree(_TreeMethod):
     Bounds (Sec. IV-B): ``depth_range=(d_min, d_max)`` and ``topk_range=(k_min, k_max)`` are *open*
     intervals, d_min < d < d_max and k_min < k < k_max; the defaults are the paper's Anole setting
     (Sec. V-A: (0, 10) and (3, 14), beta 1, l_d 1, l_k 3), i.e. depths 1..9 and top-k 4..13. Values
-    are clamped into the interval; ``random`` draws uniformly from its integers.
+    are clamped into the interval; ``random`` draws uniformly from its integers. (API.md lists
+    ``depth_range=(1, 10)``; the default stays the paper's (0, 10), which admits depth 1; the authors'
+    public code has no schedule to settle it.)
 
     First tree (no neighbour yet; the authors' public code does not contain the schedule): the
     midpoint of the admissible integers, ((d_min + d_max) // 2, (k_min + k_max) // 2) -- equidistant
@@ -228,10 +231,11 @@ class _Adaptive:
         n = ctx.n  # the next tree drafts grid index n; its left neighbour n - 1 came from this tree
         if m.init == "horizontal":
             d0, k0 = d, k
-        elif m.init == "vertical":
-            up = (n - ctx.layout.width).clamp_min(0)[:, None]
+        elif m.init == "vertical":  # the token above is one grid row back in the stream: its row end(s) included
+            stride = ctx.layout.stride
+            up = (n - stride).clamp_min(0)[:, None]
             d_up, k_up = self.dtab.gather(1, up).squeeze(1), self.ktab.gather(1, up).squeeze(1)
-            have = (n >= ctx.layout.width) & (d_up > 0)
+            have = (n >= stride) & (d_up > 0)
             d0, k0 = torch.where(have, d_up, d), torch.where(have, k_up, k)
         else:
             d0, k0 = self._random(ctx)
