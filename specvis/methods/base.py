@@ -176,7 +176,7 @@ class DecodeContext:
         """Call ``round_fn`` (one round, state updated in place) until every row is done, or exactly
         ``rounds`` times; captured and replayed as a CUDA graph when ``graphs`` is on and the device is
         CUDA (``methods/rounds.py``)."""
-        run_rounds(self, round_fn, self.graphs, rounds)
+        run_rounds(self, round_fn, self.graphs, rounds, max_rounds=self.L)
 
     def report_progress(self) -> None:
         """Tell ``progress`` (if set) the fraction of the stream the slowest row has committed."""
