@@ -301,6 +301,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
         _method(a)  # bad flags fail before the model loads
     if a.num is not None and a.num < 1:
         raise ValueError(f"--num must be >= 1, got {a.num}")
+    from .checks import text
+
+    for flag, given in (("--prompt", a.prompts), ("--negative-prompt", a.negative_prompts)):
+        for i, p in enumerate(given or []):  # empty or not UTF-8: before the model loads
+            text(p, f"{flag} {i + 1}" if len(given) > 1 else flag, allow_empty=flag != "--prompt")
     out_dir = Path(a.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir}: exists and is not a directory")

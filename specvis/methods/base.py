@@ -176,7 +176,12 @@ class DecodeContext:
         """Call ``round_fn`` (one round, state updated in place) until every row is done, or exactly
         ``rounds`` times; captured and replayed as a CUDA graph when ``graphs`` is on and the device is
         CUDA (``methods/rounds.py``)."""
-        run_rounds(self, round_fn, self.graphs, rounds, max_rounds=self.L)
+        run_rounds(self, round_fn, self.graphs, rounds)
+
+    @property
+    def max_rounds(self) -> int:
+        """The most rounds a ``run`` may take: each commits a token per unfinished row (``run_rounds``)."""
+        return self.L
 
     def report_progress(self) -> None:
         """Tell ``progress`` (if set) the fraction of the stream the slowest row has committed."""

@@ -104,12 +104,13 @@ class _Spans:
             c.pin = None
 
 
-def run_rounds(ctx, round_fn: Callable[[], None], graphs: bool, rounds: int | None = None,
-               max_rounds: int | None = None) -> None:
+def run_rounds(ctx, round_fn: Callable[[], None], graphs: bool, rounds: int | None = None) -> None:
     """Call ``round_fn`` until ``ctx.done()`` (or exactly ``rounds`` times, with no done-check: AR
-    knows its count); captured and replayed on CUDA when ``graphs``. ``max_rounds``: a round commits
-    at least one token to every unfinished row, so a stream of L tokens is done within L rounds; a
-    loop still going after ``max_rounds`` rounds makes no progress and is a RuntimeError, never a hang."""
+    knows its count); captured and replayed on CUDA when ``graphs``. ``ctx.max_rounds``
+    (``DecodeContext``: the stream's length L): a round commits at least one token to every unfinished
+    row, so a stream of L tokens is done within L rounds; a loop still going after that many rounds
+    makes no progress and is a RuntimeError, never a hang."""
+    max_rounds = getattr(ctx, "max_rounds", None)  # stand-in contexts of tests may have none
     spans = _Spans(ctx)
     try:
         if graphs and _capturable(ctx.device):
