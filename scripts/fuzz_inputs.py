@@ -437,7 +437,7 @@ def cases() -> list[Case]:
                                                 "{prompts_blank}", "--out", "{out}"], names=("--prompts",)),
         Case("cli height 0", "fail", T + ["--prompt", "cat", "--height", "0"], names=("--height",)),
         Case("cli height 100000", "fail", T + ["--prompt", "cat", "--height", "100000", "--width", "100000"],
-             names=("grid",)),
+             names=("height",)),
         Case("cli 1x1 grid", "ok", T + ["--prompt", "cat", "--height", "1", "--width", "1"]),
         Case("api prompts=['']", "fail", code=T2 + "pipe(prompts=[''])", names=("prompts[0]",)),
         Case("api prompts=['cat', '  ']", "fail", code=T2 + "pipe(prompts=['cat', '  '])", names=("prompts[1]",)),

@@ -279,7 +279,7 @@ MUTANTS = [
     Mutant("input: torch's weights_only advice repeated", "specvis/models/checkpoint.py",
            "    if \"Weights only load failed\" in text:\n", "    if False:\n", (HOSTILE, "-k", "unsafe")),
     Mutant("input: config.json sizes unchecked", "specvis/families/__init__.py",
-           "            check_sizes(config, str(d / \"config.json\"))", "            pass", (HOSTILE, "-k", "config_json")),
+           "            config_sizes(config, str(d / \"config.json\"))", "            pass", (HOSTILE, "-k", "config_json")),
     Mutant("input: stored layers beyond the config dropped", "specvis/families/__init__.py",
            "    if stored and len(stored) != cfg.n_layer:", "    if stored and len(stored) < cfg.n_layer:",
            (HOSTILE, "-k", "config_json")),

@@ -182,3 +182,25 @@ def method(value: Any, what: str = "method"):
         raise InputTypeError(f"{what} must be a method such as sv.SJD(window=16) or a name/spec such as "
                              f"'sjd:window=16' (one of {', '.join(METHODS)}), got {_shown(value)}")
     return value
+
+
+# config.json keys that are sizes (at any depth: text_config, vq_config ...): each must be an integer in
+# 1 .. MAX_SIZE, so that a zero never divides and a huge one never reaches an allocation
+SIZE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "vocab_size", "max_position_embeddings", "num_embeddings", "embed_dim", "projection_dim",
+             "image_token_embed_dim", "codebook_size", "base_channels", "latent_channels", "num_res_blocks",
+             "patch_size", "image_size", "num_patches", "num_image_tokens", "z_channels", "in_channels",
+             "out_channels", "num_channels", "block_size")
+MAX_SIZE = 2**24  # above every released model's largest size (vocabularies of ~2**18, contexts of ~2**17)
+
+
+def config_sizes(config: dict, where: str, path: str = "") -> None:
+    """Every ``SIZE_KEYS`` entry of ``config`` (nested dicts included; None allowed: the default) is an
+    integer in 1 .. MAX_SIZE, else a one-line ValueError naming the key."""
+    for key, value in config.items():
+        name = f"{path}{key}"
+        if isinstance(value, dict):
+            config_sizes(value, where, f"{name}.")
+        elif key in SIZE_KEYS and value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE):
+            raise ValueError(f"{where}: {name} must be an integer in 1..{MAX_SIZE}, got {value!r}")

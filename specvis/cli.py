@@ -377,7 +377,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     _save_png(contact_sheet(out.images), out_dir / "grid.png")
     _save_png(contact_sheet(heatmaps(s.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1))),
               out_dir / "heatmap.png")
-    name, config, rule = describe(method)
+    # what ran: the method as clamped to the stream (generate.fit_to_stream); sv.Auto records its choice below
+    name, config, rule = describe(method if hasattr(method, "explain") else out.method)
     stats = {"model": a.model, "method": name, "config": config, "acceptance": rule, "lossless": bool(method.lossless),
              "default_method": not a.method, **conditions, "seed": a.seed,
              "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
@@ -515,14 +516,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def check_common(a: argparse.Namespace) -> None:
     """Flags several commands share, checked before anything loads: ``--device`` (a device this machine
-    has), ``--seed`` (0 .. 2**64 - 1) and the image counts."""
+    has), ``--seed`` (0 .. 2**64 - 1) and the counts."""
     from . import checks
 
     if getattr(a, "device", None) is not None:
         checks.device(a.device, "--device")
     if getattr(a, "seed", None) is not None:
         checks.seed(a.seed, "--seed")
-    for flag in ("height", "width", "num", "batch_size", "repeats"):
+    for flag in ("num", "batch_size", "repeats"):  # (--height/--width: the pipeline's grid check names them)
         value = getattr(a, flag, None)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")

@@ -9,14 +9,19 @@ Layout of ``out``:
 - ``images/000123.png``: image 123, written atomically (temp name, then ``os.replace``);
 - ``stats/rank000.json``: per-batch stats of the batches rank 0 owns, rewritten atomically after
   every batch (and carried over from earlier runs for batches that are skipped);
+- ``stats/rank000.lock``: held with an OS lock (``fcntl.flock``) while rank 0 works here, so a second
+  ``specvis sample`` on the same directory is refused with one line; the OS releases it when the
+  process ends, killed or not;
 - ``config.json``: what the images depend on (model, method, sampling, seed, batch size, number,
   conditions); a rerun with other values into the same directory is an error;
 - ``samples.npz`` (key ``arr_0``, uint8 N x H x W x 3: the ADM / LlamaGen FID evaluator layout)
   and ``stats.json`` (merged), written by rank 0 after a barrier, atomically.
 
-A rerun (after a crash or kill) skips every batch whose PNGs all exist and regenerates the others
-(the whole batch, since a batch's images depend on each other's randomness), writing only the
-missing PNGs.
+A rerun (after a crash or kill) skips every batch whose PNGs all exist and end with PNG's IEND chunk
+and regenerates the others (the whole batch, since a batch's images depend on each other's
+randomness), writing only the missing or incomplete PNGs. A ``config.json`` that exists but does
+not read is an error (it is never taken for missing), and temporaries of killed runs (dead PIDs)
+are removed.
 """
 
 from __future__ import annotations

@@ -352,6 +352,22 @@ def test_config_json_sizes(tmp_path, key, value, match):
         sv.load(str(d))
 
 
+@pytest.mark.parametrize("key,value", [("hidden_size", 0), ("num_hidden_layers", 10**9), ("block_size", True)])
+def test_drafter_config_json_sizes(tmp_path, key, value):
+    """The EAGLE head's config.json (``--drafter``) too: one line naming the key, before building."""
+    src = T2I.parent / "drafter"
+    d = tmp_path / "drafter"
+    d.mkdir()
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (d / f.name).symlink_to(f)
+    config = json.loads((src / "config.json").read_text())
+    config[key] = value
+    (d / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"config.json: {key} must be an integer"):
+        sv.models.drafter.EagleDrafter.from_pretrained(d)
+
+
 def test_checkpoint_errors_do_not_advise_unsafe_loading(tmp_path):
     """torch's weights-only refusal advises loading with weights_only=False: wrong advice for a file of
     unknown origin, so the message gives the reason only."""
@@ -394,6 +410,37 @@ def test_demo_page_offers_only_the_allow_list():
     box = next(b for b in app.blocks.values() if getattr(b, "elem_id", None) == "sv-model")
     assert box.allow_custom_value is False
     assert [c[0] if isinstance(c, tuple) else c for c in box.choices][:1] == ["emoji"]
+
+
+def test_demo_server_refuses_other_models_over_http(monkeypatch):
+    """A client posting straight to the page's API (no browser, no dropdown) cannot make the server
+    load a path: the model field is refused before any handler runs, and a non-finite cfg scale (it
+    became a JSON error) is one line in the status."""
+    pytest.importorskip("gradio")
+    import urllib.request
+
+    loaded = []
+    real_get = demo.Models.get
+    monkeypatch.setattr(demo.Models, "get", lambda self, name: loaded.append(name) or real_get(self, name))
+    app = demo.serve(["random-tiny"], port=0, block=False)
+    try:
+        url = app.local_url.rstrip("/")
+
+        def call(api: str, data: list) -> str:
+            req = urllib.request.Request(f"{url}/gradio_api/call/{api}", data=json.dumps({"data": data}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            event = json.loads(urllib.request.urlopen(req, timeout=60).read())["event_id"]
+            with urllib.request.urlopen(f"{url}/gradio_api/call/{api}/{event}", timeout=120) as r:
+                return r.read().decode()
+
+        for name in ("/etc", "../../etc/passwd"):
+            assert "event: error" in call("on_model", [name])
+            assert "event: error" in call("on_generate", [name, "0", "sjd", "window=4", "exact", 0, 1.0, 3.0])
+        assert not [n for n in loaded if n not in ("random-tiny",)]
+        reply = call("on_generate", ["random-tiny", "0", "sjd", "window=4", "exact", 0, 1.0, float("inf")])
+        assert "cfg scale must be a finite number" in reply and "event: complete" in reply
+    finally:
+        app.close()
 
 
 @pytest.mark.parametrize("cfg", ["inf", float("inf"), "nan", "1e999"])

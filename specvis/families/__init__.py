@@ -13,7 +13,8 @@ from pathlib import Path
 from ..models.checkpoint import load_strict
 from ..models.decoder import PromptDecoder, import_llama_layers
 from . import chameleon, emu3, janus, llamagen_t2i, mar
-from .hf import check_sizes, check_text_size, read_json
+from ..checks import config_sizes
+from .hf import check_text_size, read_json
 
 FAMILIES = (janus, emu3, chameleon, llamagen_t2i, mar)
 
@@ -29,7 +30,7 @@ def detect(directory: str | Path):
     config = read_json(d / "config.json")
     for family in FAMILIES:
         if family.matches(config):
-            check_sizes(config, str(d / "config.json"))  # zero or huge sizes: one line, before any module is built
+            config_sizes(config, str(d / "config.json"))  # zero or huge sizes: one line, before any module is built
             check_text_size(config, d)
             return family, config
     names = ", ".join(f.NAME for f in FAMILIES)
