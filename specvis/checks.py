@@ -137,8 +137,10 @@ def text(value: Any, what: str, allow_empty: bool = False) -> str:
 
 
 def sampling(value: Any, default, what: str = "sampling"):
-    """A ``Sampling``: None means ``default``; a dict is read as ``Sampling(**value)`` (its keys are
-    the field names)."""
+    """A ``Sampling``: None means ``default``; a dict sets those fields of ``default`` (the model's
+    sampling: ``{"temperature": 0}`` keeps its cfg_scale, as ``--temperature 0`` does)."""
+    import dataclasses
+
     from .sampling import Sampling
 
     if value is None:
@@ -150,7 +152,7 @@ def sampling(value: Any, default, what: str = "sampling"):
         unknown = sorted(str(k) for k in value if k not in fields)
         if unknown:
             raise ValueError(f"{what} has no field {unknown[0]!r}; fields: {', '.join(fields)}")
-        return Sampling(**value)
+        return dataclasses.replace(default, **value)
     raise InputTypeError(f"{what} must be sv.Sampling(...) (or a dict of its fields), got {_shown(value)}")
 
 

@@ -146,12 +146,18 @@ def test_api_argument_types(tiny, kwargs, name):
 
 def test_api_conveniences_are_the_same_call(tiny):
     """Accepted as a convenience: a method name or bench spec string (as --method takes) and a dict of
-    Sampling fields; each gives the same tokens as the objects they name."""
+    Sampling fields (set on the model's default sampling, as the CLI's flags are); each gives the same
+    tokens as the objects they name."""
     a = tiny([0, 1], method="sjd:window=4", sampling={"temperature": 0.5, "top_k": 8}, seed=3)
     b = tiny([0, 1], method=sv.SJD(window=4), sampling=sv.Sampling(temperature=0.5, top_k=8), seed=3)
     assert torch.equal(a.tokens, b.tokens) and a.method == b.method
     c = tiny(torch.tensor([0, 1]), method=sv.SJD(window=4), sampling=sv.Sampling(temperature=0.5, top_k=8), seed=3)
     assert torch.equal(a.tokens, c.tokens)
+    emoji = sv.load("emoji")
+    assert emoji.default_sampling.cfg_scale != 1.0
+    assert sv.checks.sampling({"temperature": 0}, emoji.default_sampling) == sv.Sampling(
+        temperature=0, top_k=emoji.default_sampling.top_k, top_p=emoji.default_sampling.top_p,
+        cfg_scale=emoji.default_sampling.cfg_scale)
 
 
 @pytest.mark.parametrize("name,match", [("", "name is empty"), (None, "name must be"), (3, "name must be"),
