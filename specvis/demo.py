@@ -34,7 +34,11 @@ NEEDS_GRADIO = "the demo needs gradio: pip install 'specvis[demo]' (with -c cons
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``demo`` command to ``specvis``'s subparsers."""
-    p = subparsers.add_parser("demo", help="local web page: one method against AR, side by side (needs specvis[demo])")
+    p = subparsers.add_parser(
+        "demo", help="local web page: one method against AR, side by side (needs specvis[demo])",
+        description="A web page that runs one method against AR, side by side. It offers the installed bundles "
+                    "and the checkpoints named by --model at launch, and loads nothing else: a path or Hub id "
+                    "typed into the page is refused with one line that says nothing about this machine's files.")
     p.add_argument("--model", action="append", metavar="MODEL",
                    help="a checkpoint directory or Hub id (or bundle name) the page offers besides the installed "
                         "bundles; repeat for more; the first is preselected (default emoji). The page loads "
