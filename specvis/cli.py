@@ -523,10 +523,14 @@ def check_common(a: argparse.Namespace) -> None:
         checks.device(a.device, "--device")
     if getattr(a, "seed", None) is not None:
         checks.seed(a.seed, "--seed")
-    for flag in ("num", "batch_size", "repeats"):  # (--height/--width: the pipeline's grid check names them)
+    for flag in ("num", "batch_size", "repeats"):
         value = getattr(a, flag, None)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    for flag in ("height", "width"):
+        value = getattr(a, flag, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag} must be an integer >= 1 (image tokens), got {value}")
 
 
 def out_of_memory(exc: BaseException) -> bool:
