@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ORACLE = "tests/test_oracle.py"
 EXACT = "tests/test_exactness.py"
 PROMPT = "tests/test_prompt_core.py"
+HOSTILE = "tests/test_hostile_inputs.py"
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,46 @@ MUTANTS = [
     Mutant("gpu scale: the AR step keyed b1, b4, b16", "scripts/gpu_scale.py",
            'out["ar_step_ms"][str(b)] = measure(sv.AR(), b)', 'out["ar_step_ms"][f"b{b}"] = measure(sv.AR(), b)',
            ("tests/test_gpu_scale.py", "-k", "pinned_key")),
+    Mutant("input: load passes the device to torch unchecked", "specvis/zoo.py",
+           "    device = checks.device(device)  #", "    pass  #", (HOSTILE, "-k", "device")),
+    Mutant("input: an infinite number accepted", "specvis/checks.py",
+           "    if not math.isfinite(value):\n", "    if math.isnan(value):\n", (HOSTILE, "-k", "numeric")),
+    Mutant("input: a bool taken for an integer", "specvis/checks.py",
+           "    if isinstance(value, bool) or not isinstance(value, numbers.Integral):\n        raise InputTypeError(f\"{what} must be an integer{span}",
+           "    if not isinstance(value, numbers.Integral):\n        raise InputTypeError(f\"{what} must be an integer{span}",
+           (HOSTILE, "-k", "numeric")),
+    Mutant("input: a bench-spec value not checked against its field's type", "specvis/registry.py",
+           "        _check_scalar(spell(k) or k, out[k], hints[k])\n", "\n", (HOSTILE, "-k", "numeric")),
+    Mutant("input: class ids converted, not checked", "specvis/checks.py",
+           "        if isinstance(c, bool) or not isinstance(c, numbers.Integral):\n",
+           "        if isinstance(c, str):\n", (HOSTILE, "-k", "argument_types")),
+    Mutant("input: seed range unchecked", "specvis/checks.py",
+           "    if not 0 <= int(value) < SEED_LIMIT:\n", "    if False:\n", (HOSTILE, "-k", "argument_types or numeric")),
+    Mutant("input: a window beyond the stream kept", "specvis/generate.py",
+           "value > stream_len:", "value > 10 * stream_len + 10**6:", (HOSTILE, "-k", "clamped")),
+    Mutant("input: a round loop with no bound", "specvis/methods/rounds.py",
+           "if not finished and max_rounds is not None and ran[0] >= max_rounds:",
+           "if not finished and max_rounds is not None and ran[0] >= 10**9:", (HOSTILE, "-k", "progress")),
+    Mutant("input: sample takes no lock", "specvis/sample.py",
+           "        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)\n", "        pass\n", (HOSTILE, "-k", "concurrent")),
+    Mutant("input: a damaged config.json taken for missing", "specvis/sample.py",
+           "    if not isinstance(old, dict):\n", "    if old is None:\n        write_text(path, json.dumps(config, indent=1))\n        return\n    if False:\n",
+           (HOSTILE, "-k", "damaged")),
+    Mutant("input: a truncated PNG taken as complete", "specvis/sample.py",
+           "            return f.read() == PNG_END\n", "            return True\n", (HOSTILE, "-k", "damaged")),
+    Mutant("input: temporaries of live processes removed", "specvis/io.py",
+           "not parts[-3].isdigit() or _alive(int(parts[-3])):", "not parts[-3].isdigit():", (HOSTILE, "-k", "damaged")),
+    Mutant("input: the demo loads any path", "specvis/demo.py",
+           "        if name not in self.offered:", "        if False:", (HOSTILE, "-k", "allow_list")),
+    Mutant("input: torch's weights_only advice repeated", "specvis/models/checkpoint.py",
+           "    if \"Weights only load failed\" in text:\n", "    if False:\n", (HOSTILE, "-k", "unsafe")),
+    Mutant("input: config.json sizes unchecked", "specvis/families/__init__.py",
+           "            config_sizes(config, str(d / \"config.json\"))", "            pass", (HOSTILE, "-k", "config_json")),
+    Mutant("input: stored layers beyond the config dropped", "specvis/families/__init__.py",
+           "    if stored and len(stored) != cfg.n_layer:", "    if stored and len(stored) < cfg.n_layer:",
+           (HOSTILE, "-k", "config_json")),
+    Mutant("input: empty prompts accepted", "specvis/checks.py",
+           "    if not allow_empty and not value.strip():", "    if False:", (HOSTILE, "-k", "prompts")),
 ]
 
 

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 from . import __version__, demo
-from .io import atomic_write, write_text
+from .io import atomic_write, clean_stale_temps, write_text
 from .registry import ACCEPTANCE, METHODS, available, build_method, describe, method_from_spec, parse_method_spec
 from .sampling import Sampling
 
@@ -59,7 +59,10 @@ def _add_device(p: argparse.ArgumentParser) -> None:
 
 
 def _load(a: argparse.Namespace):
+    from .checks import model_name
     from .zoo import load
+
+    model_name(a.model, "--model")
 
     num_iter = getattr(a, "num_iter", None)
     if num_iter is not None and num_iter < 1:
@@ -301,9 +304,17 @@ def cmd_generate(a: argparse.Namespace) -> int:
         _method(a)  # bad flags fail before the model loads
     if a.num is not None and a.num < 1:
         raise ValueError(f"--num must be >= 1, got {a.num}")
+    from .checks import text
+
+    for flag, given in (("--prompt", a.prompts), ("--negative-prompt", a.negative_prompts)):
+        for i, p in enumerate(given or []):  # empty or not UTF-8: before the model loads
+            text(p, f"{flag} {i + 1}" if len(given) > 1 else flag, allow_empty=flag != "--prompt")
     out_dir = Path(a.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir}: exists and is not a directory")
+    if out_dir.is_dir():  # temporaries of a run killed while writing (io.atomic_write names)
+        for p in clean_stale_temps(out_dir):
+            print(f"specvis: cannot remove stale {p}", file=sys.stderr)
     loaded = _load(a)
     from .zoo import pipeline_for
 
@@ -371,7 +382,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     _save_png(contact_sheet(out.images), out_dir / "grid.png")
     _save_png(contact_sheet(heatmaps(s.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1))),
               out_dir / "heatmap.png")
-    name, config, rule = describe(method)
+    # what ran: the method as clamped to the stream (generate.fit_to_stream); sv.Auto records its choice below
+    name, config, rule = describe(method if hasattr(method, "explain") else out.method)
     stats = {"model": a.model, "method": name, "config": config, "acceptance": rule, "lossless": bool(method.lossless),
              "default_method": not a.method, **conditions, "seed": a.seed,
              "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
@@ -449,6 +461,19 @@ def cmd_sample(a: argparse.Namespace) -> int:
     return 0
 
 
+def check_metrics(text: str | None) -> None:
+    """``--metrics``: names of ``bench.quality.METRICS`` or none, comma-separated; anything else is an
+    error before the model loads (a metric that is known but unavailable here still only warns)."""
+    if text is None:
+        return
+    from .bench.quality import METRICS
+
+    allowed = [*METRICS, "none"]
+    for name in (m.strip() for m in text.split(",")):
+        if name and name not in allowed:
+            raise ValueError(f"--metrics: unknown metric {name!r}; choose from {', '.join(allowed)} (comma-separated)")
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from .bench.report import markdown_table, merge_reports
     from .bench.runner import run_bench
@@ -459,6 +484,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         report, class_names = merge_reports(a.merge, a.json), None
     else:
         specs = [s for s in a.methods.split(",") if s.strip()]
+        check_metrics(a.metrics)
         for spec in specs:  # a bad spec fails before the model loads
             method_from_spec(spec, a.accept)
         names = [parse_method_spec(s)[0] for s in specs]
@@ -493,6 +519,37 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def check_common(a: argparse.Namespace) -> None:
+    """Flags several commands share, checked before anything loads: ``--device`` (a device this machine
+    has), ``--seed`` (0 .. 2**64 - 1) and the counts."""
+    from . import checks
+
+    if getattr(a, "device", None) is not None:
+        checks.device(a.device, "--device")
+    if getattr(a, "seed", None) is not None:
+        checks.seed(a.seed, "--seed")
+    for flag in ("num", "batch_size", "repeats"):
+        value = getattr(a, flag, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    for flag in ("height", "width"):
+        value = getattr(a, flag, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag} must be an integer >= 1 (image tokens), got {value}")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch failing to allocate (CPU: "can't allocate memory"; CUDA: OutOfMemoryError)."""
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (a multi-line message joined with spaces)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as one line, like the CLI's errors (not the file and source line of where it was raised)."""
     print(f"specvis: warning: {message}", file=sys.stderr if file is None else file)
@@ -506,12 +563,18 @@ def main(argv: list[str] | None = None) -> int:
         return train_drafter(argv[1:])
     try:
         a = build_parser().parse_args(argv)
+        check_common(a)
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             return {"generate": cmd_generate, "sample": cmd_sample, "bench": cmd_bench, "models": cmd_models,
                     "demo": demo.main}[a.command](a)
     except (UsageError, ValueError, OSError) as e:  # OSError: FileNotFoundError, PermissionError, disk full ...
-        print(f"specvis: error: {e}", file=sys.stderr)
+        print(f"specvis: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # an allocation the machine cannot make: one line, not torch's traceback
+        if not out_of_memory(e):
+            raise
+        print(f"specvis: error: out of memory ({one_line(e)[:160]}); lower --num or --batch-size", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("specvis: interrupted", file=sys.stderr)

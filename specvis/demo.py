@@ -1,12 +1,16 @@
 """``specvis demo``: a local Gradio page that runs one method against AR and shows both images side by side.
 
 Install the extra (``pip install -c constraints-cpu.txt -e ".[demo]"``), then ``specvis demo [--port 7860]``
-and open http://127.0.0.1:7860. The page takes a model (a bundle name such as ``emoji``, a checkpoint
-directory or a Hub id, as ``sv.load`` accepts), a class (class-conditional models) or a text prompt
+and open http://127.0.0.1:7860. The page takes a model, a class (class-conditional models) or a text prompt
 (text-to-image models), a method with its options in the bench spec syntax (``window=16:coupling=maximal``),
 an acceptance rule and a seed. Generate runs AR, then the method, on the same seed and shows the two
 images, the wall time of each, the speedup, the tokens per target forward (mean accepted length) and
 the method's acceptance heatmap (``Stats.accept_map``). Bad input is one line on the page.
+
+Models: the page offers the installed bundles (``specvis models``) and the checkpoints the operator
+names at launch (``specvis demo --model DIR_OR_HUB_ID``, repeatable; the first is preselected), and
+loads nothing else: a page served to others (``--host 0.0.0.0``) must not open arbitrary paths of the
+server, so any other name gets the same one line, whether or not such a file exists.
 
 The command-line wiring lives in ``specvis.cli``: ``add_parser(subparsers)`` adds the ``demo`` command
 and ``main(args)`` runs it. Gradio is imported only when the page is built.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import math
 import os
 import threading
 import time
@@ -29,8 +34,15 @@ NEEDS_GRADIO = "the demo needs gradio: pip install 'specvis[demo]' (with -c cons
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``demo`` command to ``specvis``'s subparsers."""
-    p = subparsers.add_parser("demo", help="local web page: one method against AR, side by side (needs specvis[demo])")
-    p.add_argument("--model", default="emoji", help="model preselected on the page (bundle name, checkpoint directory or Hub id)")
+    p = subparsers.add_parser(
+        "demo", help="local web page: one method against AR, side by side (needs specvis[demo])",
+        description="A web page that runs one method against AR, side by side. It offers the installed bundles "
+                    "and the checkpoints named by --model at launch, and loads nothing else: a path or Hub id "
+                    "typed into the page is refused with one line that says nothing about this machine's files.")
+    p.add_argument("--model", action="append", metavar="MODEL",
+                   help="a checkpoint directory or Hub id (or bundle name) the page offers besides the installed "
+                        "bundles; repeat for more; the first is preselected (default emoji). The page loads "
+                        "only these and the bundles, never a path typed into it")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port on 127.0.0.1 (default {DEFAULT_PORT}; 0: a free one)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -58,10 +70,15 @@ class Result:
 
 
 class Models:
-    """Pipelines loaded once per (name, device), shared by the page's requests."""
+    """Pipelines loaded once per (name, device), shared by the page's requests. Only the names of
+    ``offered`` load: the installed bundles, then ``extra`` (the operator's ``--model`` arguments)."""
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", extra: list[str] | tuple[str, ...] = ()) -> None:
+        from .zoo import BUNDLES, installed
+
         self.device = device
+        names = [n for n in BUNDLES if installed(n)] + [str(m).strip() for m in extra if str(m).strip()]
+        self.offered = list(dict.fromkeys(names))
         self._cache: dict[str, Any] = {}
         self._lock = threading.Lock()
         # one generation at a time: a run left going by a closed page must not share the CPU with the next
@@ -69,9 +86,11 @@ class Models:
         self.busy = threading.Lock()
 
     def get(self, name: str):
-        name = (name or "").strip()
+        name = (name or "").strip() if isinstance(name, str) else ""
         if not name:
-            raise ValueError("give a model: a bundle name (emoji), a checkpoint directory or a Hub id")
+            raise ValueError(f"choose a model: {', '.join(self.offered)}")
+        if name not in self.offered:  # the same words whatever the name is: nothing about the server's files
+            raise ValueError(f"this demo offers only the models its operator chose: {', '.join(self.offered)}")
         with self._lock:
             if name not in self._cache:
                 from .zoo import load
@@ -132,9 +151,12 @@ def parse_number(value, what: str, cast=float):
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     try:
-        out = cast(float(value))
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number, got {value!r}") from None
+        number = float(value)
+        out = cast(number)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{what} must be a finite number, got {value!r:.40}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{what} must be a finite number, got {value!r:.40}")
     if cast is int and float(value) != out:
         raise ValueError(f"{what} must be a whole number, got {value!r}")
     return out
@@ -234,17 +256,19 @@ def error_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------- the page
 
 
-def build_app(model: str = "emoji", device: str = "cpu", models: Models | None = None):
-    """The Gradio Blocks of the page (not launched)."""
+def build_app(model: str | list[str] = "emoji", device: str = "cpu", models: Models | None = None):
+    """The Gradio Blocks of the page (not launched). ``model``: the operator's choice (``--model``),
+    one name or several; the first is preselected, and the page offers these and the bundles only."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     try:
         import gradio as gr
     except ImportError:
         raise ValueError(NEEDS_GRADIO) from None
     from .registry import ACCEPTANCE, METHODS, available
-    from .zoo import BUNDLES
 
-    models = models or Models(device)
+    chosen = [model] if isinstance(model, str) else list(model or ["emoji"])
+    model = chosen[0]
+    models = models or Models(device, chosen)
     try:
         first = models.get(model)
         first_classes, first_sampling = class_choices(first), first.default_sampling
@@ -318,8 +342,8 @@ def build_app(model: str = "emoji", device: str = "cpu", models: Models | None =
         gr.Markdown("## specvis: speculative decoding for autoregressive image generators\n"
                     "AR and the chosen method from the same seed, side by side.")
         with gr.Row():
-            model_box = gr.Dropdown(list(BUNDLES), value=model, allow_custom_value=True, label="model",
-                                    info="bundle name, checkpoint directory or Hub id", elem_id="sv-model")
+            model_box = gr.Dropdown(models.offered, value=model, allow_custom_value=False, label="model",
+                                    info="the models this page offers (chosen at launch)", elem_id="sv-model")
             condition_box = gr.Dropdown(first_classes, value=first_classes[0] if first_classes else "",
                                         allow_custom_value=True, label="class (or text prompt for text-to-image models)",
                                         elem_id="sv-condition")
@@ -347,9 +371,10 @@ def build_app(model: str = "emoji", device: str = "cpu", models: Models | None =
     return app
 
 
-def serve(model: str = "emoji", port: int = DEFAULT_PORT, host: str = "127.0.0.1", device: str = "cpu",
+def serve(model: str | list[str] = "emoji", port: int = DEFAULT_PORT, host: str = "127.0.0.1", device: str = "cpu",
           block: bool = True):
-    """Build the page and serve it on ``host:port``; ``block=False`` returns the app (``app.close()`` stops it)."""
+    """Build the page and serve it on ``host:port``; ``block=False`` returns the app (``app.close()`` stops it).
+    ``model``: the models offered besides the bundles (``build_app``)."""
     app = build_app(model, device)
     if port == 0:
         import socket
@@ -380,7 +405,10 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         args = parser.parse_args(["demo", *(args or [])])
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    serve(args.model, args.port, args.host, args.device)
+    from .checks import device
+
+    device(args.device, "--device")
+    serve(args.model or ["emoji"], args.port, args.host, args.device)
     return 0
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .methods.ar import AR
+from . import checks
 from .methods.base import DecodeContext, GuidedModel, Stats, timed
 from .models.base import Captions, Condition, Prompts
 from .sampling import Sampling, make_generator
@@ -33,8 +35,40 @@ def check_conditions(model, conditions) -> None:
         raise ValueError("this model is text-conditioned: give prompts, not classes")
     if conditions.ndim != 1 or conditions.dtype not in (torch.int32, torch.int64):
         raise ValueError("conditions must be a 1-D integer tensor of class ids")
+    if conditions.numel() == 0:
+        raise ValueError("conditions is empty: give at least one class id")
     if n is not None and conditions.numel() and not bool(((conditions >= 0) & (conditions < n)).all()):
         raise ValueError(f"class ids must be in 0..{n - 1}, got {conditions.tolist()}")
+
+
+# Method fields that count tokens along the image stream: a value beyond the stream's length drafts or
+# verifies positions past its end (memory and forwards, never tokens), so it is clamped to that length.
+STREAM_FIELDS = ("window", "gamma", "depth")
+
+
+def fit_to_stream(method, stream_len: int):
+    """``method`` with each of its ``STREAM_FIELDS`` (and the upper end of ADT's ``depth_range``) at most
+    ``stream_len``, the tokens a row decodes; a warning names each field clamped. A window or gamma of
+    L or more already commits the whole rest of the stream in one round when every draft is accepted,
+    so the law is the same and the work per round is bounded by the grid: speculative with
+    gamma=100000 ran 100000 draft forwards per round (one image took minutes)."""
+    if not dataclasses.is_dataclass(method) or isinstance(method, type):
+        return method
+    fields = {f.name for f in dataclasses.fields(method) if f.init}
+    changes: dict[str, Any] = {}
+    for name in STREAM_FIELDS:
+        value = getattr(method, name) if name in fields else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > stream_len:
+            changes[name] = stream_len
+    if "depth_range" in fields:
+        lo, hi = method.depth_range
+        if hi > stream_len + 1:  # ADT: depths lo .. hi - 1 (tree.py), at most stream_len
+            changes["depth_range"] = (min(lo, stream_len - 1), stream_len + 1)
+    if not changes:
+        return method
+    said = ", ".join(f"{k} {getattr(method, k)} -> {v}" for k, v in changes.items())
+    warnings.warn(f"{method.name}: {said}: the image stream has {stream_len} tokens", stacklevel=2)
+    return dataclasses.replace(method, **changes)
 
 
 def bind_rule(rule, codebook: torch.Tensor | None, model=None):
@@ -61,8 +95,9 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     ``graphs``: replay each round as a captured CUDA graph (default: on for CUDA models; no effect on
     CPU); the tokens are the same either way. ``progress``: called after each round (between captured
     rounds) with the fraction of the stream every row has committed (one host read a round; for UIs)."""
-    method = AR() if method is None else method
-    sampling = Sampling() if sampling is None else sampling
+    method = checks.method(method)
+    sampling = checks.sampling(sampling, Sampling())
+    seed = checks.seed(seed)
     device = next(model.parameters()).device
     if isinstance(conditions, (Prompts, Captions)):
         conditions = conditions.to(device)
@@ -75,6 +110,7 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
         method = auto.resolve(model, conditions, sampling, draft=draft, drafter=drafter, graphs=graphs)
     if draft is not None and draft.layout != model.layout:
         raise ValueError(f"draft layout {draft.layout} != target layout {model.layout}")
+    method = fit_to_stream(method, model.layout.stream_len)
     pad = method.pad
     rule = bind_rule(getattr(method, "acceptance", None), codebook, model)
     # greedy rules that relax on the temperature-1 law (LANTERN) get it as ctx.target.soft

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from . import checks
 from .cpu_features import NATIVE_FLAGS, native_dot_products
 from .generate import Generation, generate
 from .models.base import Condition, Prompts
@@ -66,6 +67,12 @@ def check_class_call(name: str, classes, prompts, negative_prompts, height, widt
         raise ValueError(f"model {name} has a fixed grid: height/width cannot be set")
     if classes is None:
         raise ValueError(f"model {name} is class-conditional: give classes=[...]")
+
+
+def call_arguments(method, sampling, seed, default_sampling: Sampling) -> tuple[Any, Sampling, int]:
+    """A pipeline call's ``method`` (None: AR; a name or bench spec string: that method), ``sampling``
+    (None: the model's; a dict: ``Sampling(**it)``) and ``seed``, checked before anything runs."""
+    return checks.method(method), checks.sampling(sampling, default_sampling), checks.seed(seed)
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -161,8 +168,9 @@ class Pipeline:
                  decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
                  width: int | None = None, progress=None) -> Generation:
         check_class_call(self.name, classes, prompts, negative_prompts, height, width)
-        conditions = torch.as_tensor(list(classes), dtype=torch.long, device=self.device)
-        out = generate(self.target, conditions, method, sampling or self.default_sampling, seed,
+        method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
+        conditions = torch.as_tensor(checks.class_ids(classes, self.num_classes), dtype=torch.long, device=self.device)
+        out = generate(self.target, conditions, method, sampling, seed,
                        draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs,
                        progress=progress)
         if decode:
@@ -268,6 +276,9 @@ class TextPipeline(Pipeline):
     def _ids(self, prompts, what: str, height: int, width: int) -> list[list[int]]:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError(f"{what} must be a non-empty list of str or of token-id lists")
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                checks.text(p, f"{what}[{i}]", allow_empty=what != "prompts")
         texts = [p for p in prompts if isinstance(p, str)]
         encoded = iter(self.family.encode(self.processor, texts, height, width, self.target) if texts else [])
         out = []
@@ -330,7 +341,7 @@ class TextPipeline(Pipeline):
             raise ValueError(f"model {self.name} is text-conditioned: give prompts=, not classes=")
         if prompts is None:
             raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
-        sampling = sampling or self.default_sampling
+        method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
         cond = self.conditions(prompts, negative_prompts, sampling, height, width, positive_suffix)
         out = generate(self.target, cond, method, sampling, seed, draft=self.draft, drafter=self.drafter,
                        codebook=self.codebook if _needs_codebook(method) else None, graphs=self.graphs,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import re
 from typing import Any, Callable
 
@@ -105,18 +106,38 @@ def build_method(name: str, options: dict[str, Any], acceptance: str | None = No
             raise ValueError(f"method {name} has no option {spell(key)!r} with acceptance rule {rule_name}; "
                              f"it is an option of rule {' and '.join(owners)} (set {spell(ACCEPT)}={owners[0]})")
         raise ValueError(f"method {name} has no option {spell(key)!r}; options: {_listing(cls, spell)}")
-    method_kw = _typed(cls, {k: v for k, v in kw.items() if k in own})
+    method_kw = _typed(cls, {k: v for k, v in kw.items() if k in own}, spell)
     if rule is not None:
-        method_kw["acceptance"] = rule(**_typed(rule, {k: v for k, v in kw.items() if k in theirs}))
+        method_kw["acceptance"] = rule(**_typed(rule, {k: v for k, v in kw.items() if k in theirs}, spell))
     return cls(**method_kw)
 
 
-def _typed(cls, options: dict[str, Any]) -> dict[str, Any]:
+def _typed(cls, options: dict[str, Any], spell: Callable[[str], str | None] = str) -> dict[str, Any]:
     """``options`` with each tuple field's spec or flag text read as its tuple (``_sequence``); the nesting
     is read off the field's annotation: 1 (``depth_range: tuple[int, int]``) or 2 (``StaticTree.tree``'s
-    paths, ``tuple[tuple[int, ...], ...]``)."""
+    paths, ``tuple[tuple[int, ...], ...]``). A value whose type is not the field's scalar annotation
+    (int, float, bool) is a ValueError naming the option as ``spell`` writes it (``_check_scalar``)."""
     hints = {f.name: f.type if isinstance(f.type, str) else repr(f.type) for f in dataclasses.fields(cls)}
-    return {k: _sequence(v, 2 if "tuple[tuple[" in hints[k] else int("tuple" in hints[k])) for k, v in options.items()}
+    out = {}
+    for k, v in options.items():
+        out[k] = _sequence(v, 2 if "tuple[tuple[" in hints[k] else int("tuple" in hints[k]))
+        _check_scalar(spell(k) or k, out[k], hints[k])
+    return out
+
+
+def _check_scalar(name: str, value: Any, hint: str) -> None:
+    """A spec or flag value against its field's annotation (``int``, ``float``, ``bool``, optionally
+    ``| None``): ``gamma=true`` is not gamma 1, ``delta=1.5`` not an integer, ``lam=inf`` not finite."""
+    kinds = {part.strip() for part in hint.split("|")}
+    if "None" in kinds and value is None:
+        return
+    if kinds <= {"int", "None"} and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"method option {name} must be an integer, got {value!r}")
+    if kinds <= {"float", "None"} and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                       or not math.isfinite(value)):
+        raise ValueError(f"method option {name} must be a finite number, got {value!r}")
+    if kinds <= {"bool", "None"} and not isinstance(value, bool):
+        raise ValueError(f"method option {name} must be true or false, got {value!r}")
 
 
 def _sequence(value: Any, depth: int) -> Any:

@@ -9,19 +9,26 @@ Layout of ``out``:
 - ``images/000123.png``: image 123, written atomically (temp name, then ``os.replace``);
 - ``stats/rank000.json``: per-batch stats of the batches rank 0 owns, rewritten atomically after
   every batch (and carried over from earlier runs for batches that are skipped);
+- ``stats/rank000.lock``: held with an OS lock (``fcntl.flock``) while rank 0 works here, so a second
+  ``specvis sample`` on the same directory is refused with one line; the OS releases it when the
+  process ends, killed or not;
 - ``config.json``: what the images depend on (model, method, sampling, seed, batch size, number,
   conditions); a rerun with other values into the same directory is an error;
 - ``samples.npz`` (key ``arr_0``, uint8 N x H x W x 3: the ADM / LlamaGen FID evaluator layout)
   and ``stats.json`` (merged), written by rank 0 after a barrier, atomically.
 
-A rerun (after a crash or kill) skips every batch whose PNGs all exist and regenerates the others
-(the whole batch, since a batch's images depend on each other's randomness), writing only the
-missing PNGs.
+A rerun (after a crash or kill) skips every batch whose PNGs all exist and end with PNG's IEND chunk
+and regenerates the others (the whole batch, since a batch's images depend on each other's
+randomness), writing only the missing or incomplete PNGs. A ``config.json`` that exists but does
+not read is an error (it is never taken for missing), and temporaries of killed runs (dead PIDs)
+are removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import sys
@@ -32,7 +39,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .io import atomic_write, write_text
+from .checks import SEED_LIMIT
+from .io import atomic_write, clean_stale_temps, write_text
 from .registry import describe
 from .shards import batches, shard_work
 
@@ -111,17 +119,64 @@ def _write_rank(out: Path, dist: Dist, record: dict[int, dict]) -> None:
 
 
 def _check_config(out: Path, config: dict[str, Any], dist: Dist) -> None:
-    """``config.json`` of the directory must match ``config`` (rank 0 writes it when absent)."""
+    """``config.json`` of the directory must match ``config`` (rank 0 writes it when absent). One that
+    exists but does not read is an error: it records what the images there were made with, so it is
+    never taken for missing (a seed-1 run would take the seed-0 images as its own)."""
     path = out / "config.json"
-    old = _read_json(path) if path.exists() else None
-    if old is None:
+    if not path.exists():
         if dist.rank == 0:
             write_text(path, json.dumps(config, indent=1))
         return
+    old = _read_json(path)
+    if not isinstance(old, dict):
+        raise ValueError(f"--out {out}: {path.name} is damaged (not a JSON object); it records what the images "
+                         "there were made with: restore it, or use another --out")
     changed = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
     if changed:
         raise ValueError(f"--out {out} holds samples made with other {', '.join(changed)}; "
                          "use another --out, or the same settings to resume")
+
+
+PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk every complete PNG ends with
+
+
+def _complete(path: Path) -> bool:
+    """Whether ``path`` is a whole PNG as far as its last 12 bytes tell (a truncated file is not):
+    a cheap check made for every image a rerun would skip."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < 8 + len(PNG_END):
+                return False
+            f.seek(-len(PNG_END), os.SEEK_END)
+            return f.read() == PNG_END
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _rank_lock(out: Path, rank: int):
+    """Hold ``stats/rankNNN.lock`` (an OS lock, ``fcntl.flock``) while this rank works in ``out``: a
+    second ``specvis sample`` on the same directory and rank is refused instead of both rewriting the
+    same rank file. The OS drops the lock when the process ends, killed or not: never a stale block."""
+    path = out / "stats" / f"rank{rank:03d}.lock"
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip()
+        f.close()
+        raise ValueError(f"--out {out} is in use by another specvis sample (process {holder or '?'}, rank {rank}): "
+                         "wait for it to finish, or use another --out") from None
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+    finally:
+        f.close()  # releases the lock
 
 
 def _batch_stats(out, ids: list[int], seed: int) -> dict[str, Any]:
@@ -170,10 +225,24 @@ def sample(pipe, method, sampling, out_dir: str | Path, *, num: int, batch_size:
               "lossless": bool(method.lossless), "sampling": _asdict(sampling), "seed": seed,
               "batch_size": batch_size, "num": num, "dtype": str(pipe.dtype).removeprefix("torch."),
               **({"prompts": conditions, "height": grid[0], "width": grid[1]} if text else {"classes": conditions})}
+    n_batches = -(-num // batch_size)
+    if seed + n_batches - 1 >= SEED_LIMIT:
+        raise ValueError(f"--seed {seed}: batch j runs with seed + j, and the last of {n_batches} batches would "
+                         f"pass 2**64-1; give a seed <= {SEED_LIMIT - n_batches}")
     work = batches(num, batch_size, len(conditions), seed)
     mine, my_work = shard_work(work, dist.world, dist.rank, allow_empty=True)
     (out / "images").mkdir(parents=True, exist_ok=True)
     (out / "stats").mkdir(parents=True, exist_ok=True)
+    with _rank_lock(out, dist.rank):
+        return _sample_locked(pipe, method, sampling, out, config, work, mine, my_work, conditions, grid, text,
+                              num=num, batch_size=batch_size, dist=dist, progress=progress, log=log)
+
+
+def _sample_locked(pipe, method, sampling, out: Path, config: dict[str, Any], work, mine, my_work, conditions,
+                   grid, text: bool, *, num: int, batch_size: int, dist: Dist, progress: bool,
+                   log: Callable[[str], None]) -> dict[str, Any] | None:
+    """``sample``'s work once this rank holds its lock on ``out``."""
+    _clean_temps(out)  # a killed run's temporaries
     _check_config(out, config, dist)
 
     # stats of my batches from earlier runs (any number of ranks), for the batches skipped now
@@ -190,10 +259,13 @@ def sample(pipe, method, sampling, out_dir: str | Path, *, num: int, batch_size:
                               desc=f"sample rank {dist.rank}", leave=False):
         first = j * batch_size
         ids = list(range(first, first + len(conds)))
-        missing = [i for i in ids if not image_path(out, i).exists()]
+        missing = [i for i in ids if not _complete(image_path(out, i))]
         if not missing:
             skipped += len(ids)
             continue
+        for i in missing:
+            if image_path(out, i).exists():
+                log(f"specvis: {image_path(out, i)} is damaged (an incomplete PNG): regenerating its batch")
         if text:
             gen = pipe(prompts=[conditions[c] for c in conds], method=method, sampling=sampling, seed=s,
                        height=grid[0], width=grid[1])
@@ -249,8 +321,14 @@ def write_npz(path: Path, pngs: list[Path]) -> tuple[int, ...]:
     from PIL import Image
 
     def rgb(p: Path) -> np.ndarray:
-        with Image.open(p) as im:
-            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+        try:
+            with Image.open(p) as im:
+                return np.asarray(im.convert("RGB"), dtype=np.uint8)
+        except FileNotFoundError:
+            raise ValueError(f"{p}: missing; rerun to regenerate it") from None
+        except (OSError, SyntaxError, ValueError) as e:  # PIL: truncated or not an image
+            raise ValueError(f"{p}: unreadable image ({' '.join(str(e).split())[:80]}); delete it and rerun "
+                             "to regenerate it") from None
 
     first = rgb(pngs[0])
     shape = (len(pngs), *first.shape)
@@ -272,10 +350,7 @@ def write_npz(path: Path, pngs: list[Path]) -> tuple[int, ...]:
 
 
 def _clean_temps(out: Path) -> None:
-    """Temp files left by a killed run (``io.atomic_write`` names: ``.NAME.PID.HEX.tmp``)."""
+    """Temp files left by a killed run (``io.atomic_write`` names: ``.NAME.PID.HEX.tmp``, PID not running)."""
     for d in (out, out / "images", out / "stats"):
-        for p in d.glob(".*.tmp"):
-            try:
-                p.unlink()
-            except OSError as e:
-                print(f"specvis: cannot remove stale {p} ({e.__class__.__name__})", file=sys.stderr)
+        for p in clean_stale_temps(d):
+            print(f"specvis: cannot remove stale {p}", file=sys.stderr)

@@ -28,14 +28,18 @@ class Sampling:
     cfg_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise ValueError(f"top_k must be None or an integer >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be None or in (0, 1], got {self.top_p}")
-        if not self.cfg_scale >= 0:
-            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        """Types and ranges, one line naming the field (``specvis.checks``): numbers are finite (an
+        infinite cfg_scale turns every law into NaN), ints are never bools (``top_k=True`` is not 1)."""
+        from .checks import integer, number
+
+        if number(self.temperature, "temperature", ">= 0 (0 = greedy)") < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None:
+            integer(self.top_k, "top_k", 1)
+        if self.top_p is not None and not 0.0 < number(self.top_p, "top_p", "in (0, 1]") <= 1.0:
+            raise ValueError(f"top_p must be None or a number in (0, 1], got {self.top_p}")
+        if number(self.cfg_scale, "cfg_scale", ">= 0 (1 = no guidance)") < 0:
+            raise ValueError(f"cfg_scale must be a finite number >= 0 (1 = no guidance), got {self.cfg_scale}")
 
     @property
     def uses_cfg(self) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from . import checks
 from .models.continuous import ContinuousAR, ContinuousARConfig
 from .models.drafter import EagleDrafter
 from .models.llamagen import LlamaGen, LlamaGenConfig
@@ -192,6 +193,8 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
     torch's own. ``SPECVIS_THREADS=k`` or ``threads=k`` sets k (``threads=`` wins; 0: torch's
     default). The count set is recorded in ``pipe.extras["threads"]`` (and why in
     ``pipe.extras["threads_source"]``)."""
+    name = checks.model_name(name)
+    device = checks.device(device)  # a device this machine lacks fails before loading
     threads_for(0, "cuda", threads)  # a bad threads= / SPECVIS_THREADS fails before loading
     if name in BUNDLES:
         if draft is not None:

@@ -32,7 +32,9 @@ def test_parser_and_helpers():
     parser = argparse.ArgumentParser()
     demo.add_parser(parser.add_subparsers(dest="command"))
     a = parser.parse_args(["demo", "--port", "8123"])
-    assert (a.command, a.port, a.host, a.model) == ("demo", 8123, "127.0.0.1", "emoji")
+    assert (a.command, a.port, a.host, a.model) == ("demo", 8123, "127.0.0.1", None)  # None: emoji preselected
+    a = parser.parse_args(["demo", "--model", "random-tiny", "--model", "/some/ckpt"])
+    assert a.model == ["random-tiny", "/some/ckpt"]
     assert demo.method_spec("sjd", "window=16:coupling=maximal") == "sjd:window=16:coupling=maximal"
     assert demo.method_spec("sjd", "sjd:window=4") == "sjd:window=4"
     assert demo.method_spec("speculative", " ") == "speculative"
@@ -55,7 +57,7 @@ def test_conditions_and_errors():
             demo.parse_condition(pipe, bad)
     with pytest.raises(ValueError, match="no option 'windw'"):
         demo.compare(models, "random-tiny", "0", "sjd", "windw=4", "exact", 0)
-    with pytest.raises(ValueError, match="unknown model"):
+    with pytest.raises(ValueError, match="offers only the models its operator chose"):
         demo.compare(models, "no-such-model", "0", "sjd", "window=4", "exact", 0)
     seen: dict[str, list[float]] = {}
     r = demo.compare(models, "random-tiny", "1", "sjd", "window=4", "exact", 0,
@@ -75,7 +77,7 @@ def test_text_model(tmp_path):
     from hf_tiny import make_janus
 
     path = str(make_janus(tmp_path / "janus"))
-    models = demo.Models()
+    models = demo.Models(extra=[path])  # the operator's --model
     pipe = models.get(path)
     assert demo.class_choices(pipe) == []
     assert demo.parse_condition(pipe, " a red apple ") == {"prompts": ["a red apple"]}

@@ -13,7 +13,8 @@ from pathlib import Path
 from ..models.checkpoint import load_strict
 from ..models.decoder import PromptDecoder, import_llama_layers
 from . import chameleon, emu3, janus, llamagen_t2i, mar
-from .hf import read_json
+from ..checks import config_sizes
+from .hf import check_text_size, read_json
 
 FAMILIES = (janus, emu3, chameleon, llamagen_t2i, mar)
 
@@ -29,6 +30,8 @@ def detect(directory: str | Path):
     config = read_json(d / "config.json")
     for family in FAMILIES:
         if family.matches(config):
+            config_sizes(config, str(d / "config.json"))  # zero or huge sizes: one line, before any module is built
+            check_text_size(config, d)
             return family, config
     names = ", ".join(f.NAME for f in FAMILIES)
     raise ValueError(f"{d}/config.json: model_type {config.get('model_type')!r} is not supported (supported: {names})")
@@ -51,6 +54,9 @@ def load_tensors(model: PromptDecoder, sd: dict, where: str) -> None:
     """Load a family's renamed tensors (``build``'s: Llama layers still in the Hugging Face layout under
     ``hf_layers.``) into ``model``, strictly; one-line ValueErrors naming ``where``."""
     cfg = model.config
+    stored = {int(k.split(".")[1]) for k in sd if k.startswith("hf_layers.") and k.split(".")[1].isdigit()}
+    if stored and len(stored) != cfg.n_layer:  # else the extra layers would be dropped without a word
+        raise ValueError(f"{directory}: config.json gives {cfg.n_layer} decoder layers, the checkpoint stores {len(stored)}")
     try:
         layers = import_llama_layers(sd, "hf_layers.", cfg.n_layer, cfg.n_head, cfg.n_kv_head)
     except KeyError as e:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -26,6 +27,53 @@ def read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: must hold a JSON object")
     return data
+
+
+def stored_numel(directory: Path) -> int:
+    """Elements of every tensor in the checkpoint's safetensors files, from their headers alone."""
+    import struct
+
+    total = 0
+    for f in weight_files(directory):
+        try:
+            with open(f, "rb") as fh:
+                n = struct.unpack("<Q", fh.read(8))[0]
+                header = json.loads(fh.read(min(n, 100_000_000)))
+            total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+        except Exception as exc:  # noqa: BLE001 - any unreadable header is the same user error
+            raise ValueError(f"{f}: unreadable safetensors header ({one_line(exc)})") from None
+    return total
+
+
+STORED_KEYS = ("vocab_size", "num_embeddings", "codebook_size", "hidden_size", "intermediate_size")
+
+
+def check_text_size(config: dict, directory: Path) -> None:
+    """config.json must not describe modules larger than the weights stored, so that inflated sizes
+    are refused before a module of that size is allocated: each ``STORED_KEYS`` size (a table or
+    matrix dimension: its module stores at least that many weights) and a Llama-style text config
+    (``hidden_size``, ``num_hidden_layers``, ``intermediate_size``, ``vocab_size``) as a whole."""
+    have = stored_numel(directory)
+
+    def walk(c: dict, path: str = "") -> None:
+        for key, value in c.items():
+            if isinstance(value, dict):
+                walk(value, f"{path}{key}.")
+            elif key in STORED_KEYS and isinstance(value, int) and value > have:
+                raise ValueError(f"{directory}/config.json: {path}{key} {value:,} is more than the checkpoint's "
+                                 f"{have:,} stored weights: the config does not match the weights")
+
+    walk(config)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    try:
+        d, n, f, v = (int(text[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
+    except (KeyError, TypeError, ValueError):
+        return
+    wanted = n * (2 * d * d + 2 * d * f) + v * d  # a lower bound: q and o, two MLP matrices, the embedding
+    if wanted > have:
+        raise ValueError(f"{directory}/config.json: its sizes (hidden_size {d}, num_hidden_layers {n}, intermediate_size "
+                         f"{f}, vocab_size {v}) need at least {wanted:,} weights, the checkpoint stores {have:,}: "
+                         "the config does not match the weights")
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -70,6 +118,10 @@ def llama_config(text: dict, where: str, max_positions: int | None = None) -> De
     try:
         heads = int(text["num_attention_heads"])
         dim = int(text["hidden_size"])
+        kv = int(text.get("num_key_value_heads") or heads)
+        if heads < 1 or kv < 1 or dim % heads or heads % kv:
+            raise ValueError(f"{where}: hidden_size {dim} must be a multiple of num_attention_heads {heads}, and that "
+                             f"of num_key_value_heads {kv}")
         return DecoderConfig(
             dim=dim, n_layer=int(text["num_hidden_layers"]), n_head=heads,
             n_kv_head=int(text.get("num_key_value_heads") or heads), ffn_hidden=int(text["intermediate_size"]),

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from .. import checks
 from ..models.base import Captions, Condition
 from ..models.checkpoint import one_line
 from ..pipeline import TextPipeline
@@ -278,7 +279,9 @@ class CaptionPipeline(TextPipeline):
         """``Captions`` of prompts (each a str or a list of flan-t5 input ids) on the pipeline's device."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError(f"{what} must be a non-empty list of str or of token-id lists")
-        for p in prompts:
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):  # empty or non-UTF-8 text: one line naming the entry
+                checks.text(p, f"{what}[{i}]", allow_empty=what != "prompts")
             ok_ids = isinstance(p, (list, tuple)) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
             if not (isinstance(p, str) or ok_ids):
                 raise ValueError(f"{what}: each entry must be a str or a non-empty list of token ids, got {p!r:.60}")

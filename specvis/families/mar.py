@@ -23,6 +23,7 @@ from ..models.mar import CHECKPOINT_NAME as CHECKPOINT
 
 NAME = "mar"
 VAE_NAME = "kl16.ckpt"
+MAX_NUM_ITER = 1_000_000  # sampler steps: a bound on the schedule's loop (a step past the stream reveals nothing)
 
 
 def matches(config: dict) -> bool:
@@ -106,27 +107,28 @@ class MARPipeline:
         from ..generate import Generation
         from ..methods.ar import AR
         from ..methods.base import Stats
-        from ..pipeline import check_class_call
+        from .. import checks
+        from ..pipeline import call_arguments, check_class_call
 
         check_class_call(self.name, classes, prompts, negative_prompts, height, width)
+        method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
         from ..methods.cspd import CSpD
 
         if method is not None and not isinstance(method, (AR, CSpD)):
             raise ValueError(f"model {self.name} (MAR) has continuous tokens: method must be None, sv.AR() or "
                              f"sv.CSpD(...), got {type(method).__name__} (a discrete-token method)")
-        sampling = sampling or self.default_sampling
-        if getattr(sampling, "top_k", None) is not None or getattr(sampling, "top_p", None) is not None:
+        if sampling.top_k is not None or sampling.top_p is not None:
             raise ValueError("top_k/top_p do not apply to MAR's continuous tokens")
-        labels = torch.as_tensor(list(classes), dtype=torch.long, device=self.device)
-        if labels.numel() and not bool(((labels >= 0) & (labels < self.num_classes)).all()):
-            raise ValueError(f"class ids must be in 0..{self.num_classes - 1}, got {labels.tolist()}")
+        labels = torch.as_tensor(checks.class_ids(classes, self.num_classes), dtype=torch.long, device=self.device)
+        # steps past the stream's length reveal nothing and cost no forward, only the schedule's loop
+        num_iter = checks.integer(self.num_iter if num_iter is None else num_iter, "num_iter", 1, MAX_NUM_ITER)
         if isinstance(method, CSpD):
-            return self._cspd(method, labels, sampling, seed, decode, num_iter or self.num_iter,
+            return self._cspd(method, labels, sampling, seed, decode, num_iter,
                               cfg_schedule or self.cfg_schedule)
         import time
 
         t0 = time.perf_counter()
-        s = self.target.sample(labels, num_iter=num_iter or self.num_iter, cfg=float(sampling.cfg_scale),
+        s = self.target.sample(labels, num_iter=num_iter, cfg=float(sampling.cfg_scale),
                                cfg_schedule=cfg_schedule or self.cfg_schedule,
                                temperature=float(sampling.temperature), seed=seed)
         wall = time.perf_counter() - t0

@@ -178,6 +178,11 @@ class DecodeContext:
         CUDA (``methods/rounds.py``)."""
         run_rounds(self, round_fn, self.graphs, rounds)
 
+    @property
+    def max_rounds(self) -> int:
+        """The most rounds a ``run`` may take: each commits a token per unfinished row (``run_rounds``)."""
+        return self.L
+
     def report_progress(self) -> None:
         """Tell ``progress`` (if set) the fraction of the stream the slowest row has committed."""
         if self.progress is not None:

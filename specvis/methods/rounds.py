@@ -106,24 +106,33 @@ class _Spans:
 
 def run_rounds(ctx, round_fn: Callable[[], None], graphs: bool, rounds: int | None = None) -> None:
     """Call ``round_fn`` until ``ctx.done()`` (or exactly ``rounds`` times, with no done-check: AR
-    knows its count); captured and replayed on CUDA when ``graphs``."""
+    knows its count); captured and replayed on CUDA when ``graphs``. ``ctx.max_rounds``
+    (``DecodeContext``: the stream's length L): a round commits at least one token to every unfinished
+    row, so a stream of L tokens is done within L rounds; a loop still going after that many rounds
+    makes no progress and is a RuntimeError, never a hang."""
+    max_rounds = getattr(ctx, "max_rounds", None)  # stand-in contexts of tests may have none
     spans = _Spans(ctx)
     try:
         if graphs and _capturable(ctx.device):
-            _run_graphs(ctx, round_fn, rounds, spans)
+            _run_graphs(ctx, round_fn, rounds, spans, max_rounds)
         else:
-            _run_eager(ctx, round_fn, rounds, spans)
+            _run_eager(ctx, round_fn, rounds, spans, max_rounds)
     finally:
         spans.unpin()
 
 
-def _done_check(ctx, rounds: int | None) -> Callable[[], bool]:
-    left = [rounds]
+def _done_check(ctx, rounds: int | None, max_rounds: int | None = None) -> Callable[[], bool]:
+    left, ran = [rounds], [-1]  # ran: rounds run so far (the first check comes before any)
 
     def done() -> bool:
         ctx.report_progress()
         if left[0] is None:
-            return ctx.done()
+            finished = ctx.done()
+            ran[0] += 1
+            if not finished and max_rounds is not None and ran[0] >= max_rounds:
+                raise RuntimeError(f"decoding made no progress: {ran[0]} rounds ran and a row of {max_rounds} "
+                                   "tokens is not done (every round must commit a token per unfinished row)")
+            return finished
         left[0] -= 1
         return left[0] < 0
 
@@ -131,16 +140,16 @@ def _done_check(ctx, rounds: int | None) -> Callable[[], bool]:
     return done
 
 
-def _run_eager(ctx, round_fn, rounds, spans: _Spans) -> None:
-    done = _done_check(ctx, rounds)
+def _run_eager(ctx, round_fn, rounds, spans: _Spans, max_rounds: int | None = None) -> None:
+    done = _done_check(ctx, rounds, max_rounds)
     while not done():
         spans.mark()
         round_fn()
         spans.measure()
 
 
-def _run_graphs(ctx, round_fn, rounds, spans: _Spans) -> None:
-    done = _done_check(ctx, rounds)
+def _run_graphs(ctx, round_fn, rounds, spans: _Spans, max_rounds: int | None = None) -> None:
+    done = _done_check(ctx, rounds, max_rounds)
     views = ctx.counted
     dev = ctx.device
     side = cuda.Stream(dev)
@@ -184,7 +193,7 @@ def _run_graphs(ctx, round_fn, rounds, spans: _Spans) -> None:
             spans.mark()
             round_fn()  # the round whose capture failed
             spans.measure()
-            _run_eager(ctx, round_fn, done.left[0], spans)
+            _run_eager(ctx, round_fn, done.left[0], spans, max_rounds)
             return
         delta = _delta(views, before)
         _restore(views, before)

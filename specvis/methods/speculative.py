@@ -26,7 +26,7 @@ class Speculative:
     name = "speculative"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gamma, int) or self.gamma < 1:
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
             raise ValueError(f"Speculative.gamma must be an integer >= 1, got {self.gamma}")
 
     @property

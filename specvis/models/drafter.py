@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..checks import config_sizes
 from .base import KVCache
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_tensors, one_line, read_state_dict
 from .decoder import Float32Rope, rope_1d
@@ -331,6 +332,7 @@ class EagleDrafter(Float32Rope, nn.Module):
             raise ValueError(f"cannot read drafter config {d / CONFIG_NAME}: {one_line(exc)}") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{d / CONFIG_NAME} must hold a JSON object")
+        config_sizes(raw, str(d / CONFIG_NAME))  # zero or huge sizes: one line before building
         if (d / WEIGHTS_NAME).exists():
             from safetensors.torch import load_file
 

@@ -57,10 +57,11 @@ def save_final(model: torch.nn.Module, out: Path, report: dict, summary: str) ->
 
 
 def run_main(train: Callable[[Any], object], args: Any) -> int:
-    """Run ``train(args)``; a ValueError (bad input) becomes one line on stderr and exit status 2."""
+    """Run ``train(args)``; a ValueError (bad input) or OSError (a path that cannot be written) becomes
+    one line on stderr and exit status 2."""
     try:
         train(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     return 0

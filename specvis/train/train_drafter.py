@@ -292,8 +292,16 @@ class PromptData:
             self._rows([i for i, _ in both[k:k + 16]], [u for _, u in both[k:k + 16]]) for k in range(0, len(both), 16)))
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad flags are one line (``error: ...``, exit 2), not the whole usage."""
+
+    def error(self, message: str) -> None:
+        raise ValueError(message)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="specvis train-drafter", description=__doc__.split("\n")[0])
+    """The flags, checked: one ValueError naming the flag (``main`` prints it as one line, exit 2)."""
+    p = _Parser(prog="specvis train-drafter", description=__doc__.split("\n")[0])
     p.add_argument("--target", help="trained LlamaGen target directory (LlamaGen.from_pretrained), with --tokens")
     p.add_argument("--tokens", default="data/emoji_tokens.npz", help="token .npz from specvis.train.tokenize")
     p.add_argument("--model", help="text-to-image checkpoint directory or Hub id (specvis.families): trains on "
@@ -339,6 +347,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--noise, --v-weight and --p-weight must be >= 0")
     if args.max_steps is not None and args.max_steps < 1:
         p.error("--max-steps must be >= 1")
+    for name in ("minutes", "lr", "weight_decay", "class_dropout", "noise", "v_weight", "p_weight", "grad_clip",
+                 "ckpt_every", "eval_every"):
+        if not math.isfinite(getattr(args, name)):
+            p.error(f"--{name.replace('_', '-')} must be a finite number, got {getattr(args, name)}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        p.error(f"--out {args.out}: exists and is not a directory")
+    from specvis.checks import device, seed
+
+    device(args.device, "--device")
+    seed(args.seed, "--seed")
     return args
 
 
@@ -456,7 +474,11 @@ def train(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except ValueError as exc:
+        print(f"specvis train-drafter: error: {exc}", file=sys.stderr)
+        return 2
     return run_main(train, args)
 
 
