@@ -56,7 +56,7 @@ def load_tensors(model: PromptDecoder, sd: dict, where: str) -> None:
     cfg = model.config
     stored = {int(k.split(".")[1]) for k in sd if k.startswith("hf_layers.") and k.split(".")[1].isdigit()}
     if stored and len(stored) != cfg.n_layer:  # else the extra layers would be dropped without a word
-        raise ValueError(f"{directory}: config.json gives {cfg.n_layer} decoder layers, the checkpoint stores {len(stored)}")
+        raise ValueError(f"{where}: config.json gives {cfg.n_layer} decoder layers, the checkpoint stores {len(stored)}")
     try:
         layers = import_llama_layers(sd, "hf_layers.", cfg.n_layer, cfg.n_head, cfg.n_kv_head)
     except KeyError as e:
