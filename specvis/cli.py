@@ -383,7 +383,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     _save_png(contact_sheet(heatmaps(s.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1))),
               out_dir / "heatmap.png")
     # what ran: the method as clamped to the stream (generate.fit_to_stream); sv.Auto records its choice below
-    name, config, rule = describe(method if hasattr(method, "explain") else out.method)
+    name, config, rule = describe(method if hasattr(method, "explain") or out.method is None else out.method)
     stats = {"model": a.model, "method": name, "config": config, "acceptance": rule, "lossless": bool(method.lossless),
              "default_method": not a.method, **conditions, "seed": a.seed,
              "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
