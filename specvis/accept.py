@@ -25,11 +25,11 @@ when the method is built, with one line.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from .options import Options
+from .options import Options, option
 from .sampling import rows_at, sample, uniform
 
 WALKS = ("chain", "tree", "sampled-tree")
@@ -163,6 +163,12 @@ class Exact(Rule):
 
     def config(self) -> dict:
         return {}
+
+
+def rule_option() -> Any:
+    """The declaration of a method's ``acceptance`` field: any ``AcceptanceRule``, default ``Exact()``,
+    set by ``--accept NAME`` (and the spec key ``accept``)."""
+    return option(default_factory=Exact, flag="accept", help="the acceptance rule that verifies the drafts")
 
 
 def normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,7 @@ x~ if x~ = argmax_x q_{k,delta}(x | s, D = x~)", q the paper's target law). At t
 p is the point mass at the greedy token a, and merging neighbours into a point mass never relaxes
 anything (for delta < 1, a never joins another token's A). The rule therefore takes ``soft=`` s, the
 temperature-1 law of the same positions (``Sampling.soft_probs``: CFG, top-k, top-p, softmax; its
-argmax is a), which ``specvis.generate`` keeps when the sampling is greedy (``needs_soft``):
+argmax is a), which ``specvis.generate`` keeps when the sampling is greedy (``needs`` holds "soft"):
 
 - A = A_{k,delta}(x) on s: the longest prefix of B_k(x) with m_s(A) = sum_{y in A, y != x} s(y) <= delta;
   s_{k,delta}(.|x) = s(A) on x, 0 on A \\ {x}, s elsewhere; TV(s_{k,delta}(.|x), s) = m_s(A) <= delta;

@@ -190,7 +190,7 @@ def _conform(tp: Any, value: Any, info: OptionInfo) -> tuple[bool, Any]:
             out.append(stored)
         out = tuple(out)
         return True, value if isinstance(value, tuple) and all(a is b for a, b in zip(out, value)) else out
-    return isinstance(value, tp), value
+    return isinstance(value, tp) and not isinstance(value, type), value  # an instance, not a class
 
 
 # ---------------------------------------------------------------- text (bench specs, command-line flags)

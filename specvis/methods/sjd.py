@@ -71,7 +71,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accept import AcceptanceRule, Exact, RuleMethod, normalise, verify_chain
+from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option, verify_chain
 from ..options import Options, option
 from ..sampling import exponential, rows_at, sample, uniform
 from .base import DecodeContext
@@ -134,8 +134,7 @@ class SJD(RuleMethod):
                                      "re-initialise it (App. F ablation)")
     coupling: str = option("gumbel", choices=COUPLINGS, help="couple each re-draft with the position's previous "
                                                              "draft (MC-SJD; exact): none, maximal or gumbel")
-    acceptance: AcceptanceRule = option(default_factory=Exact, flag="accept",
-                                        help="the acceptance rule that verifies the drafts (specvis.accept)")
+    acceptance: AcceptanceRule = rule_option()
     name = "sjd"
     walk = "chain"
 

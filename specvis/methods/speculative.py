@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accept import AcceptanceRule, Exact, RuleMethod, verify_chain
+from ..accept import AcceptanceRule, RuleMethod, rule_option, verify_chain
 from ..options import option
 from ..sampling import sample
 from .base import DecodeContext
@@ -23,8 +23,7 @@ class Speculative(RuleMethod):
     """gamma draft tokens per target forward; ``acceptance`` is any rule of ``specvis.accept``."""
 
     gamma: int = option(4, low=1, stream=True, help="draft tokens per round, drawn one by one from the draft model")
-    acceptance: AcceptanceRule = option(default_factory=Exact, flag="accept",
-                                        help="the acceptance rule that verifies the drafts (specvis.accept)")
+    acceptance: AcceptanceRule = rule_option()
     name = "speculative"
     walk = "chain"
 

@@ -54,7 +54,7 @@ from functools import cached_property
 
 import torch
 
-from ..accept import AcceptanceRule, Exact, without
+from ..accept import AcceptanceRule, rule_option, without
 from ..options import option
 from ..sampling import sample
 from .base import DecodeContext
@@ -178,8 +178,7 @@ class StaticTree(_TreeMethod):
         "mc_sim_7b_63", choices=tuple(PRESETS), low=0,
         help="the topology: a preset of the official LANTERN code, or paths split by '/' with a path's ranks joined "
              "by '.' (0/1/0.0: [0], [1], [0, 0])")
-    acceptance: AcceptanceRule = option(default_factory=Exact, flag="accept",
-                                        help="the acceptance rule that verifies the drafts (specvis.accept)")
+    acceptance: AcceptanceRule = rule_option()
     name = "static-tree"
     walk = "sampled-tree"  # children drawn without replacement: the rule's sibling_q(p, q, x)
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accept import AcceptanceRule, Exact, RuleMethod, normalise, verify_chain
+from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option, verify_chain
 from ..options import option
 from ..sampling import rows_at, sample, uniform
 from .base import DecodeContext
@@ -74,8 +74,7 @@ class EagleTree(_TreeMethod):
     top_k: int = option(10, low=1, flag="tree-top-k", help="children per expanded node, and nodes expanded per level "
                                                            "(--top-k is the sampling top-k)")
     total_tokens: int = option(60, low=2, help="tokens per target forward, the root included (the tree's size)")
-    acceptance: AcceptanceRule = option(default_factory=Exact, flag="accept",
-                                        help="the acceptance rule that verifies the drafts (specvis.accept)")
+    acceptance: AcceptanceRule = rule_option()
     name = "eagle"
 
     def decode(self, ctx: DecodeContext) -> None:
@@ -139,8 +138,7 @@ class ADTTree(_TreeMethod):
     topk_range: tuple[int, int] = option((3, 14), low=0,
                                          help="open interval (k_min, k_max) of the width; low + 2 <= high")
     total_tokens: int = option(60, low=2, help="tokens per target forward, the root included (the tree's size)")
-    acceptance: AcceptanceRule = option(default_factory=Exact, flag="accept",
-                                        help="the acceptance rule that verifies the drafts (specvis.accept)")
+    acceptance: AcceptanceRule = rule_option()
     static_shapes: bool | None = option(None, help="build every round at one fixed shape (capturable); none: on "
                                                    "CUDA only")
     name = "adt"
