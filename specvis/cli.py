@@ -394,7 +394,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     _save_png(contact_sheet(heatmaps(s.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1))),
               out_dir / "heatmap.png")
     # what ran: the method as clamped to the stream (generate.fit_to_stream); sv.Auto records its choice below
-    name, config, rule = describe(method if out.calibration is not None else out.method)
+    ran = out.method if out.method is not None else method  # a MAR pipeline's generation names none
+    name, config, rule = describe(method if out.calibration is not None else ran)
     stats = {"model": a.model, "method": name, "config": config, "acceptance": rule, "lossless": bool(method.lossless),
              "default_method": not a.method, **conditions, "seed": a.seed,
              "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},

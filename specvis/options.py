@@ -77,15 +77,16 @@ class OptionInfo:
 
 @functools.cache
 def option_fields(cls: type) -> tuple[OptionInfo, ...]:
-    """The options of a method or rule class, in declaration order (its ``init`` fields)."""
+    """The options of a method or rule class, in declaration order: its fields declared with
+    ``option``. A field declared otherwise is not an option (no check, no flag, no docs row: e.g. a
+    subclass's recorder, ``train_drafter.RecordedAR.records``); every field of the registry's classes
+    is declared (tests/test_options.py)."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
         meta = f.metadata.get("option")
-        if meta is None:
-            raise TypeError(f"{cls.__name__}.{f.name} is not declared with options.option(...)")
+        if not f.init or meta is None:
+            continue
         default = f.default_factory() if f.default_factory is not MISSING else f.default
         out.append(OptionInfo(cls.__name__, f.name, hints[f.name], default, meta["help"], meta["choices"],
                               meta["low"], meta["high"], meta["open_low"], meta["flag"] or f.name.replace("_", "-"),
