@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..options import Options
 from ..sampling import sample
 from .base import DecodeContext
 
 
 @dataclass(frozen=True)
-class AR:
+class AR(Options):
     """x_i ~ p(. | c, x_<i), one cached target forward per token."""
 
     name = "ar"

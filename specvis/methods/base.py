@@ -149,13 +149,13 @@ class DecodeContext:
 
     def __init__(self, target: GuidedModel, generator: torch.Generator, pad: int,
                  draft: GuidedModel | None = None, drafter: Any = None, codebook: torch.Tensor | None = None,
-                 graphs: bool = False) -> None:
+                 graphs: bool = False, rule: Any = None) -> None:
         self.target, self.draft, self.drafter, self.codebook = target, draft, drafter, codebook
         self.generator = generator
         self.graphs = graphs  # on CUDA: replay each round as a captured CUDA graph (methods/rounds.py)
         self.counted: list = [v for v in (target, draft) if v is not None]  # objects whose .forwards rounds advance
         self.drafts = Counter()  # EAGLE drafter forwards (tree methods count them and add it to ``counted``)
-        self.rule: Any = None  # the method's acceptance rule, bound to the codebook if it needs one
+        self.rule = rule  # the method's acceptance rule, bound (``accept.BoundRule``; None for methods without one)
         layout = target.model.layout
         self.layout, self.L, self.V = layout, layout.stream_len, layout.law_size  # stream positions, law width
         B, dev = target.batch, next(target.model.parameters()).device
