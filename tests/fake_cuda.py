@@ -70,9 +70,9 @@ def install(monkeypatch) -> FakeCuda:
     fake = FakeCuda()
     real = rounds._run_graphs
 
-    def run_graphs(ctx, round_fn, n, spans):
+    def run_graphs(ctx, round_fn, *args):
         fake.ctx, fake.round_fn = ctx, round_fn
-        return real(ctx, round_fn, n, spans)
+        return real(ctx, round_fn, *args)
 
     monkeypatch.setattr(rounds, "_run_graphs", run_graphs)
     monkeypatch.setattr(rounds, "_capturable", lambda device: True)

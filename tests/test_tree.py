@@ -17,7 +17,8 @@ from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_m
 
 import specvis as sv
 from specvis.accept import Exact
-from specvis.methods.tree import ADTTree, EagleTree, Tree, _Adaptive, verify_tree
+from specvis.methods.round import Tree, verify_tree
+from specvis.methods.tree import ADTTree, EagleTree, _Adaptive
 from specvis.models.base import Condition, Layout
 from specvis.models.drafter import EagleDrafter
 
@@ -222,7 +223,7 @@ def test_verify_tree_alone_and_soft_reaches_every_sibling_try():
     every sibling try; with soft=None the rule is called without it."""
     tree = Tree(tokens=torch.tensor([[0, 2, 1, 3]]), positions=torch.tensor([[4, 5, 5, 6]]), mask=None,
                 children=torch.tensor([[[1, 2], [3, -1], [-1, -1], [-1, -1]]]), depth=torch.tensor([2]),
-                levels=2, forwards=0)
+                levels=2)
     p = torch.nn.functional.one_hot(torch.tensor([[1, 3, 0, 0]]), 4).float()
     soft = torch.full((1, 4, 4), 0.25)
     seen = []
@@ -233,7 +234,7 @@ def test_verify_tree_alone_and_soft_reaches_every_sibling_try():
             return super().sibling(p, x)
 
     v = verify_tree(Recording(), tree, p, torch.Generator().manual_seed(0), soft=soft)
-    assert v.accepted.tolist() == [1] and v.path.tolist() == [[2, 0]] and v.block[0, :2].tolist() == [1, 0]
+    assert v.accepted.tolist() == [1] and v.keep.tolist() == [[0, 2, 0]] and v.block[0, :2].tolist() == [1, 0]
     assert len(seen) == 2 and all(t is soft for t in seen) and torch.equal(soft, torch.full((1, 4, 4), 0.25))
     seen.clear()
     verify_tree(Recording(), tree, p, torch.Generator().manual_seed(0))

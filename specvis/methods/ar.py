@@ -8,6 +8,7 @@ import torch
 
 from ..sampling import sample
 from .base import DecodeContext
+from .round import Verdict
 
 
 @dataclass(frozen=True)
@@ -27,14 +28,12 @@ class AR:
             CSpD(prefill=1.0).decode(ctx)
             ctx.extra.clear()
             return
-        ones = torch.ones_like(ctx.n)
         x = sample(ctx.target.prefill(), ctx.generator)  # the last committed token, updated in place
-        ctx.commit(x[:, None], ones)
+        ctx.accept(Verdict.sampled(x))
 
         def round_() -> None:
             law = ctx.target.forward(x[:, None], (ctx.n - 1)[:, None])
-            ctx.target.set_committed(ctx.n)
             x.copy_(sample(law[:, 0], ctx.generator))
-            ctx.commit(x[:, None], ones)
+            ctx.accept(Verdict.sampled(x))
 
         ctx.run(round_, rounds=ctx.L - 1)  # every row needs exactly L - 1 more forwards: no done-check

@@ -15,6 +15,7 @@ import torch
 
 from ..models.base import CachedTokenModel, Condition, KVCache
 from ..sampling import Sampling
+from .round import Chain, Tree, Verdict, verify_chain_rule, verify_tree
 from .rounds import run_rounds
 
 
@@ -206,14 +207,36 @@ class DecodeContext:
             cache.refresh(longest)
         return bool(flags[0])
 
-    def commit(self, block: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        """Append ``block[r, :count[r]]`` to row r, all by one target forward. Finished rows ignore it.
-        Returns the per-row count actually committed."""
+    def verify(self, p: torch.Tensor, proposal: Chain | Tree) -> Verdict:
+        """The acceptance rule's walk over ``proposal`` against the target laws ``p`` of its positions
+        (a chain: after the last committed token and each draft; a tree: after each node)."""
+        if self.rule is None:
+            raise ValueError("this method has no acceptance rule to verify drafts with")
+        if isinstance(proposal, Tree):
+            return verify_tree(self.rule, proposal, p, self.generator, soft=self.target.soft)
+        return verify_chain_rule(self.rule, p, proposal, self.generator, soft=self.target.soft)
+
+    def accept(self, verdict: Verdict) -> torch.Tensor:
+        """Commit the verdict's block and keep in the target cache what the committed tokens need: the
+        fed chain's first ``count`` slots in place, or the slots ``verdict.keep`` (moved to the block's
+        start). The last committed token is never cached: the next round feeds it. Returns the per-row
+        count committed (finished rows: 0)."""
+        count = self.commit(verdict.block, verdict.committed, verdict.at)
+        if verdict.keep is None:
+            self.target.set_committed(self.n - 1)
+        else:
+            self.target.keep_block(verdict.keep, count)
+        return count
+
+    def commit(self, block: torch.Tensor, count: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        """Append ``block[r, :count[r]]`` to row r (or write it at stream positions ``at[r]``), all by one
+        target forward. Finished rows ignore it. Returns the per-row count actually committed. The
+        buffer only: ``accept`` also updates the target cache."""
         active = self.n < self.L
         count = torch.where(active, torch.minimum(count, self.L - self.n), torch.zeros_like(count))
         m = block.shape[1]
         j = torch.arange(m, device=self.device)
-        idx = (self.n[:, None] + j).clamp_max(self.tokens.shape[1] - 1)
+        idx = (self.n[:, None] + j if at is None else at).clamp_max(self.tokens.shape[1] - 1)
         write = j[None, :] < count[:, None]
         images = (write & (self.forced[idx] < 0)).sum(1, keepdim=True)  # image tokens of this block
         self.tokens.scatter_(1, idx, torch.where(write, block, self.tokens.gather(1, idx)))

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..accept import Exact, verify_chain
+from ..accept import Exact
 from ..sampling import sample
 from .base import DecodeContext
+from .round import Chain, Verdict
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,9 @@ class Speculative:
         if ctx.draft is None:
             raise ValueError("method speculative needs a draft model (draft=...)")
         target, draft, g, gen = ctx.target, ctx.draft, self.gamma, ctx.generator
-        rule = ctx.rule
         x0 = sample(target.prefill(), gen)
         draft.prefill()
-        ctx.commit(x0[:, None], torch.ones_like(ctx.n))
+        ctx.accept(Verdict.sampled(x0))
 
         def round_(back: int) -> None:
             n = ctx.n.clone()
@@ -64,10 +64,7 @@ class Speculative:
             q_all, drafts = torch.stack(q_steps, 1), torch.stack(d_steps, 1)
             p_all = target.forward(torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), drafts], 1),
                                    ctx.positions(n - 1, g + 1))
-            accepted, nxt = verify_chain(rule, p_all, q_all, drafts, gen, soft=ctx.target.soft)
-            block = torch.cat([drafts, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
-            ctx.commit(block, accepted + 1)
-            target.set_committed(ctx.n - 1)
+            ctx.accept(ctx.verify(p_all, Chain(drafts, q_all)))
 
         if not ctx.done():
             round_(1)

@@ -56,7 +56,8 @@ import torch
 from ..accept import Exact, without
 from ..sampling import sample
 from .base import DecodeContext
-from .tree import Tree, _decode_trees, _Fixed, _log_draft, _rows, _TreeMethod, catch_up
+from .round import Tree
+from .tree import _decode_trees, _Fixed, _log_draft, _rows, _TreeMethod, catch_up
 
 # Topologies of the official LANTERN code (jadohu/LANTERN, models/drafters/choices.py), by its names;
 # the default is its default ``--tree_choices``.
@@ -214,7 +215,6 @@ def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Te
     drafter, gen, n = ctx.drafter, ctx.generator, ctx.n
     B, T = n.shape[0], topo.T
     root_feat, root_lp = catch_up(ctx, pending, count)
-    forwards = 1
     tokens = torch.zeros(B, T, dtype=torch.long, device=n.device)
     tokens[:, 0] = ctx.tokens.gather(1, (n - 1)[:, None])[:, 0]
     present = torch.ones(B, T, dtype=torch.bool, device=n.device)
@@ -230,7 +230,6 @@ def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Te
             mask = topo.anc[level, 1: last + 1][None].expand(B, -1, -1)
             lg, f_out = drafter.forward_tokens(_rows(ctx, tokens[:, level]), feat, _rows(ctx, pos),
                                                _rows(ctx, mask), start=first - 1)
-            forwards += 1
             lq = _log_draft(lg, ctx, pos + 1)
         q = lq.exp()  # (B, m, V): the draft law of each level node's children
         laws[:, level] = q
@@ -251,5 +250,5 @@ def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Te
     positions = (n - 1)[:, None] + topo.depth[None]
     depth = torch.where(present, topo.depth[None], torch.zeros_like(topo.depth[None])).amax(1)
     mask = topo.anc[None].expand(B, -1, -1)
-    return Tree(tokens, positions, mask, children, depth, topo.D, forwards, laws=laws)
+    return Tree(tokens, positions, mask, children, depth, topo.D, laws=laws)
 

@@ -43,13 +43,14 @@ was built to before the rerank: ``depth`` for EAGLE-2, the schedule's d-hat for 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..accept import Exact, normalise, verify_chain
-from ..sampling import rows_at, sample, uniform
-from .base import DecodeContext
+from ..accept import Exact
+from ..sampling import rows_at, sample
+from .base import DecodeContext, count_forward
+from .round import Tree, Verdict
 
 INITS = ("horizontal", "vertical", "random")
 
@@ -274,31 +275,6 @@ def _rows(ctx: DecodeContext, t: torch.Tensor) -> torch.Tensor:
     return torch.cat([t, t]) if ctx.target.cfg else t
 
 
-@dataclass
-class Tree:
-    """One round's draft tree; position 0 is the root (the last committed token), 1.. the nodes."""
-
-    tokens: torch.Tensor  # (B, T)
-    positions: torch.Tensor  # (B, T) stream positions (root: n - 1, node at depth j: n - 1 + j)
-    mask: torch.Tensor  # (B, T, T) bool, node attends to itself and its ancestors
-    children: torch.Tensor  # (B, T, K) tree positions of each node's children by draft rank, -1 none
-    depth: torch.Tensor  # (B,) deepest selected node (the drafted tree's depth)
-    levels: int  # D, the deepest level any row may reach (path length bound)
-    forwards: int  # drafter forwards spent
-    laws: torch.Tensor | None = None  # (B, T, V) sampled trees (StaticTree): the draft law q each node's
-    # children were drawn from without replacement; None: deterministic candidates (EAGLE-2, ADT)
-
-
-@dataclass
-class Verdict:
-    """Outcome of ``verify_tree``: per row the accepted path and the block to commit."""
-
-    accepted: torch.Tensor  # (B,) accepted draft tokens (bonus excluded)
-    path: torch.Tensor  # (B, D) tree positions of the accepted nodes (0 beyond)
-    block: torch.Tensor  # (B, D + 1) accepted tokens then the residual / bonus token
-    in_place: bool = False  # the path's nodes sit at tree positions 1, 2, ... (a chain): no cache move
-
-
 def catch_up(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One drafter forward over the ``count`` tokens committed last round (target features ``pending``),
     committed to the drafter cache; returns the root's predicted feature (R, 1, Dm), which predicts
@@ -324,7 +300,6 @@ def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d
     Dm = pending.shape[-1]
 
     root_feat, root_lp = catch_up(ctx, pending, count)
-    forwards = 1
 
     # candidates pool, depth by depth
     rank = torch.arange(K, device=dev)
@@ -342,7 +317,6 @@ def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d
     for d in range(2, D + 1):
         lg, f = drafter.forward_tokens(_rows(ctx, exp_tok), exp_feat, _rows(ctx, (n + d - 2)[:, None].expand(-1, K)),
                                        _rows(ctx, anc), start=(d - 2) * K)
-        forwards += 1
         cs, ct = _log_draft(lg, ctx, (n + d - 1)[:, None].expand(-1, K)).topk(K, dim=-1)  # (B, K, K)
         c_score = (exp_score[:, :, None] + cs).flatten(1)
         c_valid = (exp_valid[:, :, None] & (rank[None, None] < k_row[:, None, None]) & (cs > float("-inf"))
@@ -390,89 +364,15 @@ def build_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, d
     tokens = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), s_tok], 1)
     positions = (n - 1)[:, None] + torch.cat([torch.zeros_like(n)[:, None], s_depth], 1)
     depth = torch.where(s_valid, s_depth, torch.zeros_like(s_depth)).amax(1)
-    return Tree(tokens, positions, mask, children, depth, D, forwards)
+    return Tree(tokens, positions, mask, children, depth, D)
 
 
-def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | None,
-                soft: torch.Tensor | None = None, draws: tuple[int, int] | None = None) -> Verdict:
-    """Multi-candidate verification (EAGLE-2 / SpecInfer): the sibling walk of every node in
-    parallel against the target laws ``p`` (B, T, V) of the tree nodes, then the accepted path.
-    Deterministic candidates (``tree.laws`` None) use ``rule.sibling(p, x)``; children sampled from
-    ``tree.laws`` without replacement (StaticTree) use ``rule.sibling_q(p, q, x)``, which also returns
-    the law the next sibling was drawn from.
-    ``soft`` (B, T, V), the temperature-1 target laws of the same nodes for rules that need them
-    (greedy LANTERN), goes unchanged to every sibling try. Draws: one uniform (B, T) per rank, then
-    one sample of the residuals. ``draws=(T', K')`` (T' >= T, K' >= K): draw as for a tree of T'
-    positions and K' ranks and use the first T x K, so that a tree which is a prefix of a padded one
-    (ADT-Tree's host-synced rounds, see ``ADTTree``) reads the same random numbers as the padded one."""
-    if tree.laws is not None and tree.children.shape[-1] == 1:  # a sampled chain (StaticTree, one child per node)
-        return _verify_path(rule, tree, p, generator, soft)
-    B, T, K = tree.children.shape
-    Td, Kd = (T, K) if draws is None else draws
-    children = tree.children
-    kw = {} if soft is None else {"soft": soft}
-    c_tok = tree.tokens.gather(1, children.clamp_min(0).flatten(1)).view(B, T, K)
-    c_ok = children >= 0
-    outcome = torch.full((B, T), -1, dtype=torch.long, device=p.device)
-    q = tree.laws
-    for r in range(K):
-        if q is None:
-            alpha, residual = rule.sibling(p, c_tok[..., r], **kw)
-        else:  # children sampled from q without replacement: the rule updates q too (Exact.sibling_q)
-            alpha, residual, q_next = rule.sibling_q(p, q, c_tok[..., r], **kw)
-        live = c_ok[..., r] & (outcome < 0)
-        acc = live & (uniform((B, Td), p, generator)[:, :T] < alpha)
-        outcome = torch.where(acc, r, outcome)
-        rejected = (live & ~acc)[..., None]
-        p = torch.where(rejected, normalise(residual, p), p)
-        if q is not None:
-            q = torch.where(rejected, q_next, q)
-    for _ in range(K, Kd):  # the padded ranks' draws
-        uniform((B, Td), p, generator)
-    # (B, T): residual draw at every node (p itself at a leaf); padded positions draw from zeros
-    final = sample(p if Td == T else torch.nn.functional.pad(p, (0, 0, 0, Td - T)), generator)[:, :T]
-    acc_child = torch.where(outcome >= 0, children.gather(2, outcome.clamp_min(0)[..., None]).squeeze(-1),
-                            torch.full_like(outcome, -1))
-    cur = torch.zeros(B, dtype=torch.long, device=p.device)
-    alive = torch.ones(B, dtype=torch.bool, device=p.device)
-    accepted = torch.zeros_like(cur)
-    path = []
-    for _ in range(tree.levels):
-        nxt = acc_child.gather(1, cur[:, None]).squeeze(1)
-        ok = alive & (nxt >= 0)
-        path.append(torch.where(ok, nxt, torch.zeros_like(nxt)))
-        cur, alive, accepted = torch.where(ok, nxt, cur), ok, accepted + ok.long()
-    path = torch.stack(path, 1)
-    z = final.gather(1, cur[:, None])
-    block = torch.cat([tree.tokens.gather(1, path), z], 1).scatter(1, accepted[:, None], z)
-    return Verdict(accepted, path, block)
-
-
-def _verify_path(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | None,
-                 soft: torch.Tensor | None) -> Verdict:
-    """A sampled chain (StaticTree with one child per node, so tree position = depth): the sibling
-    walk is then the chain rule at every node, i.e. speculative sampling of the path drawn from
-    ``tree.laws``, so it is verified by ``verify_chain`` (one uniform per node; the residual normalised
-    and sampled only where the walk stops, instead of at every node): the same law, fewer operations."""
-    D = tree.levels
-    draft = tree.tokens[:, 1:]
-    accepted, z = verify_chain(rule, p, tree.laws[:, :D], draft, generator, soft)
-    depth = torch.arange(1, D + 1, device=p.device)[None]
-    path = torch.where(depth <= accepted[:, None], depth, torch.zeros_like(depth))
-    block = torch.cat([draft, z[:, None]], 1).scatter(1, accepted[:, None], z[:, None])
-    return Verdict(accepted, path, block, in_place=True)
-
-
-def compact(ctx: DecodeContext, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Commit root-path tokens + the residual token, keep root + path in the target cache; returns
-    the committed counts and the target features (R, D + 1, Dm) the drafter lacks next round."""
-    count = ctx.commit(verdict.block, verdict.accepted + 1)
-    keep = torch.cat([torch.zeros_like(verdict.accepted)[:, None], verdict.path], 1)
-    if verdict.in_place:  # root and path already at the cache's block slots 0, 1, ...: commit them
-        ctx.target.set_committed(ctx.n - 1)
-    else:
-        ctx.target.keep_block(keep, count)
-    return count, rows_at(ctx.target.hidden, _rows(ctx, keep))
+def compact(ctx: DecodeContext, verdict: Verdict, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Commit the verdict (root-path tokens + the residual token; the target keeps root + path) and
+    return the committed counts and the target features (R, m, Dm) of root + path, which the drafter
+    lacks next round."""
+    count = ctx.accept(verdict)
+    return count, rows_at(ctx.target.hidden, _rows(ctx, verdict.slots(m)))
 
 
 def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape, build=None, drafter_extra: int | None = None) -> None:
@@ -496,16 +396,15 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape, build
 
 class _Sized:
     """The drafter as a tree round sees it: each ``forward_tokens`` also counts its block size (tokens
-    per row, a static shape) into ``counter.sizes`` and its host time into ``counter.seconds``;
-    ``counter.forwards`` stays the trees' count."""
+    per row, a static shape) into ``counter.forwards`` and ``counter.sizes`` and its host time into
+    ``counter.seconds``."""
 
     def __init__(self, drafter, counter) -> None:
         self.__dict__.update(_drafter=drafter, _counter=counter)
 
     def forward_tokens(self, tokens: torch.Tensor, *args, **kwargs):
         t0 = time.perf_counter()
-        sizes = self._counter.sizes
-        sizes[tokens.shape[1]] = sizes.get(tokens.shape[1], 0) + 1
+        count_forward(self._counter, tokens.shape[1])
         out = self._drafter.forward_tokens(tokens, *args, **kwargs)
         self._counter.seconds += time.perf_counter() - t0
         return out
@@ -535,13 +434,12 @@ def _tree_rounds(ctx: DecodeContext, name: str, total_tokens: int, shape, build,
         active = ctx.n < L
         n_old = ctx.n.clone()
         tree = (build or build_tree)(ctx, pending, count, d_row, k_row, D, K, total_tokens)
-        drafts.forwards += tree.forwards
         depth_sum.add_((tree.depth * active).sum())
         sched_sum.add_((d_row * active).sum())
         depth_cnt.add_(active.sum())
         p = target.forward(tree.tokens, tree.positions, tree.mask)  # (B, T, V)
-        verdict = verify_tree(rule, tree, p, gen, soft=getattr(target, "soft", None), draws=draws)
-        count, pending = compact(ctx, verdict)
+        verdict = ctx.verify(p, tree if draws is None else replace(tree, draws=draws))
+        count, pending = compact(ctx, verdict, tree.tokens.shape[1] if verdict.keep is None else verdict.keep.shape[1])
         return (count, pending, *shape.next(ctx, d_row, k_row, verdict.accepted, n_old, count))
 
     if shape.static:  # one tree shape (ADT: the maximal one, rows masked to their schedule); after the
