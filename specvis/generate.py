@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from . import checks
-from .methods.base import DecodeContext, GuidedModel, Stats, timed
+from .methods.base import DecodeContext, Stats, timed
+from .methods.views import DrafterView, GuidedModel
 from .models.base import Captions, Condition, Prompts
 from .sampling import Sampling, make_generator
 
@@ -118,15 +119,16 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     target = GuidedModel(model, condition, sampling, pad, keep_soft=keep_soft)
     draft_view = GuidedModel(draft, Condition.of(draft, conditions), sampling, pad) if draft is not None else None
     graphs = device.type == "cuda" if graphs is None else graphs
-    ctx = DecodeContext(target, make_generator(seed, device), pad, draft_view, drafter, codebook, graphs=graphs)
-    ctx.rule, ctx.progress = rule, progress
+    ctx = DecodeContext(target, make_generator(seed, device), pad, draft=draft_view,
+                        drafter=None if drafter is None else DrafterView(drafter), rule=rule, graphs=graphs,
+                        progress=progress)
     with torch.inference_mode():  # no autograd bookkeeping on the round's many small ops
         wall = timed(lambda: method.decode(ctx), device)
-    draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
+    stats = ctx.stats(wall)
     if auto is not None:
-        ctx.extra["auto_calibration_s"] = auto.calibration_s
+        stats.extra["auto_calibration_s"] = auto.calibration_s
     latents = getattr(ctx, "latents", None)  # made in the decode: cloned into a normal tensor
-    return Generation(ctx.image_tokens().clone(), ctx.stats(wall, draft_forwards),
+    return Generation(ctx.image_tokens().clone(), stats,
                       latents=None if latents is None else latents.clone(), method=method)
 
 

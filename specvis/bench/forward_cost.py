@@ -73,7 +73,7 @@ def _measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
     if kind == "drafter":
         if ctx.drafter is None:
             raise ValueError("no EAGLE drafter to measure")
-        drafter = ctx.drafter
+        drafter = ctx.drafter.model
         drafter.attach(target.model)
         drafter.setup_cache(2 * B if target.cfg else B, extra=max(sizes) + 2)
         width = drafter.config.hidden_size

@@ -26,7 +26,7 @@ class AR:
             from .cspd import CSpD
 
             CSpD(prefill=1.0).decode(ctx)
-            ctx.extra.clear()
+            ctx.record(None)
             return
         x = sample(ctx.target.prefill(), ctx.generator)  # the last committed token, updated in place
         ctx.accept(Verdict.sampled(x))

@@ -187,6 +187,19 @@ def commit_latents(ctx: DecodeContext, latents: torch.Tensor, block: torch.Tenso
     return done
 
 
+@dataclass
+class CSpDStats:
+    """What a CSpD decode reports (``Stats.extra``): ``acceptance_rate`` (accepted / (accepted + rejected)
+    draft tokens inside the grid: the paper's alpha), ``resamples``, ``resample_tries`` (mean tries per
+    resample), ``resample_fallbacks`` and ``prefill_tokens``."""
+
+    acceptance_rate: float
+    resamples: float
+    resample_tries: float
+    resample_fallbacks: float
+    prefill_tokens: float
+
+
 @dataclass(frozen=True)
 class CSpD:
     """Continuous speculative decoding: gamma draft tokens per target forward (see the module docstring)."""
@@ -247,7 +260,6 @@ class CSpD:
             commit_latents(ctx, lat, x[:, None], ones)
 
         tally = torch.zeros(4, dtype=torch.long, device=dev)  # accepted, rejected, tries, fallbacks
-        draft_forwards = 0
         if not ctx.done():
             if ctx.draft is None:
                 raise ValueError("method cspd needs a draft model (draft=...) unless prefill=1")
@@ -259,12 +271,11 @@ class CSpD:
             while not ctx.done():
                 tally += self._round(ctx, target, draft, lat, n_pre if first else 2)
                 first = False
-            draft_forwards = draft.forwards
         ctx.latents = lat[:, :L].clone()
         acc, rej, tries, fallbacks = tally.tolist()
-        ctx.extra.update(acceptance_rate=acc / max(acc + rej, 1), resamples=float(rej),
-                         resample_tries=tries / max(rej, 1), resample_fallbacks=float(fallbacks),
-                         prefill_tokens=float(n_pre), draft_forwards=float(draft_forwards))
+        ctx.record(CSpDStats(acceptance_rate=acc / max(acc + rej, 1), resamples=float(rej),
+                             resample_tries=tries / max(rej, 1), resample_fallbacks=float(fallbacks),
+                             prefill_tokens=float(n_pre)))
 
     def _round(self, ctx: DecodeContext, target: GuidedContinuous, draft: GuidedContinuous, lat: torch.Tensor,
                back: int) -> torch.Tensor:

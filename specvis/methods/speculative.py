@@ -69,4 +69,3 @@ class Speculative:
         if not ctx.done():
             round_(1)
         ctx.run(lambda: round_(2))  # same shapes every round from here: capturable
-        ctx.extra["draft_forwards"] = draft.forwards

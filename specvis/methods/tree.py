@@ -34,25 +34,32 @@ d-hat and k-hat on the host and builds to them (one host sync per round, which a
 done-check; fewer drafter forwards). Both give the same trees, the same random draws and so the
 same tokens (see ``ADTTree``).
 
-``ctx.extra``: ``draft_forwards``; ``mean_tree_depth`` (d-bar of the ADT-Tree paper, Sec. V-A: the
-depth of the trees actually drafted, i.e. the deepest node that survives the rerank to
-``total_tokens``, averaged over active rows and rounds); ``mean_scheduled_depth`` (the depth the tree
-was built to before the rerank: ``depth`` for EAGLE-2, the schedule's d-hat for ADT-Tree).
+Statistics: ``TreeStats`` (``Stats.extra``); the drafter's forwards are counted by its view.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..accept import Exact
 from ..sampling import rows_at, sample
-from .base import DecodeContext, count_forward
+from .base import DecodeContext
 from .round import Tree, Verdict
 
 INITS = ("horizontal", "vertical", "random")
+
+
+@dataclass
+class TreeStats:
+    """What a tree decode reports (``Stats.extra``): ``mean_tree_depth`` (d-bar of the ADT-Tree paper,
+    Sec. V-A: the depth of the trees actually drafted, i.e. the deepest node that survives the rerank
+    to ``total_tokens``, averaged over active rows and rounds) and ``mean_scheduled_depth`` (the depth
+    the tree was built to before the rerank: ``depth`` for EAGLE-2, the schedule's d-hat for ADT-Tree)."""
+
+    mean_tree_depth: float
+    mean_scheduled_depth: float
 
 
 def _check_int(owner: str, name: str, value, low: int) -> None:
@@ -385,37 +392,11 @@ def _decode_trees(ctx: DecodeContext, name: str, total_tokens: int, shape, build
     if build is None and not hasattr(rule, "sibling"):
         raise ValueError(f"acceptance rule {getattr(rule, 'name', rule)!r} has no sibling rule for draft trees")
     drafter.attach(target.model)
-    drafts = ctx.drafts  # drafter forwards (a round runner adds them per replay)
-    ctx.counted.append(drafts)
-    ctx.drafter = _Sized(drafter, drafts)  # its forwards' block sizes, for the bench's cost model
-    try:
-        _tree_rounds(ctx, name, total_tokens, shape, build, drafter_extra)
-    finally:
-        ctx.drafter = drafter
-
-
-class _Sized:
-    """The drafter as a tree round sees it: each ``forward_tokens`` also counts its block size (tokens
-    per row, a static shape) into ``counter.forwards`` and ``counter.sizes`` and its host time into
-    ``counter.seconds``."""
-
-    def __init__(self, drafter, counter) -> None:
-        self.__dict__.update(_drafter=drafter, _counter=counter)
-
-    def forward_tokens(self, tokens: torch.Tensor, *args, **kwargs):
-        t0 = time.perf_counter()
-        count_forward(self._counter, tokens.shape[1])
-        out = self._drafter.forward_tokens(tokens, *args, **kwargs)
-        self._counter.seconds += time.perf_counter() - t0
-        return out
-
-    def __getattr__(self, name: str):
-        return getattr(self._drafter, name)
+    _tree_rounds(ctx, name, total_tokens, shape, build, drafter_extra)
 
 
 def _tree_rounds(ctx: DecodeContext, name: str, total_tokens: int, shape, build, drafter_extra: int | None) -> None:
-    drafter, target, rule, gen = ctx.drafter, ctx.target, ctx.rule, ctx.generator
-    drafts = ctx.drafts
+    drafter, target, gen = ctx.drafter, ctx.target, ctx.generator
     dev, V, L = ctx.device, ctx.V, ctx.L
     Dmax, Kmax = shape.max_depth, min(shape.max_top_k, V)
     extra = Dmax + 2 + Dmax * Kmax if drafter_extra is None else drafter_extra
@@ -465,6 +446,4 @@ def _tree_rounds(ctx: DecodeContext, name: str, total_tokens: int, shape, build,
             count, pending, d_row, k_row = round_(count, pending, d_row, k_row, D, min(K, V), draws)
 
     cnt = max(int(depth_cnt), 1)
-    ctx.extra["draft_forwards"] = drafts.forwards
-    ctx.extra["mean_tree_depth"] = float(depth_sum) / cnt
-    ctx.extra["mean_scheduled_depth"] = float(sched_sum) / cnt
+    ctx.record(TreeStats(mean_tree_depth=float(depth_sum) / cnt, mean_scheduled_depth=float(sched_sum) / cnt))
