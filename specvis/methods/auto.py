@@ -80,10 +80,10 @@ _CACHE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # 
 
 def candidates(draft: bool, drafter: bool) -> list:
     """The lossless candidates for a target with (or without) a draft model and an EAGLE drafter."""
+    from .eagle import EagleTree
     from .sjd import SJD
     from .speculative import Speculative
     from .static_tree import StaticTree
-    from .tree import EagleTree
 
     out: list = []
     if draft:
