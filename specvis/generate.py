@@ -11,14 +11,15 @@ import torch
 
 from . import checks
 from .methods.base import DecodeContext, Stats, timed
-from .methods.views import DrafterView, GuidedModel
+from .methods.cspd import CSpD
+from .methods.views import DrafterView, guided_view
 from .models.base import Captions, Condition, Prompts
 from .sampling import Sampling, make_generator
 
 
 @dataclass
 class Generation:
-    tokens: torch.Tensor  # (B, H*W) image-token ids
+    tokens: torch.Tensor | None  # (B, H*W) image-token ids; None for continuous-token models (``latents``)
     stats: Stats
     images: list = field(default_factory=list)  # PIL images when a pipeline decoded them
     latents: torch.Tensor | None = None  # (B, H*W, C) continuous tokens (continuous-token models)
@@ -114,10 +115,10 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     method = fit_to_stream(method, model.layout.stream_len)
     pad = method.pad
     rule = bind_rule(getattr(method, "acceptance", None), codebook, model)
-    # greedy rules that relax on the temperature-1 law (LANTERN) get it as ctx.target.soft
+    # greedy rules that relax on the temperature-1 law (LANTERN) get it with every law (DiscreteLaw.soft)
     keep_soft = sampling.greedy and bool(getattr(rule, "needs_soft", False))
-    target = GuidedModel(model, condition, sampling, pad, keep_soft=keep_soft)
-    draft_view = GuidedModel(draft, Condition.of(draft, conditions), sampling, pad) if draft is not None else None
+    target = guided_view(model, condition, sampling, pad, keep_soft=keep_soft)
+    draft_view = guided_view(draft, Condition.of(draft, conditions), sampling, pad) if draft is not None else None
     graphs = device.type == "cuda" if graphs is None else graphs
     ctx = DecodeContext(target, make_generator(seed, device), pad, draft=draft_view,
                         drafter=None if drafter is None else DrafterView(drafter), rule=rule, graphs=graphs,
@@ -127,9 +128,9 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     stats = ctx.stats(wall)
     if auto is not None:
         stats.extra["auto_calibration_s"] = auto.calibration_s
-    latents = getattr(ctx, "latents", None)  # made in the decode: cloned into a normal tensor
-    return Generation(ctx.image_tokens().clone(), stats,
-                      latents=None if latents is None else latents.clone(), method=method)
+    if ctx.latents is not None:  # continuous tokens (made under inference mode: cloned into normal tensors)
+        return Generation(None, stats, latents=ctx.latents[:, : ctx.L].clone(), method=method)
+    return Generation(ctx.image_tokens().clone(), stats, method=method)
 
 
 @torch.no_grad()
@@ -137,7 +138,5 @@ def generate_latents(model, conditions: torch.Tensor, method=None, sampling: Sam
                      seed: int = 0, draft=None) -> tuple[torch.Tensor, Stats]:
     """Run ``method`` (default: target-only, ``CSpD(prefill=1.0)``) on a continuous model; returns the
     tokens (B, L, C) and Stats (``generate(...).latents`` and ``.stats``)."""
-    from .methods.cspd import CSpD
-
     out = generate(model, conditions, CSpD(prefill=1.0) if method is None else method, sampling, seed, draft=draft)
     return out.latents, out.stats

@@ -14,6 +14,7 @@ from specvis.bench.two_sample import energy_test
 from specvis.cli import main as cli
 from specvis.families import mar as mar_family
 from specvis.methods import cspd_mar as cm
+from specvis.methods import laws
 from specvis.methods.cspd import CSpD
 from specvis.models.kl_vae import KLVAE, KLVAEConfig
 from specvis.models.mar import MAR, MARConfig, mask_schedule
@@ -104,8 +105,8 @@ def test_every_ratio_against_mars_own_sampler_on_the_cspd_schedule(models, monke
     ref = law(t, sched, seed=10_000)
     assert pvalue(law(t, sched, seed=20_000), ref) > 0.01  # null control
     assert pvalue(law(other, sched, seed=20_000), ref) < 0.01  # positive control
-    exact = CSpD._trajectory_log_ratio
-    monkeypatch.setattr(CSpD, "_trajectory_log_ratio", lambda self, *a: -exact(self, *a))
+    exact = laws.trajectory_log_ratio
+    monkeypatch.setattr(cm, "trajectory_log_ratio", lambda *a: -exact(*a))
     wrong = run(CSpD(gamma=2, prefill=0.0, ratio="trajectory", max_resample_tries=1000), t, d)
     assert pvalue(wrong.tokens, ref) < 0.01
 
@@ -116,14 +117,14 @@ def test_each_forward_uses_its_steps_cfg_scale(models, monkeypatch):
     below the law test's power on this model (1.5 vs 1.75), so it is checked here directly."""
     t, d, _ = models
     seen = {"target": [], "draft": []}
-    init = cm.HeadView.__init__
+    init = laws.GuidedHead.__init__
 
-    def record(self, head, scale, temperature):
+    def record(self, head, scale, temperature, *a, **k):
         if not torch.is_tensor(scale):  # the trajectory residual's per-row draft view aside
             seen["target" if head is t.diffloss else "draft"].append(float(scale))
-        init(self, head, scale, temperature)
+        init(self, head, scale, temperature, *a, **k)
 
-    monkeypatch.setattr(cm.HeadView, "__init__", record)
+    monkeypatch.setattr(laws.GuidedHead, "__init__", record)
     r = run(CSpD(gamma=2, prefill=0.0, ratio="coupled"), t, d, labels=torch.arange(3), num_iter=6)
     sched = r.schedule
     assert seen["target"] == pytest.approx(sched.target_scales)

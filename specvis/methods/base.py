@@ -19,6 +19,7 @@ import torch
 from ..models.base import KVCache
 from .round import Chain, Tree, Verdict, verify_chain_rule, verify_tree
 from .rounds import run_plain, run_rounds
+from .laws import DiscreteLaw
 from .views import DrafterView, GuidedModel
 
 
@@ -73,6 +74,9 @@ class DecodeContext:
         self.layout, self.L, self.V = layout, layout.stream_len, layout.law_size  # stream positions, law width
         B, dev = target.batch, next(target.model.parameters()).device
         self.tokens = torch.zeros(B, self.L + pad, dtype=torch.long, device=dev)
+        # continuous-token targets: the committed tokens themselves (``tokens`` then holds zeros)
+        C = target.token_dim
+        self.latents = None if C is None else torch.zeros(B, self.L + pad, C, device=dev)
         self.accept_map = torch.zeros(B, self.L + pad, dtype=torch.long, device=dev)
         self.n = torch.zeros(B, dtype=torch.long, device=dev)  # committed stream tokens per row
         self.active_forwards = torch.zeros(B, dtype=torch.long, device=dev)
@@ -86,9 +90,9 @@ class DecodeContext:
     def run(self, round_fn: Callable[[], None], rounds: int | None = None, capture: bool = True) -> None:
         """Call ``round_fn`` (one round, state updated in place) until every row is done, or exactly
         ``rounds`` times; captured and replayed as a CUDA graph when ``graphs`` is on and the device is
-        CUDA (``methods/rounds.py``). ``capture=False``: rounds that read the host (a data-dependent loop)
-        run eagerly, without pinned live spans."""
-        if capture:
+        CUDA (``methods/rounds.py``). ``capture=False`` (or a target view that is not ``capturable``): rounds
+        that read the host (a data-dependent loop) run eagerly, without pinned live spans."""
+        if capture and self.target.capturable:
             run_rounds(self, round_fn, self.graphs, rounds)
         else:
             run_plain(self, round_fn, rounds)
@@ -123,14 +127,14 @@ class DecodeContext:
             cache.refresh(longest)
         return bool(flags[0])
 
-    def verify(self, p: torch.Tensor, proposal: Chain | Tree) -> Verdict:
+    def verify(self, p: DiscreteLaw, proposal: Chain | Tree) -> Verdict:
         """The acceptance rule's walk over ``proposal`` against the target laws ``p`` of its positions
         (a chain: after the last committed token and each draft; a tree: after each node)."""
         if self.rule is None:
             raise ValueError("this method has no acceptance rule to verify drafts with")
         if isinstance(proposal, Tree):
-            return verify_tree(self.rule, proposal, p, self.generator, soft=self.target.soft)
-        return verify_chain_rule(self.rule, p, proposal, self.generator, soft=self.target.soft)
+            return verify_tree(self.rule, proposal, p.probs, self.generator, soft=p.soft)
+        return verify_chain_rule(self.rule, p.probs, proposal, self.generator, soft=p.soft)
 
     def accept(self, verdict: Verdict) -> torch.Tensor:
         """Commit the verdict's block and keep in the target cache what the committed tokens need: the
@@ -155,7 +159,11 @@ class DecodeContext:
         idx = (self.n[:, None] + j if at is None else at).clamp_max(self.tokens.shape[1] - 1)
         write = j[None, :] < count[:, None]
         images = (write & (self.forced[idx] < 0)).sum(1, keepdim=True)  # image tokens of this block
-        self.tokens.scatter_(1, idx, torch.where(write, block, self.tokens.gather(1, idx)))
+        if self.latents is None:
+            self.tokens.scatter_(1, idx, torch.where(write, block, self.tokens.gather(1, idx)))
+        else:  # continuous tokens (B, m, C)
+            at3 = idx[..., None].expand(-1, -1, block.shape[-1])
+            self.latents.scatter_(1, at3, torch.where(write[..., None], block, self.latents.gather(1, at3)))
         self.accept_map.scatter_(1, idx, torch.where(write, images.expand(-1, m), self.accept_map.gather(1, idx)))
         self.active_forwards += active.long()
         self.n += count

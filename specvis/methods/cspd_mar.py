@@ -37,8 +37,9 @@ one step per pre-fill step and one per verified block (``CSpDSchedule.target_rev
 the CFG scale of its last draft step; ``gamma=1`` is MAR's own schedule. ``MAR.sample(reveals=,
 scales=, last_step_noise=True)`` samples that law directly (the tests compare against it).
 
-Ratios: the same three as ``specvis.methods.cspd`` (its ``_paper_log_ratio``, ``_trajectory_log_ratio``,
-``paper_residual`` and ``trajectory_residual`` are reused on N = B x block rows): ``"paper"`` Eq. 4/5
+Ratios: the same three as ``specvis.methods.cspd``, CSpD's public pieces (``laws.paper_log_ratio``,
+``trajectory_log_ratio``, ``paper_residual`` and ``trajectory_residual`` on N = B x block rows, with MAR's
+DiffLoss as a ``laws.GuidedHead`` whose x_K stays random at temperature 0): ``"paper"`` Eq. 4/5
 with Eq. 11 (not exact), ``"coupled"`` (Eq. 5 with Sigma := 1, exact) and ``"trajectory"`` (exact).
 Departures from the authors' code, each deliberate:
 - The official sampler adds no noise on the last denoising step (``p_sample``: ``nonzero_mask``), so
@@ -71,10 +72,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..diffusion import transition_log_density
-from ..models.continuous import Trajectory
 from ..sampling import uniform
-from .cspd import GREEDY_ATOL, CSpD, paper_residual, trajectory_residual
+from .cspd import CSpD
+from .laws import (ContinuousLaw, GuidedHead, cat_runs, matches, paper_log_ratio, paper_residual,
+                   trajectory_log_ratio, trajectory_residual)
 
 
 @dataclass
@@ -127,42 +128,8 @@ def cspd_schedule(seq_len: int, num_iter: int, gamma: int, prefill: float, cfg: 
     return sched
 
 
-class HeadView:
-    """A MAR DiffLoss seen as ``cspd``'s guided head: ``sample`` (every step noised, the last one too),
-    ``path_log_density`` and ``temperature``, at a CFG ``scale`` that is a float or one per row (N, 1)."""
-
-    def __init__(self, head, scale, temperature: float) -> None:
-        self.head, self.scale, self.temperature = head, scale, temperature
-
-    def sample(self, z: torch.Tensor, z_uncond: torch.Tensor | None, generator: torch.Generator,
-               x_T: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> Trajectory:
-        if x_T is None and self.temperature == 0:  # MAR: temperature scales the step noise only, x_K stays random
-            x_T = torch.randn(z.shape[0], self.head.token_dim, device=z.device, generator=generator)
-        return self.head.sample_trajectory(z, z_uncond, self.scale, self.temperature, generator, x_T, noise)
-
-    def path_log_density(self, states: torch.Tensor, z: torch.Tensor, z_uncond: torch.Tensor | None) -> torch.Tensor:
-        """log prod_k p(x_{k-1} | x_k) (N,) of runs (N, K+1, C), all K steps in one head call."""
-        N, K1, C = states.shape
-        K = K1 - 1
-        step = (K - 1 - torch.arange(K, device=states.device)).repeat(N)
-        scale = self.scale.repeat_interleave(K, 0) if torch.is_tensor(self.scale) else self.scale
-        zu = None if z_uncond is None else z_uncond.repeat_interleave(K, 0)
-        mean, logvar = self.head.predict(states[:, :K].reshape(N * K, C), step, z.repeat_interleave(K, 0), zu, scale)
-        return transition_log_density(states[:, 1:], mean.reshape(N, K, C), logvar.reshape(N, K, C),
-                                      self.temperature).sum(-1)
-
-
 def _flat(z: torch.Tensor | None) -> torch.Tensor | None:
     return None if z is None else z.reshape(-1, z.shape[-1])
-
-
-def _cat_runs(runs: list[Trajectory], B: int) -> Trajectory:
-    """Runs of B * n_i rows (sample-major) -> one Trajectory of B * sum(n_i) rows, sample-major."""
-    def cat(name: str) -> torch.Tensor:
-        parts = [getattr(r, name).reshape(B, -1, *getattr(r, name).shape[1:]) for r in runs]
-        t = torch.cat(parts, 1)
-        return t.reshape(-1, *t.shape[2:])
-    return Trajectory(cat("states"), cat("means"), cat("logvars"), cat("noise"))
 
 
 def check_draft(target, draft) -> None:
@@ -236,7 +203,7 @@ def cspd_mar(method: CSpD, target, draft, labels: torch.Tensor, sampling, num_it
             idx = positions(s)
             zc, zu = target.z_at(tokens, mask, cls_t, idx)
             t_fw += 1
-            commit(idx, HeadView(target.diffloss, sched.scales[s], tau).sample(_flat(zc), _flat(zu), gen).x0)
+            commit(idx, GuidedHead(target.diffloss, sched.scales[s], tau, random_start=True).sample(_flat(zc), _flat(zu), gen).x0)
             continue
         # draft steps on the draft's own tokens (committed + its earlier drafts of this block)
         d_tok, d_mask = tokens, mask
@@ -245,7 +212,7 @@ def cspd_mar(method: CSpD, target, draft, labels: torch.Tensor, sampling, num_it
             idx = positions(s)
             qc, qu = draft.z_at(d_tok, d_mask, cls_d, idx)
             d_fw += 1
-            run = HeadView(draft.diffloss, sched.scales[s], tau).sample(_flat(qc), _flat(qu), gen)
+            run = GuidedHead(draft.diffloss, sched.scales[s], tau, random_start=True).sample(_flat(qc), _flat(qu), gen)
             d_tok = d_tok.scatter(1, idx[..., None].expand(-1, -1, C), run.x0.reshape(B, -1, C))
             d_mask = d_mask.scatter(1, idx, False)
             runs.append(run)
@@ -254,29 +221,29 @@ def cspd_mar(method: CSpD, target, draft, labels: torch.Tensor, sampling, num_it
             idxs.append(idx)
             qscale.append(torch.full(idx.shape, float(sched.scales[s]), device=dev))
         idx = torch.cat(idxs, 1)
-        q_runs = _cat_runs(runs, B)
+        q_runs = cat_runs(runs, B)
         drafted = q_runs.x0
         # one target forward: z for every drafted position given the committed tokens only
         pc, pu = target.z_at(tokens, mask, cls_t, idx)
         t_fw += 1
         pz, pzu = _flat(pc), _flat(pu)
-        pview = HeadView(target.diffloss, sched.scales[steps[-1]], tau)
+        p_law = ContinuousLaw(pz, pzu, GuidedHead(target.diffloss, sched.scales[steps[-1]], tau, random_start=True))
         if tau == 0:
-            own = pview.sample(pz, pzu, gen, x_T=q_runs.states[:, 0]).x0  # the draft's x_K
-            ok = ((drafted - own).abs() <= GREEDY_ATOL * (1 + own.abs())).all(-1)
+            own = p_law.run(gen, x_T=q_runs.states[:, 0]).x0  # the draft's x_K
+            ok = matches(drafted, own)
             out = own
         else:
             if method.ratio == "trajectory":
-                log_ratio = method._trajectory_log_ratio(pview, q_runs, pz, pzu)
+                log_ratio = trajectory_log_ratio(p_law, q_runs)
             else:
-                log_ratio, aux = method._paper_log_ratio(pview, q_runs, pz, pzu, gen)
+                log_ratio, aux = paper_log_ratio(p_law, q_runs, gen, method.align, method.ratio == "coupled")
             u = uniform(log_ratio.shape, log_ratio, gen)  # float64: no acceptance floor (sampling.uniform)
             ok = torch.log(u) < log_ratio
             if method.ratio == "trajectory":
-                dview = HeadView(draft.diffloss, torch.cat(qscale, 1).reshape(-1, 1), tau)
-                draw = trajectory_residual(pview, dview, pz, pzu, _flat(torch.cat(zq, 1)),
-                                           None if pu is None else _flat(torch.cat(zqu, 1)), ~ok,
-                                           method.max_resample_tries, gen)
+                q_law = ContinuousLaw(_flat(torch.cat(zq, 1)), None if pu is None else _flat(torch.cat(zqu, 1)),
+                                      GuidedHead(draft.diffloss, torch.cat(qscale, 1).reshape(-1, 1), tau,
+                                                 random_start=True))
+                draw = trajectory_residual(p_law, q_law, ~ok, method.max_resample_tries, gen)
                 resampled = draw.samples[:, -1]
             else:
                 draw = paper_residual(tau, aux, ~ok, method.max_resample_tries, gen)

@@ -107,7 +107,7 @@ class Jacobi:
         target, W, gen = ctx.target, self.window, ctx.generator
         V = ctx.layout.vocab_size  # random drafts over the image codes; forced positions get their id
         B = ctx.n.shape[0]
-        x0 = target.prefill().argmax(-1)
+        x0 = target.prefill().probs.argmax(-1)
         ctx.accept(Verdict.sampled(x0))
         j = torch.arange(W, device=ctx.device)
         draft = ctx.force(torch.randint(V, (B, W), device=ctx.device, generator=gen), ctx.positions(ctx.n, W))  # random init (paper, Fig. 3)
@@ -115,7 +115,7 @@ class Jacobi:
         def round_() -> None:
             n = ctx.n.clone()
             feed = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), draft], 1)
-            guess = target.forward(feed, ctx.positions(n - 1, W + 1)).argmax(-1)  # (B, W + 1)
+            guess = target.forward(feed, ctx.positions(n - 1, W + 1)).probs.argmax(-1)  # (B, W + 1)
             accepted = (draft == guess[:, :W]).long().cumprod(-1).sum(-1)  # converged prefix
             ctx.accept(Verdict(accepted, guess))  # guess[:, accepted] follows a converged prefix: exact
             src = accepted[:, None] + 1 + j  # slot j of the new window is position n + src
@@ -164,9 +164,9 @@ class SJD:
         target, W, gen = ctx.target, self.window, ctx.generator
         win = _Initialiser(ctx, W, self.init, self.coupling)
         p0 = target.prefill()
-        x0 = sample(p0, gen)
+        x0 = p0.sample(gen)
         ctx.accept(Verdict.sampled(x0))
-        draft, q = win.next_window(p0[:, None], base=ctx.n - 1, start=ctx.n, first_init=ctx.n)  # updated in place
+        draft, q = win.next_window(p0.probs[:, None], base=ctx.n - 1, start=ctx.n, first_init=ctx.n)  # updated in place
 
         def round_() -> None:
             n = ctx.n.clone()
@@ -177,7 +177,7 @@ class SJD:
             accepted = verdict.accepted
             start = n + accepted + 1  # the new window's first position (finished rows: don't care)
             first_init = n + W + 1 if self.refine else start  # refined slots lie in [start, first_init)
-            new_draft, new_q = win.next_window(p, base=n, start=start, first_init=first_init, prev=(draft, q))
+            new_draft, new_q = win.next_window(p.probs, base=n, start=start, first_init=first_init, prev=(draft, q))
             draft.copy_(new_draft)
             q.copy_(new_q)
 

@@ -42,7 +42,7 @@ class Speculative:
         if ctx.draft is None:
             raise ValueError("method speculative needs a draft model (draft=...)")
         target, draft, g, gen = ctx.target, ctx.draft, self.gamma, ctx.generator
-        x0 = sample(target.prefill(), gen)
+        x0 = target.prefill().sample(gen)
         draft.prefill()
         ctx.accept(Verdict.sampled(x0))
 
@@ -55,7 +55,7 @@ class Speculative:
             q_steps, d_steps = [], []
             pos = ctx.positions(n - back, back)
             for i in range(g):
-                q = draft.forward(feed, pos)[:, -1]
+                q = draft.forward(feed, pos).probs[:, -1]
                 draft.set_committed(pos[:, -1] + 1)
                 d = sample(q, gen)
                 q_steps.append(q)

@@ -36,7 +36,7 @@ from typing import Protocol
 
 import torch
 
-from ..sampling import rows_at, sample
+from ..sampling import rows_at
 from .base import DecodeContext
 from .round import Tree, Verdict
 
@@ -171,7 +171,7 @@ def decode_trees(ctx: DecodeContext, name: str, total_tokens: int, schedule: Tre
     sched_sum = torch.zeros((), dtype=torch.long, device=dev)
     depth_cnt = torch.zeros((), dtype=torch.long, device=dev)
 
-    count = ctx.accept(Verdict.sampled(sample(target.prefill(), gen)))
+    count = ctx.accept(Verdict.sampled(target.prefill().sample(gen)))
     pending = target.hidden[:, None]  # (R, m, Dm): target features of the tokens the drafter lacks
     d_row, k_row = schedule.first(ctx)
 

@@ -15,23 +15,27 @@ import time
 import torch
 
 from ..models.base import CachedTokenModel, Condition, KVCache
+from ..models.continuous import ContinuousAR
 from ..sampling import Sampling
+from .laws import ContinuousLaw, DiscreteLaw, GuidedHead
 
 
 class GuidedModel:
     """A ``CachedTokenModel`` bound to B samples and a ``Sampling``: runs both CFG halves as one
-    batch of 2B rows and returns the sampling law of API.md for the B samples.
+    batch of 2B rows and returns the sampling law of API.md for the B samples (``DiscreteLaw``).
 
-    ``keep_soft``: under greedy sampling every ``prefill``/``forward`` also stores in ``soft`` the
-    temperature-1 law of the same positions (``Sampling.soft_probs``), for rules that relax greedy
-    decoding on it (LANTERN). Otherwise ``soft`` stays None and nothing extra is computed."""
+    ``keep_soft``: under greedy sampling every law also holds the temperature-1 law of the same
+    positions (``Sampling.soft_probs``), for rules that relax greedy decoding on it (LANTERN).
+    Otherwise its ``soft`` is None and nothing extra is computed."""
+
+    token_dim: int | None = None  # discrete tokens (continuous views: the token's dimension)
+    capturable = True  # its rounds may be captured as CUDA graphs (``DecodeContext.run``)
 
     def __init__(self, model: CachedTokenModel, condition: Condition | torch.Tensor, sampling: Sampling, extra: int,
                  keep_soft: bool = False) -> None:
         condition = Condition.of(model, condition)  # class ids: the model's null class is the CFG row
         self.model, self.sampling = model, sampling
         self.keep_soft = keep_soft
-        self.soft: torch.Tensor | None = None  # temperature-1 law of the last call (greedy + keep_soft only)
         self.batch = condition.batch
         self.cfg = sampling.uses_cfg
         self.conditions = condition.rows(self.cfg)
@@ -62,24 +66,23 @@ class GuidedModel:
         point = torch.zeros_like(law).scatter_(-1, f.clamp_min(0)[..., None], 1.0)
         return torch.where((f >= 0)[..., None], point, law)
 
-    def _law(self, logits: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    def _law(self, logits: torch.Tensor, at: torch.Tensor) -> DiscreteLaw:
         cond, uncond = logits.chunk(2) if self.cfg else (logits, None)
+        soft = None
         if self.keep_soft and self.sampling.greedy:
-            self.soft = self._force(self.sampling.soft_probs(cond, uncond), at)
-        return self._force(self.sampling.probs(cond, uncond), at)
+            soft = self._force(self.sampling.soft_probs(cond, uncond), at)
+        return DiscreteLaw(self._force(self.sampling.probs(cond, uncond), at), soft)
 
-    def prefill(self) -> torch.Tensor:
+    def prefill(self) -> DiscreteLaw:
         """Law (B, V) of image token 0."""
         t0 = time.perf_counter()
         logits, self.hidden = self.model.prefill(self.conditions)
         self.count(1)
         law = self._law(logits[:, None], torch.zeros(self.batch, 1, dtype=torch.long, device=logits.device))
-        if self.keep_soft and self.sampling.greedy:
-            self.soft = self.soft[:, 0]
         self.seconds += time.perf_counter() - t0
         return law[:, 0]
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None) -> DiscreteLaw:
         """Laws (B, n, V) after each of the n fed tokens (see ``CachedTokenModel.forward_tokens``)."""
         t0 = time.perf_counter()
         mask = None if tree_mask is None else self._rows(tree_mask)
@@ -98,6 +101,51 @@ class GuidedModel:
 
     def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
         self.model.keep_block(self._rows(index), self._rows(count))
+
+
+class GuidedContinuous(GuidedModel):
+    """The view of a continuous-token model (``ContinuousAR``): the same rows, cache and counters as
+    ``GuidedModel``; ``prefill``/``forward`` return each position's ``ContinuousLaw`` (the model's z for
+    the conditional and unconditional rows through its diffusion head, CFG on epsilon). Its rounds are
+    not captured (CSpD's residual sampler reads the host)."""
+
+    capturable = False
+
+    def __init__(self, model: ContinuousAR, condition: Condition | torch.Tensor, sampling: Sampling, extra: int) -> None:
+        super().__init__(model, condition, sampling, extra)
+        self.head = GuidedHead(model.head, sampling.cfg_scale, sampling.temperature)
+        self.token_dim = model.head.token_dim
+
+    def law(self, z: torch.Tensor) -> ContinuousLaw:
+        """The law of z's positions (rows of both CFG halves, as the model returns them)."""
+        z = z.float()
+        cond, uncond = z.chunk(2) if self.cfg else (z, None)
+        return ContinuousLaw(cond, uncond, self.head)
+
+    def prefill(self) -> ContinuousLaw:
+        """Law (B,) of token 0."""
+        t0 = time.perf_counter()
+        z, _ = self.model.prefill(self.conditions)
+        self.count(1)
+        self.seconds += time.perf_counter() - t0
+        return self.law(z)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None) -> ContinuousLaw:
+        """Laws (B, n) after each fed token (B, n, C) at stream positions ``positions`` (B, n)."""
+        t0 = time.perf_counter()
+        z, _ = self.model.forward_tokens(self._rows(tokens), self._rows(positions))
+        self.count(tokens.shape[1])
+        self.seconds += time.perf_counter() - t0
+        return self.law(z)
+
+
+def guided_view(model, condition: Condition | torch.Tensor, sampling: Sampling, extra: int,
+                keep_soft: bool = False) -> GuidedModel:
+    """The view a method sees of ``model``: continuous-token models (``ContinuousAR``) give
+    ``ContinuousLaw``s, token models ``DiscreteLaw``s."""
+    if isinstance(model, ContinuousAR):
+        return GuidedContinuous(model, condition, sampling, extra)
+    return GuidedModel(model, condition, sampling, extra, keep_soft=keep_soft)
 
 
 def count_forward(counter, n: int, calls: int = 1) -> None:
