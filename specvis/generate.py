@@ -11,7 +11,9 @@ import torch
 
 from . import checks
 from .methods.base import DecodeContext, Stats, timed
+from .methods.ar import AR
 from .methods.cspd import CSpD
+from .methods.ordered import OrderedVerifier, OrderedView
 from .methods.views import DrafterView, guided_view
 from .models.base import Captions, Condition, Prompts
 from .sampling import Sampling, make_generator
@@ -90,13 +92,15 @@ def bind_rule(rule, codebook: torch.Tensor | None, model=None):
 @torch.no_grad()
 def generate(model, conditions, method=None, sampling: Sampling | None = None, seed: int = 0,
              draft=None, drafter=None, codebook: torch.Tensor | None = None, graphs: bool | None = None,
-             progress=None) -> Generation:
+             progress=None, ordered: OrderedVerifier | None = None) -> Generation:
     """Generate one token grid per condition with ``method`` under the law set by ``sampling``.
     ``conditions``: class ids (B,), ``Prompts`` (the model's own unconditional prompts serve CFG) or a
     ``Condition`` (conditional and unconditional rows given).
     ``graphs``: replay each round as a captured CUDA graph (default: on for CUDA models; no effect on
     CPU); the tokens are the same either way. ``progress``: called after each round (between captured
-    rounds) with the fraction of the stream every row has committed (one host read a round; for UIs)."""
+    rounds) with the fraction of the stream every row has committed (one host read a round; for UIs).
+    ``ordered``: the model reveals its tokens in an order of its own (MAR), as its family declares it
+    (``families.mar.MARReveal``); ``conditions`` are then class ids and the tokens continuous."""
     method = checks.method(method)
     sampling = checks.sampling(sampling, Sampling())
     seed = checks.seed(seed)
@@ -106,19 +110,26 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     elif not isinstance(conditions, Condition):
         conditions = torch.as_tensor(conditions, device=device)
     check_conditions(model, conditions)
-    condition = Condition.of(model, conditions)
     auto = method if hasattr(method, "resolve") else None
     if auto is not None:  # sv.Auto(): calibrate (first call for its key) and run the method it picks
         method = auto.resolve(model, conditions, sampling, draft=draft, drafter=drafter, graphs=graphs)
     if draft is not None and draft.layout != model.layout:
         raise ValueError(f"draft layout {draft.layout} != target layout {model.layout}")
-    method = fit_to_stream(method, model.layout.stream_len)
+    if ordered is None:  # an ordered model's steps are not stream tokens: its fields stay as given
+        method = fit_to_stream(method, model.layout.stream_len)
+    elif not isinstance(method, (AR, CSpD)):
+        raise ValueError(f"this model reveals its tokens in its own order (MAR): method must be AR or CSpD, "
+                         f"got {type(method).__name__}")
     pad = method.pad
     rule = bind_rule(getattr(method, "acceptance", None), codebook, model)
     # greedy rules that relax on the temperature-1 law (LANTERN) get it with every law (DiscreteLaw.soft)
     keep_soft = sampling.greedy and bool(getattr(rule, "needs_soft", False))
-    target = guided_view(model, condition, sampling, pad, keep_soft=keep_soft)
-    draft_view = guided_view(draft, Condition.of(draft, conditions), sampling, pad) if draft is not None else None
+    if ordered is not None:
+        target = OrderedView(model, conditions, sampling, ordered)
+        draft_view = OrderedView(draft, conditions, sampling, ordered) if draft is not None else None
+    else:
+        target = guided_view(model, Condition.of(model, conditions), sampling, pad, keep_soft=keep_soft)
+        draft_view = guided_view(draft, Condition.of(draft, conditions), sampling, pad) if draft is not None else None
     graphs = device.type == "cuda" if graphs is None else graphs
     ctx = DecodeContext(target, make_generator(seed, device), pad, draft=draft_view,
                         drafter=None if drafter is None else DrafterView(drafter), rule=rule, graphs=graphs,

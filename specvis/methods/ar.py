@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import DecodeContext
+from .ordered import reveal_rounds
 from .round import Verdict
 
 
@@ -12,7 +13,8 @@ from .round import Verdict
 class AR:
     """x_i ~ p(. | c, x_<i), one cached target forward per token. The target's law samples itself
     (``laws.DiscreteLaw`` or ``laws.ContinuousLaw``), so the same rounds decode token ids and
-    continuous tokens."""
+    continuous tokens. A model that reveals its tokens in its own order (MAR) runs its own sampler
+    (``ordered.reveal_rounds``)."""
 
     name = "ar"
     lossless = True
@@ -20,7 +22,10 @@ class AR:
     pad = 1
 
     def decode(self, ctx: DecodeContext) -> None:
-        sample_prefix(ctx, ctx.L)
+        if ctx.target.ordered is not None:
+            reveal_rounds(ctx)
+        else:
+            sample_prefix(ctx, ctx.L)
 
 
 def sample_prefix(ctx: DecodeContext, tokens: int) -> None:

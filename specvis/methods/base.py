@@ -77,6 +77,7 @@ class DecodeContext:
         # continuous-token targets: the committed tokens themselves (``tokens`` then holds zeros)
         C = target.token_dim
         self.latents = None if C is None else torch.zeros(B, self.L + pad, C, device=dev)
+        self.filled = torch.zeros(B, self.L + pad, dtype=torch.bool, device=dev)  # committed stream positions
         self.accept_map = torch.zeros(B, self.L + pad, dtype=torch.long, device=dev)
         self.n = torch.zeros(B, dtype=torch.long, device=dev)  # committed stream tokens per row
         self.active_forwards = torch.zeros(B, dtype=torch.long, device=dev)
@@ -165,6 +166,7 @@ class DecodeContext:
             at3 = idx[..., None].expand(-1, -1, block.shape[-1])
             self.latents.scatter_(1, at3, torch.where(write[..., None], block, self.latents.gather(1, at3)))
         self.accept_map.scatter_(1, idx, torch.where(write, images.expand(-1, m), self.accept_map.gather(1, idx)))
+        self.filled.scatter_(1, idx, self.filled.gather(1, idx) | write)
         self.active_forwards += active.long()
         self.n += count
         return count

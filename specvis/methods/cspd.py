@@ -62,6 +62,7 @@ import torch
 from ..sampling import uniform
 from .ar import sample_prefix
 from .base import DecodeContext
+from .cspd_mar import decode_ordered
 from .laws import (ContinuousLaw, cat_runs, matches, paper_log_ratio, paper_residual, trajectory_log_ratio,
                    trajectory_residual)
 from .round import Verdict
@@ -135,6 +136,9 @@ class CSpD:
 
     # ------------------------------------------------------------------ the loop
     def decode(self, ctx: DecodeContext) -> None:
+        if ctx.target.ordered is not None:  # MAR: blocks of drafted steps in the model's order
+            decode_ordered(self, ctx)
+            return
         s = ctx.target.sampling
         if ctx.target.token_dim is None:
             raise ValueError("method cspd needs continuous-token models (specvis.models.ContinuousAR) as target and draft")

@@ -29,6 +29,7 @@ class GuidedModel:
     Otherwise its ``soft`` is None and nothing extra is computed."""
 
     token_dim: int | None = None  # discrete tokens (continuous views: the token's dimension)
+    ordered = None  # causal: tokens in stream order (``ordered.OrderedView``: a model's own order)
     capturable = True  # its rounds may be captured as CUDA graphs (``DecodeContext.run``)
 
     def __init__(self, model: CachedTokenModel, condition: Condition | torch.Tensor, sampling: Sampling, extra: int,
