@@ -27,12 +27,12 @@ def laws(pipe: sv.Pipeline, classes: torch.Tensor, tokens: torch.Tensor, block: 
     """The guided sampling law (B, N, V) of every stream position given the earlier tokens, the
     stream fed to the cached model in blocks of ``block`` tokens (1: as AR computes it)."""
     view = GuidedModel(pipe.target, classes, pipe.default_sampling, extra=block + 2)
-    out = [view.prefill()[:, None]]
+    out = [view.prefill().probs[:, None]]
     B, N = tokens.shape
     for i in range(0, N - 1, block):
         j = min(i + block, N - 1)
         view.set_committed(torch.full((B,), i))
-        out.append(view.forward(tokens[:, i:j], torch.arange(i, j)[None].expand(B, -1)))
+        out.append(view.forward(tokens[:, i:j], torch.arange(i, j)[None].expand(B, -1)).probs)
     return torch.cat(out, 1)
 
 

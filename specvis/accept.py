@@ -3,7 +3,7 @@
 A rule maps (p, q, x) -> (alpha, residual): p the target law, q the law each draft token x was drawn
 from (..., V), alpha the acceptance probability of x and residual the unnormalised law to resample
 from on rejection. Under greedy sampling p is a point mass; rules may then take ``soft=`` the
-temperature-1 law of the same positions (``GuidedModel.soft``; LANTERN relaxes on it, Exact ignores it). ``verify_chain`` walks a drafted chain with any rule, per row, with no Python
+temperature-1 law of the same positions (``laws.DiscreteLaw.soft``; LANTERN relaxes on it, Exact ignores it). ``verify_chain`` walks a drafted chain with any rule, per row, with no Python
 loop over positions: every drafting method (draft model, SJD, trees) plugs rules in the same way.
 
 The protocol (``AcceptanceRule``, ``BoundRule``): a rule is a frozen options dataclass

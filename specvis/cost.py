@@ -69,7 +69,7 @@ def measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
     if kind == "drafter":
         if ctx.drafter is None:
             raise ValueError("no EAGLE drafter to measure")
-        drafter = ctx.drafter
+        drafter = ctx.drafter.model
         drafter.attach(target.model)
         drafter.setup_cache(2 * B if target.cfg else B, extra=max(sizes) + 2)
         width = drafter.config.hidden_size
@@ -88,14 +88,14 @@ def measure(ctx, kind: str, sizes: list[int], repeats: int) -> list[dict]:
         if view is None:
             raise ValueError("no draft model to measure")
         model = view.model
-        continuous = getattr(model, "token_dim", None) is not None
+        continuous = view.token_dim is not None  # the view's declared token kind
         (model.prefill(view.conditions) if continuous else view.prefill())
         caches = _caches(model)
         commit = view.set_committed
 
         def make(n, tokens, pos):
             if continuous:  # continuous tokens: the trunk's forward (the diffusion head is per token)
-                x = torch.randn(B, n, model.token_dim, device=dev)
+                x = torch.randn(B, n, view.token_dim, device=dev)
                 return lambda: model.forward_tokens(rows(x), rows(pos))
             return lambda: view.forward(tokens, pos)
     tokens = {n: torch.randint(0, max(ctx.layout.vocab_size, 1), (B, n), device=dev) for n in sizes}  # continuous: unused

@@ -13,7 +13,11 @@ from . import checks
 from .accept import AcceptanceRule, BoundRule, RuleTables
 from .gsd import input_embeddings
 from .methods.auto import REFUSED, Auto
-from .methods.base import DecodeContext, GuidedModel, Stats, timed
+from .methods.base import DecodeContext, Stats, timed
+from .methods.ar import AR
+from .methods.cspd import CSpD
+from .methods.ordered import OrderedVerifier, OrderedView
+from .methods.views import DrafterView, guided_view
 from .models.base import Captions, Condition, Prompts
 from .options import Options, option_fields
 from .registry import method_argument
@@ -22,7 +26,7 @@ from .sampling import Sampling, make_generator, sampling_argument
 
 @dataclass
 class Generation:
-    tokens: torch.Tensor  # (B, H*W) image-token ids
+    tokens: torch.Tensor | None  # (B, H*W) image-token ids; None for continuous-token models (``latents``)
     stats: Stats
     images: list = field(default_factory=list)  # PIL images when a pipeline decoded them
     latents: torch.Tensor | None = None  # (B, H*W, C) continuous tokens (continuous-token models)
@@ -87,13 +91,15 @@ def bind_rule(rule: AcceptanceRule | None, codebook: torch.Tensor | None, model=
 @torch.no_grad()
 def generate(model, conditions, method=None, sampling: Sampling | None = None, seed: int = 0,
              draft=None, drafter=None, codebook: torch.Tensor | None = None, graphs: bool | None = None,
-             progress=None) -> Generation:
+             progress=None, ordered: OrderedVerifier | None = None) -> Generation:
     """Generate one token grid per condition with ``method`` under the law set by ``sampling``.
     ``conditions``: class ids (B,), ``Prompts`` (the model's own unconditional prompts serve CFG) or a
     ``Condition`` (conditional and unconditional rows given).
     ``graphs``: replay each round as a captured CUDA graph (default: on for CUDA models; no effect on
     CPU); the tokens are the same either way. ``progress``: called after each round (between captured
-    rounds) with the fraction of the stream every row has committed (one host read a round; for UIs)."""
+    rounds) with the fraction of the stream every row has committed (one host read a round; for UIs).
+    ``ordered``: the model reveals its tokens in an order of its own (MAR), as its family declares it
+    (``families.mar.MARReveal``); ``conditions`` are then class ids and the tokens continuous."""
     method = method_argument(method)
     if isinstance(method, Auto):
         raise ValueError(REFUSED)
@@ -105,26 +111,33 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     elif not isinstance(conditions, Condition):
         conditions = torch.as_tensor(conditions, device=device)
     check_conditions(model, conditions)
-    condition = Condition.of(model, conditions)
     if draft is not None and draft.layout != model.layout:
         raise ValueError(f"draft layout {draft.layout} != target layout {model.layout}")
-    method = fit_to_stream(method, model.layout.stream_len)
+    if ordered is None:  # an ordered model's steps are not stream tokens: its fields stay as given
+        method = fit_to_stream(method, model.layout.stream_len)
+    elif not isinstance(method, (AR, CSpD)):
+        raise ValueError(f"this model reveals its tokens in its own order (MAR): method must be AR or CSpD, "
+                         f"got {type(method).__name__}")
     pad = method.pad
     rule = bind_rule(method.acceptance, codebook, model)
-    # greedy rules that relax on the temperature-1 law (LANTERN) get it as ctx.target.soft
+    # greedy rules that relax on the temperature-1 law (LANTERN) get it with every law (DiscreteLaw.soft)
     keep_soft = sampling.greedy and rule is not None and "soft" in rule.needs
-    target = GuidedModel(model, condition, sampling, pad, keep_soft=keep_soft)
-    draft_view = GuidedModel(draft, Condition.of(draft, conditions), sampling, pad) if draft is not None else None
+    if ordered is not None:
+        target = OrderedView(model, conditions, sampling, ordered)
+        draft_view = OrderedView(draft, conditions, sampling, ordered) if draft is not None else None
+    else:
+        target = guided_view(model, Condition.of(model, conditions), sampling, pad, keep_soft=keep_soft)
+        draft_view = guided_view(draft, Condition.of(draft, conditions), sampling, pad) if draft is not None else None
     graphs = device.type == "cuda" if graphs is None else graphs
-    ctx = DecodeContext(target, make_generator(seed, device), pad, draft_view, drafter, codebook, graphs=graphs,
-                        rule=rule)
-    ctx.progress = progress
+    ctx = DecodeContext(target, make_generator(seed, device), pad, draft=draft_view,
+                        drafter=None if drafter is None else DrafterView(drafter), rule=rule, graphs=graphs,
+                        progress=progress)
     with torch.inference_mode():  # no autograd bookkeeping on the round's many small ops
         wall = timed(lambda: method.decode(ctx), device)
-    draft_forwards = int(ctx.extra.pop("draft_forwards", 0))
-    latents = getattr(ctx, "latents", None)  # made in the decode: cloned into a normal tensor
-    return Generation(ctx.image_tokens().clone(), ctx.stats(wall, draft_forwards),
-                      latents=None if latents is None else latents.clone(), method=method)
+    stats = ctx.stats(wall)
+    if ctx.latents is not None:  # continuous tokens (made under inference mode: cloned into normal tensors)
+        return Generation(None, stats, latents=ctx.latents[:, : ctx.L].clone(), method=method)
+    return Generation(ctx.image_tokens().clone(), stats, method=method)
 
 
 @torch.no_grad()
@@ -132,7 +145,5 @@ def generate_latents(model, conditions: torch.Tensor, method=None, sampling: Sam
                      seed: int = 0, draft=None) -> tuple[torch.Tensor, Stats]:
     """Run ``method`` (default: target-only, ``CSpD(prefill=1.0)``) on a continuous model; returns the
     tokens (B, L, C) and Stats (``generate(...).latents`` and ``.stats``)."""
-    from .methods.cspd import CSpD
-
     out = generate(model, conditions, CSpD(prefill=1.0) if method is None else method, sampling, seed, draft=draft)
     return out.latents, out.stats

@@ -84,7 +84,7 @@ from .methods.auto import Auto
 from .methods.sjd import SJD
 from .methods.speculative import Speculative
 from .methods.static_tree import StaticTree
-from .methods.tree import EagleTree
+from .methods.eagle import EagleTree
 from .models.base import Condition
 from .models.continuous import ContinuousAR
 from .options import option_fields

@@ -85,16 +85,17 @@ class _Checked:
         if worst > TOL:
             self.report.fail(f"{where}: law differs from the teacher-forced law (TV {worst:.3f})")
 
-    def _prefill(self) -> torch.Tensor:
+    def _prefill(self):
         law = self.prefill()
         self.report.forwards += 1
         empty = torch.zeros(self.cond.shape[0], 0, dtype=torch.long, device=self.cond.device)
-        self._compare(law, sampling_law(self.model, self.cond, empty, self.sampling)[:, 0], "prefill")
+        self._compare(law.probs, sampling_law(self.model, self.cond, empty, self.sampling)[:, 0], "prefill")
         return law
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None):
         committed, n = self.ctx.tokens.clone(), self.ctx.n.clone()
-        law = self.forward(tokens, positions, tree_mask)
+        out = self.forward(tokens, positions, tree_mask)
+        law = out.probs  # the view's DiscreteLaw
         self.report.forwards += 1
         k = self.report.forwards
         L = self.ctx.L
@@ -125,7 +126,7 @@ class _Checked:
             self.records += [(r, c, p.clone()) for r, c, p in zip(rows, contexts, laws)]
         elif contexts:
             self._check_contexts(contexts, rows, torch.stack(laws), k)
-        return law
+        return out
 
     def finish(self) -> None:
         """Deferred mode: compare every recorded law whose context the final image extends."""

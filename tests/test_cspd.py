@@ -52,8 +52,9 @@ from specvis.diffusion import (
     transition_log_density,
 )
 from specvis.methods import cspd as cspd_mod
-from specvis.methods.base import GuidedModel
-from specvis.methods.cspd import CSpD, GuidedContinuous
+from specvis.methods import laws
+from specvis.methods.cspd import CSpD
+from specvis.methods.views import GuidedContinuous
 
 from specvis.bench.two_sample import energy_test
 from specvis.models.continuous import ContinuousAR, ContinuousARConfig, DiffusionHead
@@ -389,12 +390,13 @@ def test_paper_sigma_is_eq4():
     t, d = mixture_model(0, C=2), mixture_model(1, C=2)
     cond = torch.tensor([0, 1, 2])
     s = sv.Sampling(temperature=0.8)
-    target = GuidedContinuous(GuidedModel(t, cond, s, 2))
+    target = GuidedContinuous(t, cond, s, 2)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         zp, zq = t.features(cond, torch.zeros(3, 0, 2))[:, 0], d.features(cond, torch.zeros(3, 0, 2))[:, 0]
         q_runs = d.head.sample_trajectory(zq, None, 1.0, 0.8, g)
-        log_ratio, aux = CSpD(ratio="paper")._paper_log_ratio(target, q_runs, zp, None, g)
+        log_ratio, aux = laws.paper_log_ratio(laws.ContinuousLaw(zp, None, target.head), q_runs, g, align=True,
+                                              coupled=False)
         p_runs = t.head.sample_trajectory(zp, None, 1.0, 0.8, None, q_runs.states[:, 0], q_runs.noise)
     sigma = 0.5 * (q_runs.logvars[:, :-1] - p_runs.logvars[:, :-1]).sum((1, 2))
     assert torch.allclose(aux["log_sigma"], sigma, atol=1e-3)
@@ -437,7 +439,7 @@ def test_generate_runs_every_variant_on_mlp_heads():
                           sampling=sv.Sampling(cfg_scale=2.0), seed=0, draft=d)
         st = out.stats
         assert st.tokens == 4 and 2 <= st.target_forwards <= 4 and st.draft_forwards >= 3
-        assert out.tokens.shape == (4, 4) and st.accept_map.shape == (4, 2, 2)
+        assert out.tokens is None and out.latents.shape == (4, 4, 2) and st.accept_map.shape == (4, 2, 2)
         assert st.extra["prefill_tokens"] == 1.0 and 0.0 <= st.extra["acceptance_rate"] <= 1.0
     lat, _ = generate_latents(t, cond, CSpD(gamma=2, ratio="trajectory"), sv.Sampling(cfg_scale=2.0), draft=d)
     assert lat.shape == (4, 4, 2) and torch.isfinite(lat).all()
@@ -479,8 +481,8 @@ def _forced(patterns: list[list[float]]):
     """A stand-in for the log-ratio computation: row b gets log ratios patterns[b] every round."""
     table = torch.tensor(patterns)
 
-    def log_ratio(self, target, q_runs, pz, pzu):
-        return table.reshape(-1).to(pz)
+    def log_ratio(p, q_runs):
+        return table.reshape(-1).to(p.z)
 
     return log_ratio
 
@@ -490,7 +492,7 @@ def test_rows_accept_independently_and_stop_at_first_rejection(monkeypatch):
     accept the third: stop-at-first-rejection commits exactly 2 tokens per round for it (the official
     code's independent acceptance would keep the third, drawn after the rejected one)."""
     inf = float("inf")
-    monkeypatch.setattr(CSpD, "_trajectory_log_ratio", _forced([[0, 0, 0], [-inf, -inf, -inf], [0, -inf, 0]]))
+    monkeypatch.setattr(cspd_mod, "trajectory_log_ratio", _forced([[0, 0, 0], [-inf, -inf, -inf], [0, -inf, 0]]))
     t, d = mixture_model(0, grid=(4, 4)), mixture_model(1, grid=(4, 4))
     lat, st = generate_latents(t, torch.tensor([0, 1, 2]), CSpD(gamma=3, ratio="trajectory", prefill=0.0),
                                sv.Sampling(), seed=0, draft=d)
@@ -510,12 +512,12 @@ def test_prefill_fraction_and_fallback_counting(monkeypatch):
     assert st.extra["prefill_tokens"] == 5 and (amap[:, :5] == 1).all()
     assert st.target_forwards >= 5 + math.ceil(11 / 4)
 
-    inner = cspd_mod.residual_sample
+    inner = laws.residual_sample
 
     def never(propose, log_q, pending, max_tries, gen):  # q >= p: the residual never accepts
         return inner(propose, lambda x: torch.full(x.shape[:1], float("inf")), pending, max_tries, gen)
 
-    monkeypatch.setattr(cspd_mod, "residual_sample", never)
+    monkeypatch.setattr(laws, "residual_sample", never)
     for ratio in ("paper", "trajectory"):
         lat, st = generate_latents(t, cond, CSpD(gamma=3, ratio=ratio, prefill=0.0, max_resample_tries=3),
                                    sv.Sampling(), seed=0, draft=d)
@@ -523,11 +525,11 @@ def test_prefill_fraction_and_fallback_counting(monkeypatch):
         assert st.extra["resample_tries"] == 3 and torch.isfinite(lat).all()
 
 
-def _last_step_only(self, target, q_runs, pz, pzu):
+def _last_step_only(p, q_runs):
     """A plausible wrong ratio: only the final Gaussian step's p/q on the draft's path."""
-    means, logvars = target.head.evaluate(q_runs.states, pz, pzu, target.scale)
-    log_p = transition_log_density(q_runs.x0, means[:, -1], logvars[:, -1], target.temperature)
-    return log_p - q_runs.step_log_densities(target.temperature)[:, -1]
+    means, logvars = p.head.head.evaluate(q_runs.states, p.z, p.z_uncond, p.head.scale)
+    log_p = transition_log_density(q_runs.x0, means[:, -1], logvars[:, -1], p.temperature)
+    return log_p - q_runs.step_log_densities(p.temperature)[:, -1]
 
 
 def test_exact_variants_reproduce_target_law(monkeypatch):
@@ -558,9 +560,9 @@ def test_exact_variants_reproduce_target_law(monkeypatch):
 
     draft_only, _ = generate_latents(d, cond, None, s, seed=4)
     assert energy_pvalue(draft_only, ref)[0] < 0.01
-    exact = CSpD._trajectory_log_ratio
-    for wrong in (lambda self, *a: -exact(self, *a), _last_step_only):
-        monkeypatch.setattr(CSpD, "_trajectory_log_ratio", wrong)
+    exact = laws.trajectory_log_ratio
+    for wrong in (lambda *a: -exact(*a), _last_step_only):
+        monkeypatch.setattr(cspd_mod, "trajectory_log_ratio", wrong)
         lat, _ = run("trajectory")
         assert energy_pvalue(lat, ref)[0] < 0.01
 

@@ -1,9 +1,13 @@
-"""CSpD on MAR (specvis.methods.cspd_mar, as MarkXCloud/CSpD runs it): the authors' step split, the law
-it samples (two-sample tests against MAR's own sampler on the CSpD schedule, with null and positive
-controls, every ratio), acceptance 1 for a draft equal to the target at gamma 1, temperature 0, stats,
-MARPipeline / CLI wiring and one-line errors. Tiny random MARs on a 2x2 grid, seconds on CPU."""
+"""CSpD on MAR (specvis.methods.cspd_mar, as MarkXCloud/CSpD runs it, through specvis.generate with MAR's
+ordered sampler declared by its family): the authors' step split, the law it samples (two-sample tests
+against MAR's own sampler on the CSpD schedule, with null and positive controls, every ratio),
+acceptance 1 for a draft equal to the target at gamma 1, temperature 0, stats, MAR's own sampler
+through generate (draw for draw), MARPipeline / CLI wiring and one-line errors. Tiny random MARs on a
+2x2 grid, seconds on CPU."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +18,7 @@ from specvis.bench.two_sample import energy_test
 from specvis.cli import main as cli
 from specvis.families import mar as mar_family
 from specvis.methods import cspd_mar as cm
+from specvis.methods import laws
 from specvis.methods.cspd import CSpD
 from specvis.models.kl_vae import KLVAE, KLVAEConfig
 from specvis.models.mar import MAR, MARConfig, mask_schedule
@@ -50,7 +55,11 @@ LABELS = torch.arange(N) % 3
 
 
 def run(method, target, draft, labels=LABELS, sampling=SAMPLING, seed=3, num_iter=NUM_ITER):
-    return cm.cspd_mar(method, target, draft, labels, sampling, num_iter=num_iter, seed=seed)
+    """CSpD on MAR through generate: the tokens, stats and the schedule it ran."""
+    out = sv.generate(target, labels, method, sampling, seed, draft=draft, ordered=mar_family.MARReveal(num_iter))
+    sched = cm.cspd_schedule(target.seq_len, num_iter, method.gamma, method.prefill, sampling.cfg_scale, "linear")
+    assert out.tokens is None
+    return SimpleNamespace(tokens=out.latents, stats=out.stats, schedule=sched)
 
 
 def law(model: MAR, sched: cm.CSpDSchedule, seed: int, labels=LABELS, sampling=SAMPLING) -> torch.Tensor:
@@ -104,8 +113,8 @@ def test_every_ratio_against_mars_own_sampler_on_the_cspd_schedule(models, monke
     ref = law(t, sched, seed=10_000)
     assert pvalue(law(t, sched, seed=20_000), ref) > 0.01  # null control
     assert pvalue(law(other, sched, seed=20_000), ref) < 0.01  # positive control
-    exact = CSpD._trajectory_log_ratio
-    monkeypatch.setattr(CSpD, "_trajectory_log_ratio", lambda self, *a: -exact(self, *a))
+    exact = laws.trajectory_log_ratio
+    monkeypatch.setattr(cm, "trajectory_log_ratio", lambda *a: -exact(*a))
     wrong = run(CSpD(gamma=2, prefill=0.0, ratio="trajectory", max_resample_tries=1000), t, d)
     assert pvalue(wrong.tokens, ref) < 0.01
 
@@ -116,14 +125,14 @@ def test_each_forward_uses_its_steps_cfg_scale(models, monkeypatch):
     below the law test's power on this model (1.5 vs 1.75), so it is checked here directly."""
     t, d, _ = models
     seen = {"target": [], "draft": []}
-    init = cm.HeadView.__init__
+    init = laws.GuidedHead.__init__
 
-    def record(self, head, scale, temperature):
+    def record(self, head, scale, temperature, *a, **k):
         if not torch.is_tensor(scale):  # the trajectory residual's per-row draft view aside
             seen["target" if head is t.diffloss else "draft"].append(float(scale))
-        init(self, head, scale, temperature)
+        init(self, head, scale, temperature, *a, **k)
 
-    monkeypatch.setattr(cm.HeadView, "__init__", record)
+    monkeypatch.setattr(laws.GuidedHead, "__init__", record)
     r = run(CSpD(gamma=2, prefill=0.0, ratio="coupled"), t, d, labels=torch.arange(3), num_iter=6)
     sched = r.schedule
     assert seen["target"] == pytest.approx(sched.target_scales)
@@ -161,8 +170,29 @@ def test_gamma_one_is_mars_schedule_and_stats(models):
     assert st.mean_accepted_length == pytest.approx(t.seq_len / 3) and st.draft_forwards == 3
     assert st.accept_map.shape == (4, 2, 2)
     assert st.accept_map.flatten(1).sum(1).tolist() == [sum(n * n for n in r.schedule.target_reveals)] * 4
-    assert (r.order.sort(1).values == torch.arange(4)).all()
     assert run(CSpD(gamma=2, prefill=1.0), t, None, labels=labels).stats.draft_forwards == 0  # target only
+
+
+@pytest.mark.parametrize("num_iter, sampling, schedule", [(4, SAMPLING, "linear"), (3, sv.Sampling(cfg_scale=3.0), "constant"),
+                                                          (6, sv.Sampling(temperature=0.0), "linear")])
+def test_ar_through_generate_is_mars_own_sampler_draw_for_draw(models, num_iter, sampling, schedule):
+    """AR on MAR through generate (the family's MARReveal in the ordinary decode context: continuous
+    tokens committed at the positions each step reveals, not a stream prefix) is MAR.sample with the
+    same one generator, draw for draw: the order, each step's positions, x_K and step noises (sample
+    after sample, none on the last denoising step), each step's CFG scale; one target forward per
+    non-empty step, and each token's accept_map entry the size of its step. Catches a draw order, a
+    step's positions or scale that differ from MAR's own sampler, or a commit at the wrong positions."""
+    t, _, _ = models
+    labels = torch.tensor([0, 2, 1])
+    out = sv.generate(t, labels, sv.AR(), sampling, seed=7, ordered=mar_family.MARReveal(num_iter, schedule))
+    ref = t.sample(labels, num_iter=num_iter, cfg=sampling.cfg_scale, cfg_schedule=schedule,
+                   temperature=sampling.temperature, generator=torch.Generator().manual_seed(7))
+    assert out.tokens is None and torch.equal(out.latents, ref.tokens)
+    assert out.stats.target_forwards == sum(1 for n in ref.reveals if n) and out.stats.draft_forwards == 0
+    counts = torch.tensor(ref.reveals)[ref.step_of]
+    assert torch.equal(out.stats.accept_map.flatten(1), counts)
+    with pytest.raises(ValueError, match="AR or CSpD"):
+        sv.generate(t, labels, sv.SJD(), sampling, ordered=mar_family.MARReveal(num_iter))
 
 
 def test_temperature_zero_commits_the_targets_outputs(models):

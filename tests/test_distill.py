@@ -51,12 +51,12 @@ def test_guided_law_is_the_samplers(pair):
     torch.testing.assert_close(logp.exp(), next_token_laws(target, labels, codes, S), atol=1e-6, rtol=1e-5)
     # a wrong formula (c + s (c - u), or guiding probabilities) would not match
     assert not torch.allclose(logp.exp(), torch.softmax(c + 3 * (c - u), -1), atol=1e-3)
-    # the head's guided law is the one EagleTree drafting ranks with (tree._log_draft)
+    # the head's guided law is the one EagleTree drafting ranks with (trees.log_draft)
     from types import SimpleNamespace
-    from specvis.methods.tree import _log_draft
+    from specvis.methods.trees import log_draft
     z = torch.randn(2 * 4, 5, 8)
     ctx = SimpleNamespace(target=SimpleNamespace(sampling=S, cfg=True), layout=SimpleNamespace(row_end=0))
-    torch.testing.assert_close(_log_draft(z, ctx, None), distill.guided_log_law(S, *z.chunk(2)))
+    torch.testing.assert_close(log_draft(z, ctx, None), distill.guided_log_law(S, *z.chunk(2)))
 
 
 def test_kl_zero_for_identical_student_positive_otherwise(pair):

@@ -218,6 +218,9 @@ def test_a_round_loop_without_progress_stops():
         counted = []
         max_rounds = 5
 
+        def live_caches(self):
+            return []
+
         def done(self):
             return len(calls) >= 50  # finishes eventually, so a missing bound fails instead of hanging
 

@@ -199,8 +199,8 @@ from dataclasses import dataclass
 import torch
 
 from specvis.accept import AcceptanceRule, Exact, RuleMethod
+from specvis.methods.round import Verdict
 from specvis.options import option
-from specvis.sampling import sample
 
 
 @dataclass(frozen=True)
@@ -214,15 +214,13 @@ class Toy(RuleMethod):
     pad = 1
 
     def decode(self, ctx) -> None:
-        ones = torch.ones_like(ctx.n)
-        x = sample(ctx.target.prefill(), ctx.generator)
-        ctx.commit(x[:, None], ones)
+        x = ctx.target.prefill().sample(ctx.generator)
+        ctx.accept(Verdict.sampled(x))
 
         def round_() -> None:
             law = ctx.target.forward(x[:, None], (ctx.n - 1)[:, None])
-            ctx.target.set_committed(ctx.n)
-            x.copy_(sample(law[:, 0], ctx.generator))
-            ctx.commit(x[:, None], ones)
+            x.copy_(law[:, 0].sample(ctx.generator))
+            ctx.accept(Verdict.sampled(x))
 
         ctx.run(round_, rounds=ctx.L - 1)
 '''

@@ -54,6 +54,10 @@ def test_round_runner_counts_rounds_on_cpu():
     class Ctx:
         device = torch.device("cpu")
         counted = []
+        max_rounds = 10
+
+        def live_caches(self):
+            return []
 
         def done(self):
             return len(calls) >= 3

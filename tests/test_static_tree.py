@@ -25,7 +25,7 @@ CASES = {
     "wide_t1_cfg_topk": (WIDE, sv.Sampling(temperature=1.0, top_k=3, cfg_scale=2.0)),
     "four_three_t1_cfg": ([[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0]], sv.Sampling(temperature=1.0, cfg_scale=2.5)),
     "chainlike_t07_topk": ([[0], [1], [0, 0], [0, 0, 0]], sv.Sampling(temperature=0.7, top_k=2, cfg_scale=1.5)),
-    # one child per node: verified as a chain (tree._verify_path), deeper than the grid and shorter than it
+    # one child per node: verified as a chain (round._verify_path), deeper than the grid and shorter than it
     "chain_t1_cfg": ("chain", sv.Sampling(temperature=1.0, cfg_scale=2.5)),
     "chain2_t07_topk": ([[0], [0, 0]], sv.Sampling(temperature=0.7, top_k=2, cfg_scale=1.5)),
 }
@@ -236,7 +236,7 @@ def test_topology_and_presets():
         assert st.tree_paths(name) == paths  # every preset is a valid, (depth, path)-sorted topology
     m = sv.StaticTree(tree=[[1], [0], [0, 0]])
     assert m.tree == ((1,), (0,), (0, 0)) and m.paths == ((0,), (1,), (0, 0))
-    topo = st._Topology(m.paths, torch.device("cpu"))
+    topo = st.Topology(m.paths, torch.device("cpu"))
     assert topo.children.tolist() == [[1, 2], [3, -1], [-1, -1], [-1, -1]] and topo.D == 2
     for bad, msg in [("nope", "must be one of mc_sim_7b_63, "), ([], "non-empty"), ([[0], [0, 1]], "elder sibling"),
                      ([[0, 0]], "no parent"), ([[0], [0]], "twice"), ([[0], [-1]], "integers >= 0")]:

@@ -17,7 +17,9 @@ from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_m
 
 import specvis as sv
 from specvis.accept import Exact
-from specvis.methods.tree import ADTTree, EagleTree, Tree, _Adaptive, verify_tree
+from specvis.methods.round import Tree, verify_tree
+from specvis.methods.adt import AdaptiveSchedule, ADTTree
+from specvis.methods.eagle import EagleTree
 from specvis.models.base import Condition, Layout
 from specvis.models.drafter import EagleDrafter
 
@@ -87,7 +89,7 @@ def schedule(method: ADTTree, B: int = 4):
     ctx = SimpleNamespace(n=torch.zeros(B, dtype=torch.long), device=torch.device("cpu"),
                           tokens=torch.zeros(B, 16 + 10, dtype=torch.long), layout=Layout(4, 4, 8),
                           generator=torch.Generator().manual_seed(0))
-    return _Adaptive(method, ctx), ctx
+    return AdaptiveSchedule(method, ctx), ctx
 
 
 def test_adt_bisection_and_adjacent_init():
@@ -125,7 +127,7 @@ def test_adt_vertical_init_reads_the_position_above_across_row_ends():
     ctx = SimpleNamespace(n=torch.tensor([5, 10, 7]), device=torch.device("cpu"),
                           tokens=torch.zeros(3, 12, dtype=torch.long), layout=Layout(3, 3, 8, row_end=1),
                           generator=torch.Generator().manual_seed(0))
-    s = _Adaptive(m, ctx)
+    s = AdaptiveSchedule(m, ctx)
     s.dtab.copy_(torch.arange(1, 13).expand(3, -1))
     s.ktab.copy_(torch.arange(21, 33).expand(3, -1))
     none = torch.zeros(3, dtype=torch.long)  # the previous tree committed nothing: the tables stay
@@ -193,7 +195,7 @@ def test_mean_tree_depth_is_the_drafted_depth(target, drafter, method, bound):
 def test_mean_tree_depth_averages_the_selected_max_depth(target, drafter, method, monkeypatch):
     """Per round, build_tree's depth is the max depth of the nodes kept (recomputed here from the
     tree's children and positions); mean_tree_depth is its mean over active rows and rounds."""
-    import specvis.methods.tree as tree_mod
+    import specvis.methods.eagle as tree_mod
 
     build, total = tree_mod.build_tree, [0, 0]
 
@@ -222,7 +224,7 @@ def test_verify_tree_alone_and_soft_reaches_every_sibling_try():
     every sibling try; with soft=None the rule is called without it."""
     tree = Tree(tokens=torch.tensor([[0, 2, 1, 3]]), positions=torch.tensor([[4, 5, 5, 6]]), mask=None,
                 children=torch.tensor([[[1, 2], [3, -1], [-1, -1], [-1, -1]]]), depth=torch.tensor([2]),
-                levels=2, forwards=0)
+                levels=2)
     p = torch.nn.functional.one_hot(torch.tensor([[1, 3, 0, 0]]), 4).float()
     soft = torch.full((1, 4, 4), 0.25)
     seen = []
@@ -233,7 +235,7 @@ def test_verify_tree_alone_and_soft_reaches_every_sibling_try():
             return super().sibling(p, x)
 
     v = verify_tree(Recording(), tree, p, torch.Generator().manual_seed(0), soft=soft)
-    assert v.accepted.tolist() == [1] and v.path.tolist() == [[2, 0]] and v.block[0, :2].tolist() == [1, 0]
+    assert v.accepted.tolist() == [1] and v.keep.tolist() == [[0, 2, 0]] and v.block[0, :2].tolist() == [1, 0]
     assert len(seen) == 2 and all(t is soft for t in seen) and torch.equal(soft, torch.full((1, 4, 4), 0.25))
     seen.clear()
     verify_tree(Recording(), tree, p, torch.Generator().manual_seed(0))
@@ -287,12 +289,13 @@ def adt_models(target, drafter):
 def _record_trees(monkeypatch):
     """Spy on build_tree: per round, the schedule it got and every drafted node (tree position, token,
     stream position, parent, rank) per row."""
-    import specvis.methods.tree as tree_mod
+    import specvis.methods.eagle as tree_mod
 
     build, rounds = tree_mod.build_tree, []
 
-    def spy(ctx, pending, count, d_row, k_row, *a, **kw):
-        tree = build(ctx, pending, count, d_row, k_row, *a, **kw)
+    def spy(ctx, state, *a, **kw):
+        tree = build(ctx, state, *a, **kw)
+        d_row, k_row = state.depth, state.top_k
         B, T, K = tree.children.shape
         nodes = []
         for b in range(B):
@@ -395,8 +398,8 @@ def test_drafter_catch_up_gets_the_teacher_forced_features(monkeypatch, method):
     model whose states depend on the whole prefix. Exactness cannot see a wrong feature (it only
     slows drafting): this catches a compaction that hands the drafter another node's state, e.g. a
     chain's path one node short (``compact`` then reads the root's state for the last accepted node)."""
+    import specvis.methods.eagle as tr
     import specvis.methods.static_tree as st
-    import specvis.methods.tree as tr
 
     target = tiny_llamagen(0, vocab=8, grid=4, dim=32)
     drafter = EagleDrafter.from_target(target, seed=1).eval()

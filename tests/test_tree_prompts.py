@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import specvis as sv
-import specvis.methods.tree as tree_mod
+import specvis.methods.eagle as tree_mod
 from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_model
 from specvis.models.drafter import EagleDrafter
 

@@ -3,10 +3,12 @@
 ``kl16.ckpt``, found next to it, in ``vae/`` under it, or where the official tree puts it
 (``pretrained_models/vae/kl16.ckpt``, two levels up).
 
-The pipeline runs MAR's own sampler (``MAR.sample``: random order, cosine mask schedule, linear CFG
-schedule, DiffLoss sampling) for ``method`` None or ``sv.AR()``, and ``sv.CSpD(...)`` with a draft MAR
-(``draft=``: a smaller MAR directory or ``MAR`` sharing the grid, token dimension and classes) over the
-same generation order (``specvis.methods.cspd_mar``); discrete-token methods are refused. ``sampling.cfg_scale`` is MAR's ``cfg`` (the
+The pipeline runs MAR through ``specvis.generate`` with the family's ordered sampler declared
+(``MARReveal``: random order, cosine mask schedule, linear CFG schedule, DiffLoss sampling): ``method``
+None or ``sv.AR()`` is MAR's own sampler (``MAR.sample`` with one generator, draw for draw), and
+``sv.CSpD(...)`` with a draft MAR (``draft=``: a smaller MAR directory or ``MAR`` sharing the grid, token
+dimension and classes) runs over the same generation order (``specvis.methods.cspd_mar``);
+discrete-token methods are refused. ``sampling.cfg_scale`` is MAR's ``cfg`` (the
 end point of its linear schedule), ``sampling.temperature`` its DiffLoss temperature; top-k/top-p do
 not apply to continuous tokens and must stay unset.
 """
@@ -19,7 +21,9 @@ from typing import Any
 
 import torch
 
+from ..methods.laws import ContinuousLaw, GuidedHead
 from ..models.mar import CHECKPOINT_NAME as CHECKPOINT
+from ..models.mar import cfg_scales, mask_schedule
 
 NAME = "mar"
 VAE_NAME = "kl16.ckpt"
@@ -52,11 +56,64 @@ def load_decoder(directory: Path, height: int | None = None, width: int | None =
     return load_mar_checkpoint(Path(directory) / CHECKPOINT, ema=True)
 
 
+@dataclass(frozen=True)
+class MARReveal:
+    """MAR's sampler as the ordered-verifier protocol of ``specvis.methods.ordered`` (what
+    ``specvis.generate(..., ordered=)`` runs AR and CSpD with): ``num_iter`` steps of the official cosine
+    mask schedule, each step's CFG scale by ``cfg_schedule`` (``models.mar.cfg_scales``), a random
+    generation order per sample revealed from its end, one bidirectional forward (``MAR.z_at``) and
+    the DiffLoss head, whose x_K stays random at temperature 0 (the temperature scales the step noise
+    only). ``draw`` is ``MAR.sample``'s per step: per sample x_K then the step noises, no noise on the last
+    denoising step (official ``p_sample``)."""
+
+    num_iter: int = 64
+    cfg_schedule: str = "linear"
+
+    def schedule(self, seq_len: int, cfg: float) -> tuple[list[int], list[float]]:
+        mask_lens, reveals = mask_schedule(seq_len, self.num_iter)
+        return reveals, cfg_scales(cfg, self.cfg_schedule, seq_len, mask_lens)
+
+    def order(self, model, batch: int, generator: torch.Generator) -> torch.Tensor:
+        return model.sample_orders(batch, [generator] * batch)
+
+    def condition(self, model, labels: torch.Tensor, guided: bool) -> torch.Tensor:
+        return model.guided_class_embedding(labels, labels.shape[0], guided)
+
+    def features(self, model, tokens: torch.Tensor, unknown: torch.Tensor, condition: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return model.z_at(tokens, unknown, condition, positions)
+
+    def head(self, model, scale: float | torch.Tensor, temperature: float) -> GuidedHead:
+        return GuidedHead(model.diffloss, scale, temperature, random_start=True)
+
+    def token_dim(self, model) -> int:
+        return model.token_embed_dim
+
+    def draw(self, law: ContinuousLaw, generator: torch.Generator) -> torch.Tensor:
+        B, n = law.z.shape[:2]
+        C, K, dev = law.head.head.token_dim, law.head.head.num_steps, law.z.device
+        x_T, noise = [], []
+        for _ in range(B):  # MAR.sample with one generator: sample after sample
+            x_T.append(torch.randn(n, C, device=dev, generator=generator))
+            noise.append(torch.randn(n, K, C, device=dev, generator=generator))
+        noise = torch.cat(noise)
+        noise[:, -1] = 0  # the official p_sample adds no noise at t == 0
+        return law.flat().run(generator, x_T=torch.cat(x_T), noise=noise).x0.reshape(B, n, C)
+
+
+def check_draft(target, draft) -> None:
+    """A MAR draft must share the target's grid, token dimension and classes."""
+    for what, a, b in (("seq_len", target.seq_len, draft.seq_len),
+                       ("token_embed_dim", target.token_embed_dim, draft.token_embed_dim),
+                       ("class_num", target.num_classes, draft.num_classes)):
+        if a != b:
+            raise ValueError(f"the MAR draft's {what} {b} differs from the target's {a}")
+
+
 @dataclass
 class MARPipeline:
     """``pipe(classes=[...], sampling=sv.Sampling(cfg_scale=..., temperature=...), seed=0, num_iter=64)``
-    -> ``Generation`` (``latents`` (B, L, C) MAR tokens, ``tokens`` zeros, ``images`` PIL) with
-    ``extras["sample"]``, the ``MARSample`` (order and per-step positions)."""
+    -> ``Generation`` (``latents`` (B, L, C) MAR tokens, ``tokens`` None, ``images`` PIL)."""
 
     name: str
     target: Any  # MAR
@@ -104,16 +161,14 @@ class MARPipeline:
     def __call__(self, classes=None, method=None, sampling=None, seed: int = 0, decode: bool = True, *,
                  prompts=None, negative_prompts=None, height=None, width=None, progress=None,
                  num_iter: int | None = None, cfg_schedule: str | None = None):
-        from ..generate import Generation
-        from ..methods.ar import AR
-        from ..methods.base import Stats
         from .. import checks
+        from ..generate import generate
+        from ..methods.ar import AR
+        from ..methods.cspd import CSpD
         from ..pipeline import call_arguments, check_class_call
 
         check_class_call(self.name, classes, prompts, negative_prompts, height, width)
         method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
-        from ..methods.cspd import CSpD
-
         if method is not None and not isinstance(method, (AR, CSpD)):
             raise ValueError(f"model {self.name} (MAR) has continuous tokens: method must be None, sv.AR() or "
                              f"sv.CSpD(...), got {type(method).__name__} (a discrete-token method)")
@@ -122,26 +177,11 @@ class MARPipeline:
         labels = torch.as_tensor(checks.class_ids(classes, self.num_classes), dtype=torch.long, device=self.device)
         # steps past the stream's length reveal nothing and cost no forward, only the schedule's loop
         num_iter = checks.integer(self.num_iter if num_iter is None else num_iter, "num_iter", 1, MAX_NUM_ITER)
-        if isinstance(method, CSpD):
-            return self._cspd(method, labels, sampling, seed, decode, num_iter,
-                              cfg_schedule or self.cfg_schedule)
-        import time
-
-        t0 = time.perf_counter()
-        s = self.target.sample(labels, num_iter=num_iter, cfg=float(sampling.cfg_scale),
-                               cfg_schedule=cfg_schedule or self.cfg_schedule,
-                               temperature=float(sampling.temperature), seed=seed)
-        wall = time.perf_counter() - t0
-        B, L = s.order.shape
-        forwards = sum(1 for n in s.reveals if n)
-        counts = torch.tensor(s.reveals, device=s.order.device)[s.step_of]
-        h = self.target.seq_h
-        stats = Stats(tokens=L, target_forwards=forwards, draft_forwards=0, step_compression=L / forwards,
-                      mean_accepted_length=L / forwards, wall_s=wall, accept_map=counts.reshape(B, h, h).cpu())
-        out = Generation(torch.zeros(B, L, dtype=torch.long), stats, latents=s.tokens)
-        out.extras = {"sample": s}
+        reveal = MARReveal(num_iter, cfg_schedule or self.cfg_schedule)
+        out = generate(self.target, labels, AR() if method is None else method, sampling, seed,
+                       draft=self.draft if isinstance(method, CSpD) else None, progress=progress, ordered=reveal)
         if decode:
-            out.images = self._decode(s.tokens)
+            out.images = self._decode(out.latents)
         return out
 
     def _decode(self, tokens: torch.Tensor) -> list:
@@ -154,19 +194,6 @@ class MARPipeline:
         return self._decode(out.latents)
 
 
-    def _cspd(self, method, labels, sampling, seed, decode, num_iter, cfg_schedule):
-        from ..generate import Generation
-        from ..methods.cspd_mar import cspd_mar
-
-        res = cspd_mar(method, self.target, self.draft, labels, sampling, num_iter=num_iter,
-                       cfg_schedule=cfg_schedule, seed=seed)
-        tokens = res.tokens
-        out = Generation(torch.zeros(tokens.shape[0], tokens.shape[1], dtype=torch.long), res.stats, latents=tokens,
-                         method=method)
-        out.extras = {"schedule": res.schedule, "order": res.order}
-        if decode:
-            out.images = self._decode(tokens)
-        return out
 
 
 class SphereLatentDecoder(torch.nn.Module):
@@ -208,8 +235,6 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None) -> 
         else:
             raise ValueError(f"draft {draft_dir}: not a MAR directory (no {CHECKPOINT}) or checkpoint file")
     if draft is not None:
-        from ..methods.cspd_mar import check_draft
-
         check_draft(model, draft)
     vae = vae if vae is not None else KLVAE.from_checkpoint(find_vae(directory))
     if vae.embed_dim != model.config.vae_embed_dim:

@@ -1,19 +1,21 @@
-"""Plain autoregressive sampling: one target forward per image token (the reference law)."""
+"""Plain autoregressive sampling: one target forward per token (the reference law)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ..options import Options
-from ..sampling import sample
 from .base import DecodeContext
+from .ordered import reveal_rounds
+from .round import Verdict
 
 
 @dataclass(frozen=True)
 class AR(Options):
-    """x_i ~ p(. | c, x_<i), one cached target forward per token."""
+    """x_i ~ p(. | c, x_<i), one cached target forward per token. The target's law samples itself
+    (``laws.DiscreteLaw`` or ``laws.ContinuousLaw``), so the same rounds decode token ids and
+    continuous tokens. A model that reveals its tokens in its own order (MAR) runs its own sampler
+    (``ordered.reveal_rounds``)."""
 
     name = "ar"
     lossless = True
@@ -21,21 +23,22 @@ class AR(Options):
     pad = 1
 
     def decode(self, ctx: DecodeContext) -> None:
-        if getattr(ctx.target.model, "token_dim", None) is not None:
-            # Continuous-token target: plain sampling is CSpD with every token pre-filled (target only).
-            from .cspd import CSpD
+        if ctx.target.ordered is not None:
+            reveal_rounds(ctx)
+        else:
+            sample_prefix(ctx, ctx.L)
 
-            CSpD(prefill=1.0).decode(ctx)
-            ctx.extra.clear()
-            return
-        ones = torch.ones_like(ctx.n)
-        x = sample(ctx.target.prefill(), ctx.generator)  # the last committed token, updated in place
-        ctx.commit(x[:, None], ones)
 
-        def round_() -> None:
-            law = ctx.target.forward(x[:, None], (ctx.n - 1)[:, None])
-            ctx.target.set_committed(ctx.n)
-            x.copy_(sample(law[:, 0], ctx.generator))
-            ctx.commit(x[:, None], ones)
+def sample_prefix(ctx: DecodeContext, tokens: int) -> None:
+    """Commit the first ``tokens`` stream tokens drawn from the target alone: token 0 from the prefill's
+    law, then one forward per token feeding the last one (exactly ``tokens - 1`` rounds, no done-check:
+    every row advances by one a round)."""
+    x = ctx.target.prefill().sample(ctx.generator)  # the last committed token, updated in place
+    ctx.accept(Verdict.sampled(x))
 
-        ctx.run(round_, rounds=ctx.L - 1)  # every row needs exactly L - 1 more forwards: no done-check
+    def round_() -> None:
+        law = ctx.target.forward(x[:, None], (ctx.n - 1)[:, None])
+        x.copy_(law[:, 0].sample(ctx.generator))
+        ctx.accept(Verdict.sampled(x))
+
+    ctx.run(round_, rounds=tokens - 1)

@@ -1,21 +1,26 @@
-"""The loop contract shared by every method: a guided model view, the committed-token buffer, Stats.
+"""The loop contract shared by every method: the decode context (views, rule, committed tokens), Stats.
 
-A method is a frozen dataclass with ``name``, ``lossless`` and
-``decode(ctx: DecodeContext) -> None``; it drafts, verifies with its acceptance rule and calls
-``ctx.commit``. ``specvis.generate`` builds the context, times the loop and assembles ``Stats``.
+A method is a frozen dataclass with ``name``, ``lossless`` and ``decode(ctx: DecodeContext) -> None``.
+Its rounds draft a proposal (``round.Chain`` / ``round.Tree``), score it with one target forward,
+``ctx.verify`` it with the bound acceptance rule and ``ctx.accept`` the verdict (commit + target cache
+rollback), inside ``ctx.run`` (eager, or captured as CUDA graphs). A method with statistics of its own
+records one typed dataclass (``ctx.record``), reported in ``Stats.extra``. ``specvis.generate`` builds the
+context complete (views, bound rule, generator, graphs, progress), times the loop and assembles ``Stats``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable
 
 import torch
 
-from ..models.base import CachedTokenModel, Condition, KVCache
-from ..sampling import Sampling
-from .rounds import run_rounds
+from ..models.base import KVCache
+from .round import Chain, Tree, Verdict, verify_chain_rule, verify_tree
+from .rounds import run_plain, run_rounds
+from .laws import DiscreteLaw
+from .views import DrafterView, GuidedModel
 
 
 @dataclass
@@ -49,134 +54,53 @@ class Stats:
         return d
 
 
-class GuidedModel:
-    """A ``CachedTokenModel`` bound to B samples and a ``Sampling``: runs both CFG halves as one
-    batch of 2B rows and returns the sampling law of API.md for the B samples.
-
-    ``keep_soft``: under greedy sampling every ``prefill``/``forward`` also stores in ``soft`` the
-    temperature-1 law of the same positions (``Sampling.soft_probs``), for rules that relax greedy
-    decoding on it (LANTERN). Otherwise ``soft`` stays None and nothing extra is computed."""
-
-    def __init__(self, model: CachedTokenModel, condition: Condition | torch.Tensor, sampling: Sampling, extra: int,
-                 keep_soft: bool = False) -> None:
-        condition = Condition.of(model, condition)  # class ids: the model's null class is the CFG row
-        self.model, self.sampling = model, sampling
-        self.keep_soft = keep_soft
-        self.soft: torch.Tensor | None = None  # temperature-1 law of the last call (greedy + keep_soft only)
-        self.batch = condition.batch
-        self.cfg = sampling.uses_cfg
-        self.conditions = condition.rows(self.cfg)
-        model.setup_cache(len(self.conditions), extra)
-        self.forwards = 0
-        self.sizes: dict[int, int] = {}  # forwards by tokens fed per row (the prefill as 1); host-side
-        self.seconds = 0.0  # host time inside prefill / forward (Stats.forward_s; meaningful on CPU)
-        self.hidden: torch.Tensor | None = None  # last hidden states of all rows (rows, n, D)
-        layout = getattr(model, "layout", None)
-        self.row_end = getattr(layout, "row_end", 0)
-        if self.row_end:  # forced structural positions (stream index -> id, -1: image token)
-            self.forced = layout.forced(next(model.parameters()).device)
-
-    def _rows(self, t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t, t]) if self.cfg else t
-
-    def _force(self, law: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """Laws over the image codes (B, n, V) at stream positions ``at`` (B, n) -> laws over codes and
-        structural ids, a point mass where the position is forced."""
-        if not self.row_end:
-            return law
-        law = torch.nn.functional.pad(law, (0, self.row_end))
-        f = self.forced[at.clamp(0, self.forced.shape[0] - 1)]
-        point = torch.zeros_like(law).scatter_(-1, f.clamp_min(0)[..., None], 1.0)
-        return torch.where((f >= 0)[..., None], point, law)
-
-    def _law(self, logits: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        cond, uncond = logits.chunk(2) if self.cfg else (logits, None)
-        if self.keep_soft and self.sampling.greedy:
-            self.soft = self._force(self.sampling.soft_probs(cond, uncond), at)
-        return self._force(self.sampling.probs(cond, uncond), at)
-
-    def prefill(self) -> torch.Tensor:
-        """Law (B, V) of image token 0."""
-        t0 = time.perf_counter()
-        logits, self.hidden = self.model.prefill(self.conditions)
-        self.count(1)
-        law = self._law(logits[:, None], torch.zeros(self.batch, 1, dtype=torch.long, device=logits.device))
-        if self.keep_soft and self.sampling.greedy:
-            self.soft = self.soft[:, 0]
-        self.seconds += time.perf_counter() - t0
-        return law[:, 0]
-
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Laws (B, n, V) after each of the n fed tokens (see ``CachedTokenModel.forward_tokens``)."""
-        t0 = time.perf_counter()
-        mask = None if tree_mask is None else self._rows(tree_mask)
-        logits, self.hidden = self.model.forward_tokens(self._rows(tokens), self._rows(positions), mask)
-        self.count(tokens.shape[1])
-        law = self._law(logits, positions + 1)
-        self.seconds += time.perf_counter() - t0
-        return law
-
-    def count(self, n: int) -> None:
-        """One forward over ``n`` tokens per row (a static shape: no device read)."""
-        count_forward(self, n)
-
-    def set_committed(self, n_fed: torch.Tensor) -> None:
-        self.model.set_committed(self._rows(n_fed))
-
-    def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
-        self.model.keep_block(self._rows(index), self._rows(count))
-
-
-def count_forward(counter, n: int, calls: int = 1) -> None:
-    """Add ``calls`` forwards over ``n`` tokens to ``counter.forwards`` and ``counter.sizes``."""
-    counter.forwards += calls
-    counter.sizes[n] = counter.sizes.get(n, 0) + calls
-
-
-class Counter:
-    """A forward count that a method advances from inside a round (``DecodeContext.counted``), with
-    ``sizes``, the forwards by tokens fed per row (filled by whoever knows the block shapes)."""
-
-    def __init__(self) -> None:
-        self.forwards = 0
-        self.sizes: dict[int, int] = {}
-        self.seconds = 0.0  # host time inside those forwards (whoever times them adds it)
-
-
 class DecodeContext:
-    """Everything a method's loop needs: the target (and draft) views, the generator and the
-    committed-token buffer with per-row lengths (rows never wait for each other)."""
+    """Everything a method's loop needs, complete when built: the target view, the draft model's and
+    EAGLE drafter's views (each counts its own forwards), the bound acceptance rule, the generator, the
+    round runner's settings and the committed-token buffer with per-row lengths (rows never wait for
+    each other)."""
 
-    def __init__(self, target: GuidedModel, generator: torch.Generator, pad: int,
-                 draft: GuidedModel | None = None, drafter: Any = None, codebook: torch.Tensor | None = None,
-                 graphs: bool = False, rule: Any = None) -> None:
-        self.target, self.draft, self.drafter, self.codebook = target, draft, drafter, codebook
+    def __init__(self, target: GuidedModel, generator: torch.Generator, pad: int, *,
+                 draft: GuidedModel | None = None, drafter: DrafterView | None = None, rule: Any = None,
+                 graphs: bool = False, progress: Callable[[float], None] | None = None) -> None:
+        self.target, self.draft, self.drafter = target, draft, drafter
+        self.rule = rule  # the method's acceptance rule, bound (``generate``); None for methods without one
         self.generator = generator
         self.graphs = graphs  # on CUDA: replay each round as a captured CUDA graph (methods/rounds.py)
-        self.counted: list = [v for v in (target, draft) if v is not None]  # objects whose .forwards rounds advance
-        self.drafts = Counter()  # EAGLE drafter forwards (tree methods count them and add it to ``counted``)
-        self.rule = rule  # the method's acceptance rule, bound (``accept.BoundRule``; None for methods without one)
+        self.progress = progress  # callable(fraction) after each round (``generate(progress=)``)
+        self.counted: list = [v for v in (target, draft, drafter) if v is not None]  # views whose counts rounds advance
+        self.method_stats: Any = None  # the method's own statistics (a dataclass, ``record``)
         layout = target.model.layout
         self.layout, self.L, self.V = layout, layout.stream_len, layout.law_size  # stream positions, law width
         B, dev = target.batch, next(target.model.parameters()).device
         self.tokens = torch.zeros(B, self.L + pad, dtype=torch.long, device=dev)
+        # continuous-token targets: the committed tokens themselves (``tokens`` then holds zeros)
+        C = target.token_dim
+        self.latents = None if C is None else torch.zeros(B, self.L + pad, C, device=dev)
+        self.filled = torch.zeros(B, self.L + pad, dtype=torch.bool, device=dev)  # committed stream positions
         self.accept_map = torch.zeros(B, self.L + pad, dtype=torch.long, device=dev)
         self.n = torch.zeros(B, dtype=torch.long, device=dev)  # committed stream tokens per row
         self.active_forwards = torch.zeros(B, dtype=torch.long, device=dev)
         forced = layout.forced(dev) if layout.row_end else torch.empty(0, dtype=torch.long, device=dev)
         self.forced = torch.nn.functional.pad(forced, (0, self.L + pad - forced.shape[0]), value=-1)
-        self.extra: dict[str, float] = {}
-        self.progress = None  # callable(fraction) after each round (``generate(progress=)``)
 
     @property
     def device(self) -> torch.device:
         return self.n.device
 
-    def run(self, round_fn, rounds: int | None = None) -> None:
+    def run(self, round_fn: Callable[[], None], rounds: int | None = None, capture: bool = True) -> None:
         """Call ``round_fn`` (one round, state updated in place) until every row is done, or exactly
         ``rounds`` times; captured and replayed as a CUDA graph when ``graphs`` is on and the device is
-        CUDA (``methods/rounds.py``)."""
-        run_rounds(self, round_fn, self.graphs, rounds)
+        CUDA (``methods/rounds.py``). ``capture=False`` (or a target view that is not ``capturable``): rounds
+        that read the host (a data-dependent loop) run eagerly, without pinned live spans."""
+        if capture and self.target.capturable:
+            run_rounds(self, round_fn, self.graphs, rounds)
+        else:
+            run_plain(self, round_fn, rounds)
+
+    def record(self, stats: Any) -> None:
+        """The method's own statistics, a dataclass of floats: ``Stats.extra`` reports its fields."""
+        self.method_stats = stats
 
     @property
     def max_rounds(self) -> int:
@@ -191,9 +115,7 @@ class DecodeContext:
     def live_caches(self) -> list:
         """The static caches of the target, draft model and EAGLE drafter whose forwards attend over a live span
         (``KVCache.live``); the done-check tightens their bounds."""
-        caches = [getattr(getattr(view, "model", None), "cache", None) for view in (self.target, self.draft)]
-        caches.append(getattr(self.drafter, "cache", None))
-        return [c for c in caches if isinstance(c, KVCache) and c.bucket > 0]
+        return [v.cache for v in self.counted if isinstance(v.cache, KVCache) and v.cache.bucket > 0]
 
     def done(self) -> bool:
         """True when every row has its whole grid (one host sync per decoding step). The same transfer
@@ -206,18 +128,45 @@ class DecodeContext:
             cache.refresh(longest)
         return bool(flags[0])
 
-    def commit(self, block: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        """Append ``block[r, :count[r]]`` to row r, all by one target forward. Finished rows ignore it.
-        Returns the per-row count actually committed."""
+    def verify(self, p: DiscreteLaw, proposal: Chain | Tree) -> Verdict:
+        """The acceptance rule's walk over ``proposal`` against the target laws ``p`` of its positions
+        (a chain: after the last committed token and each draft; a tree: after each node)."""
+        if self.rule is None:
+            raise ValueError("this method has no acceptance rule to verify drafts with")
+        if isinstance(proposal, Tree):
+            return verify_tree(self.rule, proposal, p.probs, self.generator, soft=p.soft)
+        return verify_chain_rule(self.rule, p.probs, proposal, self.generator, soft=p.soft)
+
+    def accept(self, verdict: Verdict) -> torch.Tensor:
+        """Commit the verdict's block and keep in the target cache what the committed tokens need: the
+        fed chain's first ``count`` slots in place, or the slots ``verdict.keep`` (moved to the block's
+        start). The last committed token is never cached: the next round feeds it. Returns the per-row
+        count committed (finished rows: 0)."""
+        count = self.commit(verdict.block, verdict.committed, verdict.at)
+        if verdict.keep is None:
+            self.target.set_committed(self.n - 1)
+        else:
+            self.target.keep_block(verdict.keep, count)
+        return count
+
+    def commit(self, block: torch.Tensor, count: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        """Append ``block[r, :count[r]]`` to row r (or write it at stream positions ``at[r]``), all by one
+        target forward. Finished rows ignore it. Returns the per-row count actually committed. The
+        buffer only: ``accept`` also updates the target cache."""
         active = self.n < self.L
         count = torch.where(active, torch.minimum(count, self.L - self.n), torch.zeros_like(count))
         m = block.shape[1]
         j = torch.arange(m, device=self.device)
-        idx = (self.n[:, None] + j).clamp_max(self.tokens.shape[1] - 1)
+        idx = (self.n[:, None] + j if at is None else at).clamp_max(self.tokens.shape[1] - 1)
         write = j[None, :] < count[:, None]
         images = (write & (self.forced[idx] < 0)).sum(1, keepdim=True)  # image tokens of this block
-        self.tokens.scatter_(1, idx, torch.where(write, block, self.tokens.gather(1, idx)))
+        if self.latents is None:
+            self.tokens.scatter_(1, idx, torch.where(write, block, self.tokens.gather(1, idx)))
+        else:  # continuous tokens (B, m, C)
+            at3 = idx[..., None].expand(-1, -1, block.shape[-1])
+            self.latents.scatter_(1, at3, torch.where(write[..., None], block, self.latents.gather(1, at3)))
         self.accept_map.scatter_(1, idx, torch.where(write, images.expand(-1, m), self.accept_map.gather(1, idx)))
+        self.filled.scatter_(1, idx, self.filled.gather(1, idx) | write)
         self.active_forwards += active.long()
         self.n += count
         return count
@@ -242,8 +191,9 @@ class DecodeContext:
         """Grid indices (B, n) start, start+1, ... for a chain of n tokens."""
         return start[:, None] + torch.arange(n, device=self.device)
 
-    def stats(self, wall_s: float, draft_forwards: int) -> Stats:
-        """``tokens`` counts image tokens only; the heatmap covers the image grid."""
+    def stats(self, wall_s: float) -> Stats:
+        """``tokens`` counts image tokens only; the heatmap covers the image grid; draft forwards are the
+        draft model's and the EAGLE drafter's (their views count them); ``extra`` the method's record."""
         B = self.n.shape[0]
         H, W = self.layout.height, self.layout.width
         N, fwd = self.layout.num_tokens, self.target.forwards
@@ -251,12 +201,12 @@ class DecodeContext:
         return Stats(
             tokens=N,
             target_forwards=fwd,
-            draft_forwards=draft_forwards,
+            draft_forwards=sum(v.forwards for v in (self.draft, self.drafter) if v is not None),
             step_compression=N / max(fwd, 1),
             mean_accepted_length=float((N / self.active_forwards.clamp_min(1).float()).mean()),
             wall_s=wall_s,
             accept_map=grid.reshape(B, H, W).cpu(),
-            extra=dict(self.extra),
+            extra={} if self.method_stats is None else asdict(self.method_stats),
             block_sizes=self.block_sizes(),
             live_spans=self.live_spans(),
             forward_s=self.forward_seconds(),
@@ -267,8 +217,8 @@ class DecodeContext:
         out = {"target": dict(sorted(self.target.sizes.items()))}
         if self.draft is not None and self.draft.sizes:
             out["draft"] = dict(sorted(self.draft.sizes.items()))
-        if self.drafts.sizes:
-            out["drafter"] = dict(sorted(self.drafts.sizes.items()))
+        if self.drafter is not None and self.drafter.sizes:
+            out["drafter"] = dict(sorted(self.drafter.sizes.items()))
         return out
 
     def forward_seconds(self) -> dict[str, float]:
@@ -276,16 +226,17 @@ class DecodeContext:
         times them); on CPU only, where a forward returns when its work is done ({} elsewhere)."""
         if self.device.type != "cpu":
             return {}
-        views = {"target": self.target, "draft": self.draft, "drafter": self.drafts}
+        views = {"target": self.target, "draft": self.draft, "drafter": self.drafter}
         return {kind: views[kind].seconds for kind in self.block_sizes()}
 
     def live_spans(self) -> dict[str, dict[int, float]]:
         """Per model and block size, the mean live span of its forwards (``KVCache.spans``; a forward's
         attention cost grows with it): what the bench prices each forward at."""
-        models = {"target": self.target.model, "draft": self.draft and self.draft.model, "drafter": self.drafter}
+        views = {"target": self.target, "draft": self.draft, "drafter": self.drafter}
         out = {}
         for kind in self.block_sizes():  # a model that ran no forward in this decode may hold an older cache
-            spans = getattr(getattr(models[kind], "cache", None), "spans", None)
+            cache = views[kind].cache
+            spans = cache.spans if isinstance(cache, KVCache) else None
             if spans:
                 out[kind] = {n: total / calls for n, (calls, total) in sorted(spans.items())}
         return out

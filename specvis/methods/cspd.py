@@ -43,149 +43,32 @@ iff it equals the target's own output within ``GREEDY_ATOL`` (relative and absol
 mismatch is replaced by the target's output: the result is the target's greedy output.
 Residual fallback: a row still rejecting after ``max_resample_tries`` proposals takes the last target
 proposal (total-variation error on that token <= 1 / (max_resample_tries + 1), see
-``residual_sample``); counted in ``ctx.extra["resample_fallbacks"]``.
+``residual_sample``); counted in ``CSpDStats.resample_fallbacks``.
 
-Outputs: the method sets ``ctx.latents`` (B, L, C) float, the continuous tokens (``ctx.tokens`` stays
-zeros) and ``ctx.extra``: ``acceptance_rate`` (accepted / (accepted + rejected) draft tokens inside the
-grid: the paper's alpha), ``resamples``, ``resample_tries`` (mean tries per resample),
-``resample_fallbacks``, ``prefill_tokens``, ``draft_forwards``.
+The rounds run in ``ctx.run`` like every method's (not captured: the residual sampler reads the host);
+the views give each position's ``laws.ContinuousLaw`` (sample, run, path density), the ratios and
+residuals are ``laws``' functions (shared with CSpD on MAR, ``cspd_mar``), and each round ends with
+``ctx.accept``, which commits the continuous tokens to ``ctx.latents`` (B, L + pad, C) and rolls the
+target cache back. Statistics: ``CSpDStats``.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
 
-from ..diffusion import ResidualDraw, gaussian_log_density, residual_sample, transition_log_density
-from ..models.continuous import DiffusionHead, Trajectory
 from ..options import Options, option
-from ..sampling import Sampling, uniform
-from .base import DecodeContext, GuidedModel
+from ..sampling import uniform
+from .ar import sample_prefix
+from .base import DecodeContext
+from .cspd_mar import decode_ordered
+from .laws import (ContinuousLaw, cat_runs, matches, paper_log_ratio, paper_residual, trajectory_log_ratio,
+                   trajectory_residual)
+from .round import Verdict
 
 RATIOS = ("paper", "coupled", "trajectory")
-GREEDY_ATOL = 1e-4
-
-
-class GuidedContinuous:
-    """The continuous counterpart of ``GuidedModel``: a ``ContinuousAR`` bound to B samples and a
-    ``Sampling``. Both CFG halves run as one batch of 2B rows; forwards return z for the conditional
-    and the unconditional rows (None without CFG); the head applies CFG on epsilon. Built on the
-    discrete view so the cache set-up, the condition rows and the forward counter are shared."""
-
-    def __init__(self, view: GuidedModel) -> None:
-        head = getattr(view.model, "head", None)
-        if not isinstance(head, DiffusionHead):
-            raise ValueError("method cspd needs continuous-token models (specvis.models.ContinuousAR) as target and draft")
-        s: Sampling = view.sampling
-        self.view, self.model, self.head = view, view.model, head
-        self.cfg, self.scale, self.temperature = view.cfg, s.cfg_scale, s.temperature
-
-    @property
-    def forwards(self) -> int:
-        return self.view.forwards
-
-    def _rows(self, t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t, t]) if self.cfg else t
-
-    def _split(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        z = z.float()
-        if self.cfg:
-            cond, uncond = z.chunk(2)
-            return cond, uncond
-        return z, None
-
-    def prefill(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """z (B, D) for image token 0, conditional and unconditional."""
-        t0 = time.perf_counter()
-        z, _ = self.model.prefill(self.view.conditions)
-        self.view.count(1)
-        self.view.seconds += time.perf_counter() - t0
-        return self._split(z)
-
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """z (B, n, D) after each fed token (B, n, C) at grid indices ``positions`` (B, n)."""
-        t0 = time.perf_counter()
-        z, _ = self.model.forward_tokens(self._rows(tokens), self._rows(positions))
-        self.view.count(tokens.shape[1])
-        self.view.seconds += time.perf_counter() - t0
-        return self._split(z)
-
-    def set_committed(self, n_fed: torch.Tensor) -> None:
-        self.view.set_committed(n_fed)
-
-    def sample(self, z: torch.Tensor, z_uncond: torch.Tensor | None, generator: torch.Generator,
-               x_T: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> Trajectory:
-        return self.head.sample_trajectory(z, z_uncond, self.scale, self.temperature, generator, x_T, noise)
-
-    def path_log_density(self, states: torch.Tensor, z: torch.Tensor, z_uncond: torch.Tensor | None) -> torch.Tensor:
-        """log prod_k p(x_{k-1} | x_k) (N,) of given runs (N, K+1, C) under this head (x_K factor excluded)."""
-        means, logvars = self.head.evaluate(states, z, z_uncond, self.scale)
-        return transition_log_density(states[:, 1:], means, logvars, self.temperature).sum(-1)
-
-
-def _stack(runs: list[Trajectory]) -> Trajectory:
-    """gamma runs of B rows -> one Trajectory of B * gamma rows, row-major (sample, position)."""
-    def cat(name: str) -> torch.Tensor:
-        t = torch.stack([getattr(r, name) for r in runs], 1)
-        return t.reshape(-1, *t.shape[2:])
-    return Trajectory(cat("states"), cat("means"), cat("logvars"), cat("noise"))
-
-
-def _pick(t: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
-    """t (B, m, ...) -> t[b, index[b]] (B, ...)."""
-    if t is None:
-        return None
-    idx = index.reshape(-1, 1, *([1] * (t.ndim - 2))).expand(-1, 1, *t.shape[2:])
-    return t.gather(1, idx).squeeze(1)
-
-
-def paper_residual(tau: float, at: dict, pending: torch.Tensor, max_tries: int,
-                   gen: torch.Generator | None) -> ResidualDraw:
-    """Eq. 11 per row: proposals x ~ p(. | x_1^p) (the target's last step, ``at["mean_p"]``,
-    ``at["logvar_p"]``), accepted with max(0, 1 - q(x | x_1^q) / (Sigma p(x | x_1^p))); ``at`` holds
-    (N, ...) rows of what ``CSpD._paper_log_ratio`` returns as aux. Rows with ``pending`` False keep
-    their first proposal. Shared by CSpD on ContinuousAR and on MAR (``cspd_mar``)."""
-    def propose() -> tuple[torch.Tensor, torch.Tensor]:
-        x = at["mean_p"] + torch.exp(0.5 * at["logvar_p"]) * tau * torch.randn(
-            at["mean_p"].shape, device=at["mean_p"].device, generator=gen)
-        return x, at["log_sigma"] + transition_log_density(x, at["mean_p"], at["logvar_p"], tau)
-
-    def log_q(x: torch.Tensor) -> torch.Tensor:
-        return transition_log_density(x, at["mean_q"], at["logvar_q"], tau)
-
-    return residual_sample(propose, log_q, pending, max_tries, gen)
-
-
-def trajectory_residual(target, draft, z_p: torch.Tensor, zu_p: torch.Tensor | None, z_q: torch.Tensor,
-                        zu_q: torch.Tensor | None, pending: torch.Tensor, max_tries: int,
-                        gen: torch.Generator | None) -> ResidualDraw:
-    """The residual on trajectory space per row: whole target runs (z_p) accepted with
-    max(0, 1 - q_traj / p_traj), the draft (z_q) scored along them; returns the runs' states (N, K+1, C).
-    ``target``/``draft`` are head views with ``sample``, ``path_log_density`` and ``temperature``."""
-    def propose() -> tuple[torch.Tensor, torch.Tensor]:
-        run = target.sample(z_p, zu_p, gen)
-        return run.states, run.step_log_densities(target.temperature).sum(-1)
-
-    def log_q(states: torch.Tensor) -> torch.Tensor:
-        return draft.path_log_density(states, z_q, zu_q)
-
-    return residual_sample(propose, log_q, pending, max_tries, gen)
-
-
-def commit_latents(ctx: DecodeContext, latents: torch.Tensor, block: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """``ctx.commit`` for continuous tokens: block (B, m, C) goes to the float buffer ``latents``
-    (B, L + pad, C) at each row's committed length; ``ctx.tokens`` gets zeros. Returns the counts."""
-    B, m, C = block.shape
-    start = ctx.n.clone()
-    done = ctx.commit(torch.zeros(B, m, dtype=torch.long, device=block.device), count)
-    j = torch.arange(m, device=block.device)
-    idx = (start[:, None] + j).clamp_max(latents.shape[1] - 1)[..., None].expand(-1, -1, C)
-    write = (j[None, :] < done[:, None])[..., None]
-    latents.scatter_(1, idx, torch.where(write, block, latents.gather(1, idx)))
-    return done
 
 
 @dataclass(frozen=True)
@@ -220,50 +103,41 @@ class CSpD(Options):
 
     # ------------------------------------------------------------------ the loop
     def decode(self, ctx: DecodeContext) -> None:
+        if ctx.target.ordered is not None:  # MAR: blocks of drafted steps in the model's order
+            decode_ordered(self, ctx)
+            return
         s = ctx.target.sampling
+        if ctx.target.token_dim is None:
+            raise ValueError("method cspd needs continuous-token models (specvis.models.ContinuousAR) as target and draft")
         if s.top_k is not None or s.top_p is not None:
             raise ValueError("method cspd samples continuous tokens: top_k and top_p do not apply (leave them None)")
-        target = GuidedContinuous(ctx.target)
-        gen, L, dev = ctx.generator, ctx.L, ctx.device
-        B, C = ctx.n.shape[0], target.head.token_dim
-        lat = torch.zeros(B, ctx.tokens.shape[1], C, device=dev)
-        ones = torch.ones_like(ctx.n)
-        n_pre = self.prefill_tokens(L)
-
-        zc, zu = target.prefill()
-        x = target.sample(zc, zu, gen).x0
-        commit_latents(ctx, lat, x[:, None], ones)
-        for _ in range(n_pre - 1):  # target-only tokens: every row advances by one, no sync
-            zc, zu = target.forward(x[:, None], (ctx.n - 1)[:, None])
-            target.set_committed(ctx.n)
-            x = target.sample(zc[:, 0], None if zu is None else zu[:, 0], gen).x0
-            commit_latents(ctx, lat, x[:, None], ones)
-
-        tally = torch.zeros(4, dtype=torch.long, device=dev)  # accepted, rejected, tries, fallbacks
-        draft_forwards = 0
+        n_pre = self.prefill_tokens(ctx.L)
+        sample_prefix(ctx, n_pre)  # target-only tokens: every row advances by one a round
+        tally = torch.zeros(4, dtype=torch.long, device=ctx.device)  # accepted, rejected, tries, fallbacks
         if not ctx.done():
-            if ctx.draft is None:
+            draft = ctx.draft
+            if draft is None:
                 raise ValueError("method cspd needs a draft model (draft=...) unless prefill=1")
-            draft = GuidedContinuous(ctx.draft)
-            if draft.head.token_dim != C:
-                raise ValueError(f"draft token_dim {draft.head.token_dim} != target token_dim {C}")
+            if draft.token_dim != ctx.target.token_dim:
+                raise ValueError(f"draft token_dim {draft.token_dim} != target token_dim {ctx.target.token_dim}")
             draft.prefill()
-            first = True
-            while not ctx.done():
-                tally += self._round(ctx, target, draft, lat, n_pre if first else 2)
-                first = False
-            draft_forwards = draft.forwards
-        ctx.latents = lat[:, :L].clone()
-        acc, rej, tries, fallbacks = tally.tolist()
-        ctx.extra.update(acceptance_rate=acc / max(acc + rej, 1), resamples=float(rej),
-                         resample_tries=tries / max(rej, 1), resample_fallbacks=float(fallbacks),
-                         prefill_tokens=float(n_pre), draft_forwards=float(draft_forwards))
+            back = [n_pre]  # the draft re-feeds the whole pre-filled prefix on the first round, 2 later
 
-    def _round(self, ctx: DecodeContext, target: GuidedContinuous, draft: GuidedContinuous, lat: torch.Tensor,
-               back: int) -> torch.Tensor:
+            def round_() -> None:
+                tally.add_(self._round(ctx, back[0]))
+                back[0] = 2
+
+            ctx.run(round_, capture=False)
+        acc, rej, tries, fallbacks = tally.tolist()
+        ctx.record(CSpDStats(acceptance_rate=acc / max(acc + rej, 1), resamples=float(rej),
+                             resample_tries=tries / max(rej, 1), resample_fallbacks=float(fallbacks),
+                             prefill_tokens=float(n_pre)))
+
+    def _round(self, ctx: DecodeContext, back: int) -> torch.Tensor:
         """One draft/verify round for all rows; returns this round's (accepted, rejected, tries,
         fallbacks) counted over active rows and positions inside the grid."""
-        g, gen, L = self.gamma, ctx.generator, ctx.L
+        target, draft, g, gen, L = ctx.target, ctx.draft, self.gamma, ctx.generator, ctx.L
+        lat = ctx.latents
         B, C = lat.shape[0], lat.shape[2]
         n = ctx.n.clone()
         # Draft: re-feed the last `back` committed tokens (its cache lacks the previous round's last one
@@ -271,50 +145,56 @@ class CSpD(Options):
         draft.set_committed(n - back)
         pos = ctx.positions(n - back, back)
         feed = lat.gather(1, pos[..., None].expand(-1, -1, C))
-        runs, zq, zqu = [], [], []
+        runs, q_laws = [], []
         for _ in range(g):
-            qc, qu = draft.forward(feed, pos)
-            qc, qu = qc[:, -1], None if qu is None else qu[:, -1]
+            q = draft.forward(feed, pos)[:, -1]
             draft.set_committed(pos[:, -1] + 1)
-            run = draft.sample(qc, qu, gen)
+            run = q.run(gen)
             runs.append(run)
-            zq.append(qc)
-            zqu.append(qu)
+            q_laws.append(q)
             feed, pos = run.x0[:, None], pos[:, -1:] + 1
-        zq_all = torch.stack(zq, 1)
-        zqu_all = None if zqu[0] is None else torch.stack(zqu, 1)
-        q_runs = _stack(runs)
+        q_all = ContinuousLaw(torch.stack([q.z for q in q_laws], 1),
+                              None if q_laws[0].z_uncond is None else torch.stack([q.z_uncond for q in q_laws], 1),
+                              q_laws[0].head)
+        q_runs = cat_runs(runs, B)
         drafts = q_runs.x0.reshape(B, g, C)
 
-        # Target: one forward over [last committed, d_1 .. d_gamma] -> z for positions n .. n + gamma.
+        # Target: one forward over [last committed, d_1 .. d_gamma] -> laws of positions n .. n + gamma.
         last = lat.gather(1, (n - 1)[:, None, None].expand(-1, 1, C))
-        pc, pu = target.forward(torch.cat([last, drafts], 1), ctx.positions(n - 1, g + 1))
-
-        def flat(t: torch.Tensor | None) -> torch.Tensor | None:  # (B, g+1, D) -> drafted positions (B*g, D)
-            return None if t is None else t[:, :g].reshape(B * g, -1)
-
-        if target.temperature == 0:
-            log_ratio, nxt, tries, fallback = self._greedy(target, drafts, flat(pc), flat(pu), pc, pu, gen)
-            accepted = (log_ratio == 0).long().cumprod(1).sum(1)
-            nxt = nxt(accepted)
+        p = target.forward(torch.cat([last, drafts], 1), ctx.positions(n - 1, g + 1))
+        p_drafted = p[:, :g].flat()  # (B * g) rows, sample-major
+        tries = torch.zeros(B, dtype=torch.long, device=lat.device)
+        fallback = tries.bool()
+        if p.temperature == 0:  # deterministic runs: accept while the draft equals the target's output
+            own = p_drafted.sample(gen).reshape(B, g, C)
+            accepted = matches(drafts, own).long().cumprod(1).sum(1)
+            bonus = p[:, g].sample(gen)
+            nxt = torch.where((accepted < g)[:, None], _pick(own, accepted.clamp_max(g - 1)), bonus)
         else:
             if self.ratio == "trajectory":
-                log_ratio = self._trajectory_log_ratio(target, q_runs, flat(pc), flat(pu)).reshape(B, g)
+                log_ratio = trajectory_log_ratio(p_drafted, q_runs).reshape(B, g)
             else:
-                log_ratio, aux = self._paper_log_ratio(target, q_runs, flat(pc), flat(pu), gen)
+                log_ratio, aux = paper_log_ratio(p_drafted, q_runs, gen, self.align, self.ratio == "coupled")
                 log_ratio = log_ratio.reshape(B, g)
             u = uniform((B, g), lat, gen)  # float64: log u = -inf (accept all) has probability 2^-53
             accepted = (torch.log(u) < log_ratio).long().cumprod(1).sum(1)
-            if self.ratio == "trajectory":
-                nxt, tries, fallback = self._trajectory_next(target, draft, accepted, pc, pu, zq_all, zqu_all, gen)
-            else:
-                nxt, tries, fallback = self._paper_next(target, accepted, aux, pc, pu, gen)
+            k, pending = accepted.clamp_max(g - 1), accepted < g
+            if self.ratio == "trajectory":  # target runs accepted with max(0, 1 - q_traj / p_traj); a fully
+                # accepted row keeps its first proposal: the bonus token, a plain target sample
+                draw = trajectory_residual(_pick_law(p, accepted), _pick_law(q_all, k), pending,
+                                           self.max_resample_tries, gen)
+                nxt = draw.samples[:, -1]
+            else:  # Eq. 11 at the first rejected position; the bonus token where the whole chain passed
+                at = {name: _pick(t.reshape(B, g, *t.shape[1:]), k) for name, t in aux.items()}
+                bonus = p[:, g].sample(gen)
+                draw = paper_residual(p.temperature, at, pending, self.max_resample_tries, gen)
+                nxt = torch.where(pending[:, None], draw.samples, bonus)
+            tries, fallback = draw.tries, draw.fallback
 
         block = torch.cat([drafts, nxt[:, None]], 1)
         block = block.scatter(1, accepted[:, None, None].expand(-1, 1, C), nxt[:, None])
         active, remaining = n < L, L - n
-        commit_latents(ctx, lat, block, accepted + 1)
-        target.set_committed(ctx.n - 1)
+        ctx.accept(Verdict(accepted, block))
         rejected = active & (accepted < g) & (accepted < remaining)
         return torch.stack([
             torch.where(active, torch.minimum(accepted, remaining), 0).sum(),
@@ -322,79 +202,3 @@ class CSpD(Options):
             (tries * rejected).sum(),
             (fallback & rejected).sum(),
         ])
-
-    # ------------------------------------------------------------------ ratios and next tokens
-    def _trajectory_log_ratio(self, target: GuidedContinuous, q_runs: Trajectory, pz: torch.Tensor,
-                              pzu: torch.Tensor | None) -> torch.Tensor:
-        """log p_traj - log q_traj along the draft's runs (N,): exact, x_K cancels (Eq. 1/12)."""
-        log_p = target.path_log_density(q_runs.states, pz, pzu)
-        log_q = q_runs.step_log_densities(target.temperature).sum(-1)
-        return log_p - log_q
-
-    def _paper_log_ratio(self, target: GuidedContinuous, q_runs: Trajectory, pz: torch.Tensor,
-                         pzu: torch.Tensor | None, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
-        """Eq. 5: log Sigma + log p(x_0 | x_1^p) - log q(x_0 | x_1^q) (N,), and what Eq. 11 needs;
-        "coupled" sets log Sigma = 0."""
-        tau = target.temperature
-        if self.align:  # Eq. 3: the draft's x_K and step noises drive the target's run
-            p_runs = target.sample(pz, pzu, gen, x_T=q_runs.states[:, 0], noise=q_runs.noise)
-        else:
-            p_runs = target.sample(pz, pzu, gen)
-        dens_p, dens_q = p_runs.step_log_densities(tau), q_runs.step_log_densities(tau)
-        # Eq. 1 without the last step, each factor on its model's own path; aligned, the exponentials
-        # cancel and this is log Sigma of Eq. 4.
-        log_sigma = (dens_p[:, :-1] - dens_q[:, :-1]).sum(-1)
-        if self.ratio == "coupled":
-            log_sigma = torch.zeros_like(log_sigma)
-        elif not self.align:
-            zero = torch.zeros_like(q_runs.states[:, 0])
-            log_sigma = log_sigma + gaussian_log_density(p_runs.states[:, 0], zero, zero) \
-                - gaussian_log_density(q_runs.states[:, 0], zero, zero)
-        mean_p, logvar_p = p_runs.means[:, -1], p_runs.logvars[:, -1]
-        log_p_last = transition_log_density(q_runs.x0, mean_p, logvar_p, tau)
-        aux = {"log_sigma": log_sigma, "mean_p": mean_p, "logvar_p": logvar_p,
-                   "mean_q": q_runs.means[:, -1], "logvar_q": q_runs.logvars[:, -1]}
-        return log_sigma + log_p_last - dens_q[:, -1], aux
-
-    def _paper_next(self, target: GuidedContinuous, accepted: torch.Tensor, aux: dict, pc: torch.Tensor,
-                    pu: torch.Tensor | None, gen: torch.Generator):
-        """Eq. 11 at the first rejected position (proposals from the target's last step given x_1^p);
-        the bonus token from the target where the whole chain was accepted."""
-        g, tau = self.gamma, target.temperature
-        B = accepted.shape[0]
-        k = accepted.clamp_max(g - 1)
-        at = {name: _pick(t.reshape(B, g, *t.shape[1:]), k) for name, t in aux.items()}
-        bonus = target.sample(pc[:, g], None if pu is None else pu[:, g], gen).x0
-        pending = accepted < g
-        draw = paper_residual(tau, at, pending, self.max_resample_tries, gen)
-        nxt = torch.where(pending[:, None], draw.samples, bonus)
-        return nxt, draw.tries, draw.fallback
-
-    def _trajectory_next(self, target: GuidedContinuous, draft: GuidedContinuous, accepted: torch.Tensor,
-                         pc: torch.Tensor, pu: torch.Tensor | None, zq: torch.Tensor, zqu: torch.Tensor | None,
-                         gen: torch.Generator):
-        """Residual on trajectory space: target runs x ~ p_traj accepted with max(0, 1 - q_traj/p_traj),
-        the draft scored along them with its z at the rejected position. Rows that accepted the whole
-        chain keep their first proposal: the bonus token, a plain target sample."""
-        g = self.gamma
-        k = accepted.clamp_max(g - 1)
-        z_p, zu_p = _pick(pc, accepted), _pick(pu, accepted)
-        z_q, zu_q = _pick(zq, k), _pick(zqu, k)
-        draw = trajectory_residual(target, draft, z_p, zu_p, z_q, zu_q, accepted < g, self.max_resample_tries, gen)
-        return draw.samples[:, -1], draw.tries, draw.fallback
-
-    def _greedy(self, target: GuidedContinuous, drafts: torch.Tensor, pz: torch.Tensor, pzu: torch.Tensor | None,
-                pc: torch.Tensor, pu: torch.Tensor | None, gen: torch.Generator):
-        """Temperature 0: accept a draft token iff it matches the target's deterministic output; the
-        first mismatch is replaced by that output (no randomness anywhere)."""
-        B, g, C = drafts.shape
-        own = target.sample(pz, pzu, gen).x0.reshape(B, g, C)
-        close = ((drafts - own).abs() <= GREEDY_ATOL * (1 + own.abs())).all(-1)
-        log_ratio = torch.where(close, 0.0, float("-inf"))
-        bonus = target.sample(pc[:, g], None if pu is None else pu[:, g], gen).x0
-
-        def nxt(accepted: torch.Tensor) -> torch.Tensor:
-            return torch.where((accepted < g)[:, None], _pick(own, accepted.clamp_max(g - 1)), bonus)
-
-        zeros = torch.zeros(B, dtype=torch.long, device=drafts.device)
-        return log_ratio, nxt, zeros, zeros.bool()

@@ -37,8 +37,9 @@ one step per pre-fill step and one per verified block (``CSpDSchedule.target_rev
 the CFG scale of its last draft step; ``gamma=1`` is MAR's own schedule. ``MAR.sample(reveals=,
 scales=, last_step_noise=True)`` samples that law directly (the tests compare against it).
 
-Ratios: the same three as ``specvis.methods.cspd`` (its ``_paper_log_ratio``, ``_trajectory_log_ratio``,
-``paper_residual`` and ``trajectory_residual`` are reused on N = B x block rows): ``"paper"`` Eq. 4/5
+Ratios: the same three as ``specvis.methods.cspd``, CSpD's public pieces (``laws.paper_log_ratio``,
+``trajectory_log_ratio``, ``paper_residual`` and ``trajectory_residual`` on N = B x block rows, with MAR's
+DiffLoss as a ``laws.GuidedHead`` whose x_K stays random at temperature 0): ``"paper"`` Eq. 4/5
 with Eq. 11 (not exact), ``"coupled"`` (Eq. 5 with Sigma := 1, exact) and ``"trajectory"`` (exact).
 Departures from the authors' code, each deliberate:
 - The official sampler adds no noise on the last denoising step (``p_sample``: ``nonzero_mask``), so
@@ -58,23 +59,41 @@ x_K stays random): a run is a deterministic function of its x_K; the target deno
 a drafted token is accepted iff it equals the target's output (``GREEDY_ATOL``), and the block commits
 the target's outputs, so the result is the target's temperature-0 law exactly.
 
+It runs through ``specvis.generate`` in the ordinary context (``methods.ordered``: MAR's family
+declares its order, schedule, forward and head; ``CSpD.decode`` comes here when the target is ordered),
+one round per pre-fill step or verified block, each ending in ``ctx.accept`` at the block's positions.
 Statistics (``Stats``): ``target_forwards`` counts pre-fill steps + verifications (MAR's own sampler
-needs one per non-empty step: ``extra["mar_steps"]``), ``mean_accepted_length`` = tokens per target
-forward, ``extra["acceptance_rate"]`` accepted / drafted tokens (the paper's alpha), ``resamples``,
-``resample_tries``, ``resample_fallbacks``, ``prefill_steps``, ``verify_rounds``.
+needs one per non-empty step: ``CSpDMARStats.mar_steps``), ``mean_accepted_length`` = tokens per target
+forward; ``CSpDMARStats``: ``acceptance_rate`` accepted / drafted tokens (the paper's alpha),
+``resamples``, ``resample_tries``, ``resample_fallbacks``, ``prefill_steps``, ``verify_rounds``,
+``mar_steps``, ``num_iter``.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from ..diffusion import transition_log_density
-from ..models.continuous import Trajectory
+from ..models.mar import cfg_scales, mask_schedule
 from ..sampling import uniform
-from .cspd import GREEDY_ATOL, CSpD, paper_residual, trajectory_residual
+from .base import DecodeContext
+from .laws import ContinuousLaw, cat_runs, matches, paper_log_ratio, paper_residual, trajectory_log_ratio, trajectory_residual
+from .ordered import Reveal, accept_at, known
+
+
+@dataclass
+class CSpDMARStats:
+    """What CSpD on MAR reports (``Stats.extra``; module docstring)."""
+
+    acceptance_rate: float
+    resamples: float
+    resample_tries: float
+    resample_fallbacks: float
+    prefill_steps: float
+    verify_rounds: float
+    mar_steps: float
+    num_iter: float
 
 
 @dataclass
@@ -104,14 +123,17 @@ class CSpDSchedule:
 
 def cspd_schedule(seq_len: int, num_iter: int, gamma: int, prefill: float, cfg: float,
                   cfg_schedule: str) -> CSpDSchedule:
-    """The authors' split of MAR's ``num_iter`` steps (runner lines 113-155): steps s <= prefill *
-    num_iter by the target; later steps drafted, a verification after draft step s when
-    s % gamma == 0 or s == num_iter - 1."""
-    from ..models.mar import cfg_scales, mask_schedule
-
+    """The authors' split of MAR's ``num_iter`` steps (its cosine mask schedule and CFG schedule)."""
     mask_lens, reveals = mask_schedule(seq_len, num_iter)
-    scales = cfg_scales(cfg, cfg_schedule, seq_len, mask_lens)
-    sched, block = CSpDSchedule(reveals, scales), []
+    return split_schedule(reveals, cfg_scales(cfg, cfg_schedule, seq_len, mask_lens), gamma, prefill)
+
+
+def split_schedule(reveals: list[int], scales: list[float], gamma: int, prefill: float) -> CSpDSchedule:
+    """The authors' split of a sampler's steps (runner lines 113-155): steps s <= prefill * num_iter by
+    the target; later steps drafted, a verification after draft step s when s % gamma == 0 or
+    s == num_iter - 1."""
+    num_iter = len(reveals)
+    sched, block = CSpDSchedule(list(reveals), list(scales)), []
     milestone = num_iter * prefill
     for s in range(num_iter):
         if s <= milestone:
@@ -127,176 +149,82 @@ def cspd_schedule(seq_len: int, num_iter: int, gamma: int, prefill: float, cfg: 
     return sched
 
 
-class HeadView:
-    """A MAR DiffLoss seen as ``cspd``'s guided head: ``sample`` (every step noised, the last one too),
-    ``path_log_density`` and ``temperature``, at a CFG ``scale`` that is a float or one per row (N, 1)."""
-
-    def __init__(self, head, scale, temperature: float) -> None:
-        self.head, self.scale, self.temperature = head, scale, temperature
-
-    def sample(self, z: torch.Tensor, z_uncond: torch.Tensor | None, generator: torch.Generator,
-               x_T: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> Trajectory:
-        if x_T is None and self.temperature == 0:  # MAR: temperature scales the step noise only, x_K stays random
-            x_T = torch.randn(z.shape[0], self.head.token_dim, device=z.device, generator=generator)
-        return self.head.sample_trajectory(z, z_uncond, self.scale, self.temperature, generator, x_T, noise)
-
-    def path_log_density(self, states: torch.Tensor, z: torch.Tensor, z_uncond: torch.Tensor | None) -> torch.Tensor:
-        """log prod_k p(x_{k-1} | x_k) (N,) of runs (N, K+1, C), all K steps in one head call."""
-        N, K1, C = states.shape
-        K = K1 - 1
-        step = (K - 1 - torch.arange(K, device=states.device)).repeat(N)
-        scale = self.scale.repeat_interleave(K, 0) if torch.is_tensor(self.scale) else self.scale
-        zu = None if z_uncond is None else z_uncond.repeat_interleave(K, 0)
-        mean, logvar = self.head.predict(states[:, :K].reshape(N * K, C), step, z.repeat_interleave(K, 0), zu, scale)
-        return transition_log_density(states[:, 1:], mean.reshape(N, K, C), logvar.reshape(N, K, C),
-                                      self.temperature).sum(-1)
-
-
-def _flat(z: torch.Tensor | None) -> torch.Tensor | None:
-    return None if z is None else z.reshape(-1, z.shape[-1])
-
-
-def _cat_runs(runs: list[Trajectory], B: int) -> Trajectory:
-    """Runs of B * n_i rows (sample-major) -> one Trajectory of B * sum(n_i) rows, sample-major."""
-    def cat(name: str) -> torch.Tensor:
-        parts = [getattr(r, name).reshape(B, -1, *getattr(r, name).shape[1:]) for r in runs]
-        t = torch.cat(parts, 1)
-        return t.reshape(-1, *t.shape[2:])
-    return Trajectory(cat("states"), cat("means"), cat("logvars"), cat("noise"))
-
-
-def check_draft(target, draft) -> None:
-    """A MAR draft must share the target's grid, token dimension and classes."""
-    for what, a, b in (("seq_len", target.seq_len, draft.seq_len),
-                       ("token_embed_dim", target.token_embed_dim, draft.token_embed_dim),
-                       ("class_num", target.num_classes, draft.num_classes)):
-        if a != b:
-            raise ValueError(f"the MAR draft's {what} {b} differs from the target's {a}")
-
-
-@dataclass
-class CSpDMARResult:
-    tokens: torch.Tensor  # (B, L, C) MAR tokens
-    stats: object  # Stats
-    schedule: CSpDSchedule
-    order: torch.Tensor  # (B, L) the generation order shared by draft and target
-
-
-@torch.no_grad()
-def cspd_mar(method: CSpD, target, draft, labels: torch.Tensor, sampling, num_iter: int = 64,
-             cfg_schedule: str = "linear", seed: int = 0):
-    """CSpD over MAR's generation order (module docstring). ``labels`` (B,) class ids."""
-    from .base import Stats
-
-    if not isinstance(method, CSpD):
-        raise ValueError(f"cspd_mar runs sv.CSpD, got {type(method).__name__}")
-    if sampling.top_k is not None or sampling.top_p is not None:
+def decode_ordered(method, ctx: DecodeContext) -> None:
+    """CSpD (``method``) on a target decoded in its own order (module docstring): one round per
+    pre-fill step (the target's own draw) or verified block of draft steps."""
+    target, draft, gen = ctx.target, ctx.draft, ctx.generator
+    s = target.sampling
+    if s.top_k is not None or s.top_p is not None:
         raise ValueError("top_k/top_p do not apply to MAR's continuous tokens")
-    tau, cfg = float(sampling.temperature), float(sampling.cfg_scale)
-    if not tau >= 0:
-        raise ValueError(f"temperature must be >= 0, got {tau!r}")
-    L, C = target.seq_len, target.token_embed_dim
-    sched = cspd_schedule(L, num_iter, method.gamma, method.prefill, cfg, cfg_schedule)
+    tau = float(s.temperature)
+    plan = Reveal(ctx)
+    sched = split_schedule(plan.reveals, plan.scales, method.gamma, method.prefill)
     if draft is None and any(kind == "verify" for kind, _ in sched.rounds):
         raise ValueError("method cspd on MAR needs a draft MAR (draft=...) unless prefill=1")
-    if draft is not None:
-        check_draft(target, draft)
-    dev = target.fake_latent.device
-    labels = torch.as_tensor(labels, device=dev).long().reshape(-1)
-    B = labels.shape[0]
-    guided = cfg != 1.0
-    gen = torch.Generator(device=dev).manual_seed(int(seed))
-    t0 = time.perf_counter()
+    B, C = ctx.n.shape[0], target.token_dim
+    tally = [0, 0, 0, 0]  # accepted, rejected, tries, fallbacks
+    rounds = iter(sched.rounds)
 
-    order = target.sample_orders(B, [gen] * B)
-    tokens = torch.zeros(B, L, C, device=dev)
-    mask = torch.ones(B, L, dtype=torch.bool, device=dev)  # True: not committed yet
-    accept_map = torch.zeros(B, L, dtype=torch.long, device=dev)
-    cls_t = target.guided_class_embedding(labels, B, guided)
-    cls_d = draft.guided_class_embedding(labels, B, guided) if draft is not None else None
-    starts, end = [], L  # positions of step s: order[:, end - n: end], revealed from the order's end
-    for n in sched.reveals:
-        starts.append(end - n)
-        end -= n
-
-    def positions(s: int) -> torch.Tensor:
-        return order[:, starts[s]:starts[s] + sched.reveals[s]]
-
-    def commit(idx: torch.Tensor, x: torch.Tensor) -> None:
-        nonlocal tokens, mask
-        tokens = tokens.scatter(1, idx[..., None].expand(-1, -1, C), x.reshape(B, -1, C))
-        mask = mask.scatter(1, idx, False)
-        accept_map.scatter_(1, idx, idx.shape[1])
-
-    acc = rej = tries = fallbacks = 0
-    t_fw = d_fw = 0
-    for kind, steps in sched.rounds:
+    def round_() -> None:
+        kind, steps = next(rounds)
+        tokens, unknown = known(ctx)
         if kind == "prefill":
-            s = steps[0]
-            idx = positions(s)
-            zc, zu = target.z_at(tokens, mask, cls_t, idx)
-            t_fw += 1
-            commit(idx, HeadView(target.diffloss, sched.scales[s], tau).sample(_flat(zc), _flat(zu), gen).x0)
-            continue
+            idx = plan.at(steps[0])
+            law = target.laws(tokens, unknown, idx, plan.scales[steps[0]])
+            accept_at(ctx, idx, law.flat().sample(gen).reshape(B, -1, C), torch.zeros_like(ctx.n))
+            return
         # draft steps on the draft's own tokens (committed + its earlier drafts of this block)
-        d_tok, d_mask = tokens, mask
-        runs, zq, zqu, qscale, idxs = [], [], [], [], []
-        for s in steps:
-            idx = positions(s)
-            qc, qu = draft.z_at(d_tok, d_mask, cls_d, idx)
-            d_fw += 1
-            run = HeadView(draft.diffloss, sched.scales[s], tau).sample(_flat(qc), _flat(qu), gen)
+        d_tok, d_unknown = tokens, unknown
+        runs, q_laws, idxs = [], [], []
+        for st in steps:
+            idx = plan.at(st)
+            q = draft.laws(d_tok, d_unknown, idx, plan.scales[st]).flat()
+            run = q.run(gen)
             d_tok = d_tok.scatter(1, idx[..., None].expand(-1, -1, C), run.x0.reshape(B, -1, C))
-            d_mask = d_mask.scatter(1, idx, False)
+            d_unknown = d_unknown.scatter(1, idx, False)
             runs.append(run)
-            zq.append(qc)
-            zqu.append(qu)
+            q_laws.append((q, torch.full(idx.shape, float(plan.scales[st]), device=ctx.device)))
             idxs.append(idx)
-            qscale.append(torch.full(idx.shape, float(sched.scales[s]), device=dev))
         idx = torch.cat(idxs, 1)
-        q_runs = _cat_runs(runs, B)
+        q_runs = cat_runs(runs, B)
         drafted = q_runs.x0
         # one target forward: z for every drafted position given the committed tokens only
-        pc, pu = target.z_at(tokens, mask, cls_t, idx)
-        t_fw += 1
-        pz, pzu = _flat(pc), _flat(pu)
-        pview = HeadView(target.diffloss, sched.scales[steps[-1]], tau)
+        p = target.laws(tokens, unknown, idx, plan.scales[steps[-1]]).flat()
         if tau == 0:
-            own = pview.sample(pz, pzu, gen, x_T=q_runs.states[:, 0]).x0  # the draft's x_K
-            ok = ((drafted - own).abs() <= GREEDY_ATOL * (1 + own.abs())).all(-1)
-            out = own
+            own = p.run(gen, x_T=q_runs.states[:, 0]).x0  # the draft's x_K
+            ok, out = matches(drafted, own), own
         else:
             if method.ratio == "trajectory":
-                log_ratio = method._trajectory_log_ratio(pview, q_runs, pz, pzu)
+                log_ratio = trajectory_log_ratio(p, q_runs)
             else:
-                log_ratio, aux = method._paper_log_ratio(pview, q_runs, pz, pzu, gen)
+                log_ratio, aux = paper_log_ratio(p, q_runs, gen, method.align, method.ratio == "coupled")
             u = uniform(log_ratio.shape, log_ratio, gen)  # float64: no acceptance floor (sampling.uniform)
             ok = torch.log(u) < log_ratio
-            if method.ratio == "trajectory":
-                dview = HeadView(draft.diffloss, torch.cat(qscale, 1).reshape(-1, 1), tau)
-                draw = trajectory_residual(pview, dview, pz, pzu, _flat(torch.cat(zq, 1)),
-                                           None if pu is None else _flat(torch.cat(zqu, 1)), ~ok,
-                                           method.max_resample_tries, gen)
+            if method.ratio == "trajectory":  # the draft's laws of the block, each at its step's scale
+                q_all = ContinuousLaw(_cat([q.z for q, _ in q_laws], B),
+                                      None if p.z_uncond is None else _cat([q.z_uncond for q, _ in q_laws], B),
+                                      draft.head(torch.cat([sc for _, sc in q_laws], 1).reshape(-1, 1)))
+                draw = trajectory_residual(p, q_all, ~ok, method.max_resample_tries, gen)
                 resampled = draw.samples[:, -1]
             else:
                 draw = paper_residual(tau, aux, ~ok, method.max_resample_tries, gen)
                 resampled = draw.samples
             out = torch.where(ok[:, None], drafted, resampled)
-            tries += int((draw.tries * ~ok).sum())
-            fallbacks += int((draw.fallback & ~ok).sum())
-        acc += int(ok.sum())
-        rej += int((~ok).sum())
-        commit(idx, out)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    wall = time.perf_counter() - t0
+            tally[2] += int((draw.tries * ~ok).sum())
+            tally[3] += int((draw.fallback & ~ok).sum())
+        tally[0] += int(ok.sum())
+        tally[1] += int((~ok).sum())
+        accept_at(ctx, idx, out.reshape(B, -1, C), ok.reshape(B, -1).sum(1))
+
+    ctx.run(round_, rounds=len(sched.rounds))
+    acc, rej, tries, fallbacks = tally
     prefill_steps = sum(1 for kind, _ in sched.rounds if kind == "prefill")
-    h = target.seq_h
-    stats = Stats(tokens=L, target_forwards=t_fw, draft_forwards=d_fw, step_compression=L / max(t_fw, 1),
-                  mean_accepted_length=L / max(t_fw, 1), wall_s=wall,
-                  accept_map=accept_map.reshape(B, h, L // h).cpu(),
-                  extra={"acceptance_rate": acc / max(acc + rej, 1), "resamples": float(rej),
-                         "resample_tries": tries / max(rej, 1), "resample_fallbacks": float(fallbacks),
-                         "prefill_steps": float(prefill_steps), "verify_rounds": float(len(sched.rounds) - prefill_steps),
-                         "mar_steps": float(sched.mar_steps), "num_iter": float(num_iter)})
-    return CSpDMARResult(tokens, stats, sched, order)
+    ctx.record(CSpDMARStats(acceptance_rate=acc / max(acc + rej, 1), resamples=float(rej),
+                            resample_tries=tries / max(rej, 1), resample_fallbacks=float(fallbacks),
+                            prefill_steps=float(prefill_steps), verify_rounds=float(len(sched.rounds) - prefill_steps),
+                            mar_steps=float(sched.mar_steps), num_iter=float(len(plan.reveals))))
+
+
+def _cat(zs: list[torch.Tensor], B: int) -> torch.Tensor:
+    """Rows of B * n_i (sample-major) per step -> B * sum(n_i) rows, sample-major."""
+    return torch.cat([z.reshape(B, -1, z.shape[-1]) for z in zs], 1).reshape(-1, zs[0].shape[-1])

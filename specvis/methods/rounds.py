@@ -39,16 +39,15 @@ def _capturable(device: torch.device) -> bool:
 
 
 def _counters(views) -> list[tuple[int, dict]]:
-    """Each view's forward count and its forwards by block size (``sizes``, where it keeps one)."""
-    return [(v.forwards, dict(getattr(v, "sizes", {}))) for v in views]
+    """Each view's forward count and its forwards by block size (``sizes``)."""
+    return [(v.forwards, dict(v.sizes)) for v in views]
 
 
 def _restore(views, counts: list[tuple[int, dict]]) -> None:
     for v, (f, sizes) in zip(views, counts):
         v.forwards = f
-        if hasattr(v, "sizes"):
-            v.sizes.clear()
-            v.sizes.update(sizes)
+        v.sizes.clear()
+        v.sizes.update(sizes)
 
 
 def _delta(views, before: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
@@ -63,17 +62,15 @@ def _add(views, delta: list[tuple[int, dict]]) -> None:
     """A replay of the captured round: its forwards (and their block sizes) once more."""
     for v, (d, sizes) in zip(views, delta):
         v.forwards += d
-        if hasattr(v, "sizes"):
-            for n, c in sizes.items():
-                v.sizes[n] = v.sizes.get(n, 0) + c
+        for n, c in sizes.items():
+            v.sizes[n] = v.sizes.get(n, 0) + c
 
 
 class _Spans:
     """The live caches of a context and the most each has grown in one round so far."""
 
     def __init__(self, ctx) -> None:
-        live = getattr(ctx, "live_caches", None)
-        self.caches = list(live()) if live is not None else []
+        self.caches = list(ctx.live_caches())
         self.growth: list[int] | None = None
 
     def mark(self) -> tuple:
@@ -110,7 +107,7 @@ def run_rounds(ctx, round_fn: Callable[[], None], graphs: bool, rounds: int | No
     (``DecodeContext``: the stream's length L): a round commits at least one token to every unfinished
     row, so a stream of L tokens is done within L rounds; a loop still going after that many rounds
     makes no progress and is a RuntimeError, never a hang."""
-    max_rounds = getattr(ctx, "max_rounds", None)  # stand-in contexts of tests may have none
+    max_rounds = ctx.max_rounds
     spans = _Spans(ctx)
     try:
         if graphs and _capturable(ctx.device):
@@ -119,6 +116,15 @@ def run_rounds(ctx, round_fn: Callable[[], None], graphs: bool, rounds: int | No
             _run_eager(ctx, round_fn, rounds, spans, max_rounds)
     finally:
         spans.unpin()
+
+
+def run_plain(ctx, round_fn: Callable[[], None], rounds: int | None = None) -> None:
+    """Rounds that cannot be captured (they read the host, e.g. a rejection sampler's loop): called
+    eagerly until ``ctx.done()`` (or exactly ``rounds`` times), with the same progress reports and
+    no-progress bound as ``run_rounds``, and no live span pinned (their forwards size their own spans)."""
+    done = _done_check(ctx, rounds, ctx.max_rounds)
+    while not done():
+        round_fn()
 
 
 def _done_check(ctx, rounds: int | None, max_rounds: int | None = None) -> Callable[[], bool]:

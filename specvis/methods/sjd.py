@@ -71,10 +71,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option, verify_chain
+from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option
 from ..options import Options, option
 from ..sampling import exponential, rows_at, sample, uniform
 from .base import DecodeContext
+from .round import Chain, Verdict
 
 INITS = ("random", "horizontal-repeat", "vertical-repeat", "horizontal-sample", "vertical-sample")
 COUPLINGS = ("none", "maximal", "gumbel")
@@ -99,18 +100,17 @@ class Jacobi(Options):
         target, W, gen = ctx.target, self.window, ctx.generator
         V = ctx.layout.vocab_size  # random drafts over the image codes; forced positions get their id
         B = ctx.n.shape[0]
-        x0 = target.prefill().argmax(-1)
-        ctx.commit(x0[:, None], torch.ones_like(ctx.n))
+        x0 = target.prefill().probs.argmax(-1)
+        ctx.accept(Verdict.sampled(x0))
         j = torch.arange(W, device=ctx.device)
         draft = ctx.force(torch.randint(V, (B, W), device=ctx.device, generator=gen), ctx.positions(ctx.n, W))  # random init (paper, Fig. 3)
 
         def round_() -> None:
             n = ctx.n.clone()
             feed = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), draft], 1)
-            guess = target.forward(feed, ctx.positions(n - 1, W + 1)).argmax(-1)  # (B, W + 1)
+            guess = target.forward(feed, ctx.positions(n - 1, W + 1)).probs.argmax(-1)  # (B, W + 1)
             accepted = (draft == guess[:, :W]).long().cumprod(-1).sum(-1)  # converged prefix
-            ctx.commit(guess, accepted + 1)  # guess[:, accepted] follows a converged prefix: exact
-            target.set_committed(ctx.n - 1)
+            ctx.accept(Verdict(accepted, guess))  # guess[:, accepted] follows a converged prefix: exact
             src = accepted[:, None] + 1 + j  # slot j of the new window is position n + src
             fresh = torch.randint(V, (B, W), device=ctx.device, generator=gen)
             draft.copy_(ctx.force(torch.where(src <= W, guess.gather(1, src.clamp_max(W)), fresh), ctx.positions(ctx.n, W)))
@@ -143,24 +143,23 @@ class SJD(RuleMethod):
         return self.window + 2
 
     def decode(self, ctx: DecodeContext) -> None:
-        target, W, gen, rule = ctx.target, self.window, ctx.generator, ctx.rule
+        target, W, gen = ctx.target, self.window, ctx.generator
         win = _Initialiser(ctx, W, self.init, self.coupling)
         p0 = target.prefill()
-        x0 = sample(p0, gen)
-        ctx.commit(x0[:, None], torch.ones_like(ctx.n))
-        draft, q = win.next_window(p0[:, None], base=ctx.n - 1, start=ctx.n, first_init=ctx.n)  # updated in place
+        x0 = p0.sample(gen)
+        ctx.accept(Verdict.sampled(x0))
+        draft, q = win.next_window(p0.probs[:, None], base=ctx.n - 1, start=ctx.n, first_init=ctx.n)  # updated in place
 
         def round_() -> None:
             n = ctx.n.clone()
             feed = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), draft], 1)
             p = target.forward(feed, ctx.positions(n - 1, W + 1))  # p[:, j]: law of position n + j
-            accepted, nxt = verify_chain(rule, p, q, draft, gen, soft=ctx.target.soft)
-            block = torch.cat([draft, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
-            ctx.commit(block, accepted + 1)
-            target.set_committed(ctx.n - 1)
+            verdict = ctx.verify(p, Chain(draft, q))
+            ctx.accept(verdict)
+            accepted = verdict.accepted
             start = n + accepted + 1  # the new window's first position (finished rows: don't care)
             first_init = n + W + 1 if self.refine else start  # refined slots lie in [start, first_init)
-            new_draft, new_q = win.next_window(p, base=n, start=start, first_init=first_init, prev=(draft, q))
+            new_draft, new_q = win.next_window(p.probs, base=n, start=start, first_init=first_init, prev=(draft, q))
             draft.copy_(new_draft)
             q.copy_(new_q)
 

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accept import AcceptanceRule, RuleMethod, rule_option, verify_chain
+from ..accept import AcceptanceRule, RuleMethod, rule_option
 from ..options import option
 from ..sampling import sample
 from .base import DecodeContext
+from .round import Chain, Verdict
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,9 @@ class Speculative(RuleMethod):
         if ctx.draft is None:
             raise ValueError("method speculative needs a draft model (draft=...)")
         target, draft, g, gen = ctx.target, ctx.draft, self.gamma, ctx.generator
-        rule = ctx.rule
-        x0 = sample(target.prefill(), gen)
+        x0 = target.prefill().sample(gen)
         draft.prefill()
-        ctx.commit(x0[:, None], torch.ones_like(ctx.n))
+        ctx.accept(Verdict.sampled(x0))
 
         def round_(back: int) -> None:
             n = ctx.n.clone()
@@ -49,7 +49,7 @@ class Speculative(RuleMethod):
             q_steps, d_steps = [], []
             pos = ctx.positions(n - back, back)
             for i in range(g):
-                q = draft.forward(feed, pos)[:, -1]
+                q = draft.forward(feed, pos).probs[:, -1]
                 draft.set_committed(pos[:, -1] + 1)
                 d = sample(q, gen)
                 q_steps.append(q)
@@ -58,12 +58,8 @@ class Speculative(RuleMethod):
             q_all, drafts = torch.stack(q_steps, 1), torch.stack(d_steps, 1)
             p_all = target.forward(torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), drafts], 1),
                                    ctx.positions(n - 1, g + 1))
-            accepted, nxt = verify_chain(rule, p_all, q_all, drafts, gen, soft=ctx.target.soft)
-            block = torch.cat([drafts, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
-            ctx.commit(block, accepted + 1)
-            target.set_committed(ctx.n - 1)
+            ctx.accept(ctx.verify(p_all, Chain(drafts, q_all)))
 
         if not ctx.done():
             round_(1)
         ctx.run(lambda: round_(2))  # same shapes every round from here: capturable
-        ctx.extra["draft_forwards"] = draft.forwards

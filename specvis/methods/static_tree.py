@@ -11,7 +11,7 @@ then verified one by one with the multi-draft recursive rejection (SpecInfer; Ex
     the next token is drawn from the current p.
 
 With one child per node (the ``chain`` preset) this walk is speculative sampling of the drafted path, and it is
-run as such (``tree._verify_path``: the residual normalised only where the walk stops).
+run as such (``round._verify_path``: the residual normalised only where the walk stops).
 
 This differs from EagleTree, whose candidates are deterministic (the drafter's top-k) and are
 verified with ``sibling(p, x)`` (accept with p(x), zero x).
@@ -38,7 +38,7 @@ argmax a: x = a is accepted (p(a)/q(a) >= 1), any other x is rejected and the re
 point mass at a, so the output equals greedy AR.
 
 Forced stream positions (row ends): the drafter's law there is the point mass at the structural id
-(``_log_draft``), so child 0 is that id and no further child can be drawn (the remaining law is
+(``trees.log_draft``), so child 0 is that id and no further child can be drawn (the remaining law is
 empty): a node at a forced position has one child whatever the topology says, and the subtrees of
 the missing children are not verified (the shapes stay static, their slots are padding).
 
@@ -58,7 +58,8 @@ from ..accept import AcceptanceRule, rule_option, without
 from ..options import option
 from ..sampling import sample
 from .base import DecodeContext
-from .tree import Tree, _decode_trees, _Fixed, _log_draft, _rows, _TreeMethod, catch_up
+from .round import Tree
+from .trees import FixedSchedule, TreeMethod, TreeSchedule, catch_up, cfg_rows, decode_trees, log_draft
 
 # Topologies of the official LANTERN code (jadohu/LANTERN, models/drafters/choices.py), by its names;
 # the default is its default ``--tree_choices``.
@@ -128,7 +129,7 @@ def tree_paths(tree) -> tuple[tuple[int, ...], ...]:
     return tuple(sorted(paths, key=lambda p: (len(p), p)))
 
 
-class _Topology:
+class Topology:
     """Index tables of a topology (tree position 0 is the root, 1.. the paths in (depth, path) order)."""
 
     def __init__(self, paths: tuple[tuple[int, ...], ...], device: torch.device) -> None:
@@ -167,7 +168,7 @@ class _Topology:
 
 
 @dataclass(frozen=True)
-class StaticTree(_TreeMethod):
+class StaticTree(TreeMethod):
     """LANTERN++ static tree (see the module docstring): ``tree`` a preset name of the official code
     (``PRESETS``; default its default, mc_sim_7b_63) or a list of paths; children sampled from the
     drafter's law without replacement and verified by the rule's ``sibling_q`` (``Exact``: lossless).
@@ -195,16 +196,25 @@ class StaticTree(_TreeMethod):
         return len(self.paths) + 1
 
     def decode(self, ctx: DecodeContext) -> None:
-        topo = _Topology(self.paths, ctx.device)
-
-        def build(ctx, pending, count, d_row, k_row, D, K, total_tokens):
-            return build_static_tree(ctx, pending, count, topo)
-
-        _decode_trees(ctx, self.name, self.total_tokens, _Fixed(topo.D, topo.K), build=build,
-                      drafter_extra=topo.D + 2 + topo.T)
+        topo = Topology(self.paths, ctx.device)
+        decode_trees(ctx, self.name, self.total_tokens, FixedSchedule(topo.D, topo.K), StaticBuilder(topo))
 
 
-def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, topo: _Topology) -> Tree:
+class StaticBuilder:
+    """The topology sampled level by level (``build_static_tree``) as a ``trees.TreeBuilder``."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+
+    def drafter_slots(self, ctx: DecodeContext, schedule: TreeSchedule) -> int:
+        """One block per level below the root, plus the catch-up's."""
+        return self.topo.D + 2 + self.topo.T
+
+    def build(self, ctx: DecodeContext, state) -> Tree:
+        return build_static_tree(ctx, state.pending, state.count, self.topo)
+
+
+def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Tensor, topo: Topology) -> Tree:
     """Drafter catch-up, then the topology level by level: one drafter forward over the nodes of each
     level (tree mask, one block of the drafter's uncommitted region per level) gives their children's
     draft law q; each node's children are drawn from q without replacement, rank by rank. A child that
@@ -213,7 +223,6 @@ def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Te
     drafter, gen, n = ctx.drafter, ctx.generator, ctx.n
     B, T = n.shape[0], topo.T
     root_feat, root_lp = catch_up(ctx, pending, count)
-    forwards = 1
     tokens = torch.zeros(B, T, dtype=torch.long, device=n.device)
     tokens[:, 0] = ctx.tokens.gather(1, (n - 1)[:, None])[:, 0]
     present = torch.ones(B, T, dtype=torch.bool, device=n.device)
@@ -227,10 +236,9 @@ def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Te
         else:  # the level's slots in the drafter's uncommitted region: first - 1 .. last - 1
             pos = (n + d - 2)[:, None].expand(-1, last + 1 - first)  # stream positions of the level's nodes
             mask = topo.anc[level, 1: last + 1][None].expand(B, -1, -1)
-            lg, f_out = drafter.forward_tokens(_rows(ctx, tokens[:, level]), feat, _rows(ctx, pos),
-                                               _rows(ctx, mask), start=first - 1)
-            forwards += 1
-            lq = _log_draft(lg, ctx, pos + 1)
+            lg, f_out = drafter.forward_tokens(cfg_rows(ctx, tokens[:, level]), feat, cfg_rows(ctx, pos),
+                                               cfg_rows(ctx, mask), start=first - 1)
+            lq = log_draft(lg, ctx, pos + 1)
         q = lq.exp()  # (B, m, V): the draft law of each level node's children
         laws[:, level] = q
         live = present[:, level]
@@ -250,5 +258,5 @@ def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Te
     positions = (n - 1)[:, None] + topo.depth[None]
     depth = torch.where(present, topo.depth[None], torch.zeros_like(topo.depth[None])).amax(1)
     mask = topo.anc[None].expand(B, -1, -1)
-    return Tree(tokens, positions, mask, children, depth, topo.D, forwards, laws=laws)
+    return Tree(tokens, positions, mask, children, depth, topo.D, laws=laws)
 

@@ -17,7 +17,7 @@ the formula of ``specvis.Sampling.guide``/``probs`` that the sampler uses.
 * ``--student draft``: q from the draft LlamaGen's own cond/uncond forwards (init ``--init``, default
   the bundle's ``draft/``), at every position i = 0..L-1.
 * ``--student drafter``: q from the EAGLE head (init: the bundle's ``drafter/``) through the target's
-  frozen output head; as in EagleTree drafting (``methods/tree.py``, ``_log_draft``) the cond row of
+  frozen output head; as in EagleTree drafting (``methods/trees.py``, ``log_draft``) the cond row of
   the head reads the target's conditional features and the uncond row the target's null-class
   features, and the two logits are guided with the same formula; positions i = 1..L-1 (the target
   itself draws x_0). Plus ``--v-weight`` times the smooth-L1 feature regression of ``train_drafter``
