@@ -31,7 +31,8 @@ from torch import nn
 
 from ..models.base import Layout
 from ..models.decoder import MappedEmbedding, PromptDecoder
-from .hf import llama_config, read_tensors
+from ..models.loading import Piece
+from .hf import decoder_route, llama_config, rows_of
 
 NAME = "chameleon"
 PROMPT_PROCESSOR = "AutoTokenizer"  # prompts need only the tokenizer (no image processor in these releases)
@@ -80,6 +81,8 @@ def native_grid(config: dict) -> tuple[int, int]:
 
 
 def build(directory: Path, config: dict, height: int | None = None, width: int | None = None):
+    """(decoder, route): the model (``models.loading.skeleton`` builds it on meta) and where each
+    checkpoint tensor goes; the head is the image-vocabulary rows of ``lm_head``."""
     where = str(directory)
     cfg = llama_config(config, where)
     cfg.qk_norm, cfg.swin_norm = True, bool(config.get("swin_norm", False))
@@ -87,16 +90,12 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     lumina = is_lumina(config)
     H, W = native_grid(config) if height is None else (height, width)
     row_end = [special(config, ROW_END, where)] if lumina else []
-    sd = read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
-    if "lm_head.weight" not in sd:
-        raise ValueError(f"{where}: checkpoint lacks lm_head.weight")
     head = nn.Linear(cfg.dim, len(codes), bias=False)
-    sd["head.weight"] = sd.pop("lm_head.weight")[torch.tensor(codes)]  # image-vocabulary rows only
     model = PromptDecoder(cfg, Layout(H, W, len(codes), row_end=len(row_end)), None, head)
     model.image_embed = MappedEmbedding(model.tok_embeddings, torch.tensor(codes + row_end))
     model.chameleon_ids = {"eot": special(config, EOT, where), "boi": special(config, BOI, where), "lumina": lumina}
     model.default_sampling = LUMINA_SAMPLING if lumina else DEFAULT_SAMPLING
-    return model, sd
+    return model, decoder_route(RENAMES, KEEP, cfg, {"lm_head.weight": Piece("head.weight", None, rows_of(codes))})
 
 
 def _tokenizer(processor):

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..models.base import Layout
 from ..models.decoder import AlignedEmbedding, MLPHead, PromptDecoder
-from .hf import llama_config, read_json, read_tensors
+from .hf import decoder_route, llama_config, read_json
 
 NAME = "janus"
 DEFAULT_SAMPLING = {"cfg_scale": 5.0, "temperature": 1.0}  # the official generation script
@@ -57,7 +57,9 @@ def native_grid(config: dict) -> tuple[int, int]:
     return side, side
 
 
-def build(directory: Path, config: dict, height: int | None = None, width: int | None = None) -> PromptDecoder:
+def build(directory: Path, config: dict, height: int | None = None, width: int | None = None):
+    """(decoder, route): the model of this config (built by ``models.loading.skeleton``: parameters
+    on meta) and where each checkpoint tensor goes in it."""
     where = str(directory)
     cfg = llama_config(config.get("text_config") or {}, where)
     vq = config.get("vq_config") or {}
@@ -74,7 +76,7 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     scale = read_json(directory / "generation_config.json").get("guidance_scale")
     if scale is not None:  # transformers' generate reads its CFG scale there too
         model.default_sampling = {**DEFAULT_SAMPLING, "cfg_scale": float(scale)}
-    return model, read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
+    return model, decoder_route(RENAMES, KEEP, cfg)
 
 
 def encode(processor, texts: list[str], height: int, width: int, model=None) -> list[list[int]]:

@@ -43,7 +43,7 @@ from torch import nn
 
 from ..diffusion import GaussianDiffusion, make_betas, respace, transition_log_density
 from .base import KVCache, Layout
-from .checkpoint import load_strict, read_pretrained, save_pretrained
+from .checkpoint import load_pretrained, save_pretrained
 from .decoder import Float32Rope
 from .llamagen import LabelEmbedder, LlamaGenConfig, RMSNorm, TransformerBlock, TransformerConfig, rope_2d_table
 
@@ -384,8 +384,7 @@ class ContinuousAR(Float32Rope, nn.Module):
         save_pretrained(self, self.config_dict(), directory, dtype)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> ContinuousAR:
-        config, tensors = read_pretrained(directory)
-        model = cls.from_config_dict(config)
-        load_strict(model, tensors, str(directory))
-        return model.eval()
+    def from_pretrained(cls, directory: str | Path, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32) -> ContinuousAR:
+        """A ``save_pretrained`` directory, streamed into ``dtype`` on ``device`` (``models.loading``)."""
+        return load_pretrained(cls.from_config_dict, directory, dtype=dtype, device=device)
