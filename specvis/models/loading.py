@@ -14,8 +14,9 @@ the files straight into the requested dtype and device.
    each destination once in the target dtype and device, copies into it, and checks that every
    destination was filled from the file exactly once (one-line ``ValueError`` otherwise).
 
-``TRACE``: when a list, the sources append ``("open", path)``, ``("read", key)`` and
-``("close", path)`` in reading order (tests observe shard-at-a-time loading through it).
+``TRACE``: when a list, the sources append ``("open", path)``, ``("read", key)``, ``("drop", key)``
+(its pages handed back) and ``("close", path)`` in reading order (tests observe shard-at-a-time
+loading through it).
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ def safetensors_tensors(files: Sequence[Path], wanted: Callable[[str], bool] = l
                 except Exception as exc:  # noqa: BLE001
                     raise ValueError(f"{path}: unreadable tensor {key!r} ({one_line(exc)})") from None
                 yield key, t
-                drop_pages(t)
+                if drop_pages(t):
+                    _trace("drop", key)
                 del t
         _trace("close", str(path))
 
@@ -166,7 +168,8 @@ def torch_file_tensors(sd: dict[str, torch.Tensor], where: str) -> Iterator[tupl
     for key, t in sd.items():
         _trace("read", key)
         yield key, t
-        drop_pages(t)
+        if drop_pages(t):
+            _trace("drop", key)
     _trace("close", where)
 
 
