@@ -74,8 +74,29 @@ def _load(a: argparse.Namespace):
 
 def _device_line(pipe) -> str:
     graphs = pipe.device.type == "cuda" if pipe.graphs is None else pipe.graphs
-    return (f"{pipe.device} | {str(pipe.dtype).removeprefix('torch.')} | captured rounds {'on' if graphs and pipe.device.type == 'cuda' else 'off'}"
+    why = (pipe.extras or {}).get("dtype_source")
+    return (f"{pipe.device} | {str(pipe.dtype).removeprefix('torch.')}{f' ({why})' if why else ''}"
+            f" | captured rounds {'on' if graphs and pipe.device.type == 'cuda' else 'off'}"
             f" | compile {'on' if pipe.compiled else 'off'}")
+
+
+def _plan_memory(pipe, batch_size: int, methods, sampling, verbose: bool = False) -> None:
+    """Before any forward: each method's memory plan at ``batch_size`` (``Pipeline.memory``; text
+    prompts planned at ``specvis.memory.DEFAULT_PROMPT_TOKENS``, the call re-plans with its own);
+    printed with ``-v``; a plan that does not fit is the one-line error. MAR pipelines (no KV cache)
+    are not planned."""
+    from .families.mar import MARPipeline
+
+    if isinstance(pipe, MARPipeline):
+        return
+    for method in methods:
+        plan = pipe.memory(batch_size, method, sampling)
+        if verbose:
+            print(f"  {plan.describe()}")
+        if not plan.fits:
+            from .memory import MemoryPlanError
+
+            raise MemoryPlanError(plan.line())
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -220,6 +241,8 @@ def build_parser() -> Parser:
     g.add_argument("--num", type=int, help="number of images (default: one per --class, else 8)")
     g.add_argument("--seed", type=int, default=0, help="random seed of the batch (default 0)")
     g.add_argument("--out", default="out", help="output directory")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="print the memory plan (weights, KV cache, what is free, the largest batch) before generating")
     g.add_argument("--compare-ar", action="store_true",
                    help="also run plain AR on the same conditions and seed (after an untimed one-image warm-up "
                         "of each) and print the wall-clock speedup; only the method's images are written")
@@ -340,6 +363,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
         def run(m, n: int = num):
             return pipe(classes[:n], m, sampling, seed=a.seed)
+    _plan_memory(pipe, num, [method], sampling, verbose=a.verbose)  # before any forward
     ar = None
     if a.compare_ar and method.name != "ar":
         from .methods.ar import AR
@@ -427,6 +451,7 @@ def cmd_sample(a: argparse.Namespace) -> int:
         method = _method(a, pipe)
         _check_draft(pipe, [method.name])
         sampling = _sampling(a, pipe.default_sampling)
+        _plan_memory(pipe, min(a.batch_size, a.num), [method], sampling)  # before any forward
         stats = sample(pipe, method, sampling, out, num=a.num, batch_size=a.batch_size, seed=a.seed,
                        classes=a.classes, prompts=prompts, height=a.height, width=a.width, dist=dist, model=a.model,
                        progress=sys.stderr.isatty())
@@ -464,6 +489,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         _check_draft(pipe, names)
         class_names = pipe.class_names
         sampling = _sampling(a, pipe.default_sampling)
+        if min(a.batch_size, a.num) >= 1:  # (bad counts are the runner's one-line errors)
+            _plan_memory(pipe, min(a.batch_size, a.num), [method_from_spec(s, a.accept) for s in specs], sampling)
         metrics = None if a.metrics is None else [m.strip() for m in a.metrics.split(",") if m.strip() not in ("", "none")]
 
         def show(run: dict) -> None:

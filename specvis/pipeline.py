@@ -10,7 +10,8 @@ import torch
 
 from .cpu_features import NATIVE_FLAGS, native_dot_products
 from .generate import Generation, generate
-from .models.base import Condition, Prompts
+from .memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, MemoryPlanError, plan
+from .models.base import Captions, Condition, Prompts
 from .models.checkpoint import one_line
 from .models.weight_layout import prepare_cpu_linears
 from .sampling import Sampling
@@ -140,6 +141,33 @@ class Pipeline:
     def num_classes(self) -> int:
         return self.target.num_conditions
 
+    def memory(self, batch_size: int = 1, method=None, sampling: Sampling | None = None,
+               prompt_tokens: int | None = None) -> MemoryPlan:
+        """The memory a call of ``batch_size`` samples with ``method`` (None: AR) and ``sampling``
+        (None: the pipeline's default; CFG doubles the rows) needs, against what the device has free
+        now (``specvis.memory``): ``weights_bytes``, ``kv_bytes``, ``free_bytes``, ``fits``,
+        ``max_batch_size``. ``prompt_tokens``: the longest prompt (default: the model's fixed prefix,
+        or ``DEFAULT_PROMPT_TOKENS`` for text prompts); a call plans with its own prompts."""
+        from .methods.ar import AR
+
+        sampling = sampling or self.default_sampling
+        prefix = min(self.target.max_prefix, DEFAULT_PROMPT_TOKENS) if prompt_tokens is None else int(prompt_tokens)
+        return plan(self.target, self.draft, self.drafter, self._resident(), batch_size=batch_size,
+                    cfg=sampling.uses_cfg, prefix=prefix, method_slots=(AR() if method is None else method).pad)
+
+    def _resident(self) -> tuple:
+        """Modules besides the cached models that hold memory (the tokenizer)."""
+        return (self.tokenizer,)
+
+    def check_memory(self, condition: Condition, method, sampling: Sampling) -> MemoryPlan:
+        """The plan of a call about to run; a ``MemoryPlanError`` (one line: bytes needed, bytes free,
+        the largest batch that fits) when it does not fit. Runs before any forward."""
+        widths = [prefix_width(c, self.target) for c in (condition.cond, condition.uncond) if c is not None]
+        p = self.memory(condition.batch, method, sampling, prompt_tokens=max(widths))
+        if not p.fits:
+            raise MemoryPlanError(p.line())
+        return p
+
     @property
     def codebook(self) -> torch.Tensor:
         return self.tokenizer.codebook
@@ -162,6 +190,7 @@ class Pipeline:
                  width: int | None = None, progress=None) -> Generation:
         check_class_call(self.name, classes, prompts, negative_prompts, height, width)
         conditions = torch.as_tensor(list(classes), dtype=torch.long, device=self.device)
+        self.check_memory(Condition(conditions), method, sampling or self.default_sampling)
         out = generate(self.target, conditions, method, sampling or self.default_sampling, seed,
                        draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs,
                        progress=progress)
@@ -225,6 +254,9 @@ class TextPipeline(Pipeline):
         if not isinstance(prompt, str):
             return -1
         return int((self.extras.get("prompt_classes") or {}).get(prompt.strip().lower(), -1))
+
+    def _resident(self) -> tuple:
+        return (self.vq,)
 
     def to(self, device: str | torch.device) -> "TextPipeline":
         super().to(device)
@@ -319,6 +351,7 @@ class TextPipeline(Pipeline):
             raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
         sampling = sampling or self.default_sampling
         cond = self.conditions(prompts, negative_prompts, sampling, height, width)
+        self.check_memory(cond, method, sampling)
         out = generate(self.target, cond, method, sampling, seed, draft=self.draft, drafter=self.drafter,
                        codebook=self.codebook if _needs_codebook(method) else None, graphs=self.graphs,
                        progress=progress)
@@ -357,6 +390,16 @@ class TextPipeline(Pipeline):
         """PIL images of codes (B, H*W) on the grid last generated (the native one before any call)."""
         L = self.target.layout
         return to_pil(self.decoder.decode(tokens, L.height, L.width))
+
+
+def prefix_width(rows, model) -> int:
+    """Prefix tokens a call's rows take in the cache: the widest prompt or caption, else (class ids)
+    the model's fixed prefix."""
+    if isinstance(rows, Prompts):
+        return int(rows.ids.shape[1])
+    if isinstance(rows, Captions):
+        return int(rows.embeddings.shape[1])
+    return int(model.max_prefix)
 
 
 def _needs_codebook(method) -> bool:

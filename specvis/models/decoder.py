@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import KVCache
+from .base import CacheGeometry, KVCache
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -179,11 +179,16 @@ class CachedStack:
         self.cache = None
         self.prefix_lengths = torch.zeros(rows, dtype=torch.long, device=p.device)
 
+    def cache_geometry(self, rows: int, prefix: int, extra: int) -> CacheGeometry:
+        """The cache a call of ``rows`` rows, a longest prefix of ``prefix`` tokens and ``extra``
+        scratch slots allocates: prefix + stream + extra slots (``specvis.memory`` plans with it)."""
+        layers, heads, head_dim = self.cache_shape()
+        return CacheGeometry(layers, rows, heads, prefix + self.layout.stream_len + extra, head_dim)
+
     def _allocate(self, prefix: int) -> KVCache:
         rows, extra = self._plan
         p = next(self.parameters())
-        layers, heads, head_dim = self.cache_shape()
-        self.cache = KVCache(layers, rows, heads, prefix + self.layout.stream_len + extra, head_dim, p.dtype, p.device)
+        self.cache = self.cache_geometry(rows, prefix, extra).allocate(p.dtype, p.device)
         return self.cache
 
     def _run_cached(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None):

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .base import KVCache
+from .base import CacheGeometry, KVCache
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_tensors, one_line, read_state_dict
 from .decoder import Float32Rope, rope_1d
 from .loading import Piece
@@ -220,12 +220,15 @@ class EagleDrafter(Float32Rope, nn.Module):
         return self.logits(f), f
 
     # ---- cached decoding ----
+    def cache_geometry(self, rows: int, prefix: int, extra: int) -> CacheGeometry:
+        """The cache ``setup_cache(rows, extra)`` allocates (no prefix: ``prefix`` unused)."""
+        blk = self.layers[0].attention
+        return CacheGeometry(len(self.layers), rows, blk.n_kv_head, self.stream_len + extra, blk.head_dim)
+
     def setup_cache(self, rows: int, extra: int) -> None:
         """Room for the whole stream plus ``extra`` uncommitted slots per row; committed length 0."""
         p = self.fc.weight
-        blk = self.layers[0].attention
-        self.cache = KVCache(len(self.layers), rows, blk.n_kv_head, self.stream_len + extra,
-                             blk.head_dim, p.dtype, p.device)
+        self.cache = self.cache_geometry(rows, 0, extra).allocate(p.dtype, p.device)
 
     @property
     def length(self) -> torch.Tensor:
