@@ -50,6 +50,9 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
                    help="weights and KV cache (default: the model's, fp32); on a CPU with bf16 dot products "
                         "(AVX512-BF16, AMX) bf16 flattens the forward cost curve: docs/benchmarks/bf16-cpu.md")
+    g.add_argument("--quantize", choices=["int8"],
+                   help="weight-only int8 linear layers in the target's and draft's blocks (half the memory of bf16; "
+                        "methods stay exact for the quantized model): docs/benchmarks/scale.md")
     g.add_argument("--compile", action="store_true", help="torch.compile the cached forward (one graph per block size); CUDA only: on CPU it measured slower and is skipped")
     g.add_argument("--no-graphs", dest="graphs", action="store_false", default=None,
                    help="run rounds eagerly on CUDA (default: captured CUDA graphs; no effect on CPU)")
@@ -64,7 +67,8 @@ def _load(a: argparse.Namespace):
     num_iter = getattr(a, "num_iter", None)
     if num_iter is not None and num_iter < 1:
         raise ValueError(f"--num-iter must be >= 1, got {num_iter}")
-    pipe = load(a.model, a.device, a.dtype, a.compile, a.graphs, draft=a.draft, drafter=a.drafter)
+    pipe = load(a.model, a.device, a.dtype, a.compile, a.graphs, draft=a.draft, drafter=a.drafter,
+                **({"quantize": a.quantize} if a.quantize else {}))
     if num_iter is not None:
         if not hasattr(pipe, "num_iter"):
             raise ValueError(f"--num-iter applies to MAR models only; model {a.model} decodes one token per step")
@@ -75,7 +79,9 @@ def _load(a: argparse.Namespace):
 def _device_line(pipe) -> str:
     graphs = pipe.device.type == "cuda" if pipe.graphs is None else pipe.graphs
     why = (pipe.extras or {}).get("dtype_source")
+    quant = (pipe.extras or {}).get("quantize")
     return (f"{pipe.device} | {str(pipe.dtype).removeprefix('torch.')}{f' ({why})' if why else ''}"
+            f"{f' | {quant} weights' if quant else ''}"
             f" | captured rounds {'on' if graphs and pipe.device.type == 'cuda' else 'off'}"
             f" | compile {'on' if pipe.compiled else 'off'}")
 

@@ -17,6 +17,7 @@ from .models.drafter import EagleDrafter
 from .models.checkpoint import stored_dtype
 from .models.llamagen import LlamaGen, LlamaGenConfig
 from .models.loading import requested_dtype, resolve
+from .models.quantize import check_quantize, quantize_linears
 from .pipeline import ContinuousPipeline, LatentPalette, PaletteTokenizer, Pipeline
 from .sampling import Sampling
 
@@ -201,15 +202,17 @@ def threads_for(n_params: int, device, threads: int | str | None = None) -> tupl
 
 def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
          compile: bool | str = False, graphs: bool | None = None, draft: str | None = None,
-         drafter: str | None = None, threads: int | None = None) -> Pipeline:
+         drafter: str | None = None, threads: int | None = None, quantize: str | None = None) -> Pipeline:
     """Load a bundle by name, offline, or a real checkpoint: a directory or Hugging Face Hub id
     (``specvis.families``; ``draft``: a smaller checkpoint of the same family; ``drafter``: an EAGLE
     head directory trained for it, ``specvis train-drafter --model``). Weights are loaded at their
     own cost, straight into ``device`` and ``dtype`` (``models.loading``). ``dtype`` None: the
     checkpoint's stored dtype on CUDA; on a CPU that dtype where the CPU has dot products in it
     (``cpu_features``), else fp32 (``models.loading.default_dtype``); ``pipe.extras["dtype"]`` and
-    ``pipe.extras["dtype_source"]`` say which ran and why. ``compile``, ``graphs``: see
-    ``Pipeline.configure``.
+    ``pipe.extras["dtype_source"]`` say which ran and why. ``quantize="int8"``: weight-only int8
+    linear layers in the blocks of the target and the draft model (``models.quantize``; quantized as
+    they stream in from checkpoint directories); ``pipe.extras["quantize"]`` records it.
+    ``compile``, ``graphs``: see ``Pipeline.configure``.
 
     ``threads``: torch's intra-op CPU threads (``torch.set_num_threads``, process-wide). Default
     (``threads_for``): 1 when the device is the CPU, the target has fewer than 50M parameters
@@ -219,6 +222,7 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
     ``pipe.extras["threads_source"]``)."""
     threads_for(0, "cuda", threads)  # a bad threads= / SPECVIS_THREADS fails before loading
     requested_dtype(dtype)  # a bad dtype fails before loading
+    check_quantize(quantize)
     dev = torch.device(device)
     if name in BUNDLES:
         if draft is not None:
@@ -229,7 +233,7 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
     elif Path(name).is_dir() or "/" in str(name):
         from .families import load_pipeline
 
-        pipe = load_pipeline(name, draft=draft, drafter=drafter, device=dev, dtype=dtype)
+        pipe = load_pipeline(name, draft=draft, drafter=drafter, device=dev, dtype=dtype, quantize=quantize)
     else:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(BUNDLES)}, a checkpoint directory or a Hub id")
     n, source = threads_for(sum(p.numel() for p in pipe.target.parameters()), device, threads)
@@ -237,6 +241,11 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
         torch.set_num_threads(n)
         pipe.extras["threads"] = n
         pipe.extras["threads_source"] = source
+    if quantize:  # bundles and their own-format families: after loading (checkpoint dirs: while loading)
+        for m in (pipe.target, pipe.draft):
+            if m is not None:
+                quantize_linears(m)
+        pipe.extras["quantize"] = quantize
     pipe.extras["dtype"] = DTYPE_LABELS.get(pipe.dtype, str(pipe.dtype))
     return pipe.to(device).configure(dtype, compile, graphs)
 

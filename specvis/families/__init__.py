@@ -14,6 +14,7 @@ import torch
 
 from ..models.decoder import PromptDecoder
 from ..models.loading import config_dtype, empty_parameters, load_safetensors, resolve, safetensors_dtype
+from ..models.quantize import check_quantize, quantize_linears, streaming_quantizer
 from . import chameleon, emu3, janus, llamagen_t2i, mar
 from .hf import read_json, weight_files
 
@@ -37,35 +38,45 @@ def detect(directory: str | Path):
 
 
 def load_decoder(directory: str | Path, height: int | None = None, width: int | None = None, *,
-                 device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> PromptDecoder:
+                 device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                 quantize: str | None = None) -> PromptDecoder:
     """The checkpoint's text-to-image decoder with its weights, in eval mode, on ``device`` in
     ``dtype`` (None: ``models.loading.default_dtype`` of the checkpoint's own dtype). Loaded at the
     cost of the weights: built on the meta device, each tensor streamed from the memory-mapped
-    safetensors, shard by shard, into its place (``models.loading``). ``model.dtype_source`` says
-    why this dtype."""
+    safetensors, shard by shard, into its place (``models.loading``); with ``quantize="int8"``
+    each block linear becomes int8 as its weight arrives (``models.quantize``). ``model.dtype_source``
+    says why this dtype."""
+    check_quantize(quantize)
     family, config = detect(directory)
     if hasattr(family, "load_decoder"):  # a family with its own model class and file format
         model = family.load_decoder(Path(directory), height, width, device=device, dtype=dtype)
         model.family = family
+        if quantize:
+            quantize_linears(model)
         return model
     d = Path(directory)
     files = weight_files(d)
     dt, why = resolve(dtype, config_dtype(config) or safetensors_dtype(files), device)
     with empty_parameters():
         model, route = family.build(d, config, height, width)
-    load_safetensors(model, files, route, dt, device, str(directory))
+    load_safetensors(model, files, route, dt, device, str(directory),
+                     finish=streaming_quantizer(model) if quantize else None)
+    if quantize:
+        quantize_linears(model)  # block linears with a bias (none in these families' releases)
     model.family, model.dtype_source = family, why
     return model.eval()
 
 
 def load_pipeline(name: str | Path, draft: str | Path | None = None, drafter: str | Path | None = None, *,
-                  device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None):
+                  device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                  quantize: str | None = None):
     """A ``TextPipeline`` for a checkpoint directory or Hugging Face Hub id (``specvis.hub``), with an
     optional draft checkpoint of the same family (same tokenizer, same image vocabulary) and an
     optional EAGLE head trained for this checkpoint (``specvis train-drafter --model``: its ``--out``
     directory or the ``final/`` head in it; a Hub id works too). All are loaded on ``device`` in
     ``dtype`` (None: the target checkpoint's default, ``models.loading.default_dtype``; the draft and
-    the head follow the target)."""
+    the head follow the target); ``quantize="int8"``: the target's and the draft's block linears
+    in int8 (``models.quantize``)."""
     from ..pipeline import TextPipeline
     from ..sampling import Sampling
     from ..hub import resolve_model_dir
@@ -74,12 +85,12 @@ def load_pipeline(name: str | Path, draft: str | Path | None = None, drafter: st
     family, _ = detect(directory)
     if hasattr(family, "load_pipeline"):  # its own pipeline (LlamaGen t2i: captions from flan-t5)
         return family.load_pipeline(name, Path(directory), draft=draft, drafter=drafter, device=device, dtype=dtype)
-    target = load_decoder(directory, device=device, dtype=dtype)
+    target = load_decoder(directory, device=device, dtype=dtype, quantize=quantize)
     dt = next(target.parameters()).dtype
     draft_model = None
     if draft is not None:
         draft_dir = resolve_model_dir(str(draft))
-        draft_model = load_decoder(draft_dir, device=device, dtype=dt)
+        draft_model = load_decoder(draft_dir, device=device, dtype=dt, quantize=quantize)
         check_draft(draft_model, target, draft_dir, directory)
     drafter_model = None
     if drafter is not None:

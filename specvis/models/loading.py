@@ -259,13 +259,14 @@ class Loaded:
 
 def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[[Callable[[str], bool]], Iterable[tuple[str, torch.Tensor]]],
                 route: Route, dtype: torch.dtype, device: torch.device | str, where: str,
-                finish: Callable[[str, torch.Tensor], None] | None = None,
+                finish: Callable[[str, torch.Tensor], bool] | None = None,
                 display: Callable[[str], str] = lambda n: n) -> Loaded:
     """Fill ``model`` (built by ``skeleton``) from a checkpoint: ``keys`` are its file keys (read from
     headers or the index, no data), ``tensors(wanted)`` yields the ``wanted`` ones as (key, tensor).
     Each destination is allocated once, in ``dtype`` (floating point; others keep their own) on
     ``device``, and filled piece by piece; ``finish(name, tensor)``, when given, is called as each
-    destination is complete. Every parameter and persistent buffer must come from the file
+    destination is complete and returns True when it took the tensor over (it is then neither kept
+    nor installed: ``models.quantize.streaming_quantizer`` replaces the layer that owned it). Every parameter and persistent buffer must come from the file
     (``check_routes``); then non-persistent buffers follow to ``device`` and ``dtype`` as
     ``Module.to`` moves them. One-line ValueErrors for unexpected, missing or mis-shaped tensors."""
     device = torch.device(device)
@@ -273,6 +274,7 @@ def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[[Callab
     plan = check_routes(keys, route, dests, where, display)
     remaining = {name: _rows_of(t.shape) for name, t in dests.items()}  # each row comes once (check_routes)
     made: dict[str, torch.Tensor] = {}
+    consumed: set[str] = set()
     order: list[str] = []
     for key, src in tensors(lambda k: k in plan):
         order.append(key)
@@ -291,9 +293,10 @@ def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[[Callab
                 view.copy_(value)
             del value
             remaining[piece.name] -= len(_span(piece, meta.shape))
-            if remaining[piece.name] == 0 and finish is not None:
-                finish(piece.name, out)
-    _install(model, dests, made)
+            if remaining[piece.name] == 0 and finish is not None and finish(piece.name, out):
+                consumed.add(piece.name)
+                del made[piece.name], out  # the hook took it (e.g. quantized it): the float copy is freed
+    _install(model, {k: v for k, v in dests.items() if k not in consumed}, made)
     model.to(device=device, dtype=dtype)  # non-persistent buffers (the parameters are already there)
     return Loaded(order, sum(t.numel() * t.element_size() for t in made.values()))
 
