@@ -48,6 +48,7 @@ def test_planned_kv_bytes_are_the_allocated_bytes(name, dtype, method, kw):
     plan = pipe.memory(B, method, prompt_tokens=width)
     assert plan.rows == 2 * B and plan.slots == t.cache.slots
     assert allocated(t) == issue_formula(t, plan.rows, plan.slots)
+    assert t.cache_geometry(plan.rows, width, method.pad).nbytes(next(t.parameters()).dtype, "cpu") == allocated(t)
     if isinstance(method, sv.Speculative):
         assert allocated(pipe.draft) == issue_formula(pipe.draft, plan.rows, plan.slots)
     geoms = [m.cache_geometry(plan.rows, width, method.pad) for m in (pipe.target, pipe.draft, pipe.drafter)]
