@@ -264,24 +264,35 @@ def write_transformers(out: Path, config, specs, args, gains, embeddings, shard_
     d.update(extra or {})
     total = sum(math.prod(s) for _, s in specs)
     print(f"{out}: {len(specs)} tensors, {total / 1e9:.3f}B parameters", flush=True)
-    write_sharded(out, specs, args.dtype, args.tag, args.seed, gains, embeddings,
-                  int((args.max_shard_gb or shard_gb) * GB))
+    if not args.config_only:
+        write_sharded(out, specs, args.dtype, args.tag, args.seed, gains, embeddings,
+                      int((args.max_shard_gb or shard_gb) * GB))
     tmp = out / "config.json.tmp"
     tmp.write_text(json.dumps(d, indent=2))
     os.replace(tmp, out / "config.json")
 
 
 # ---------------------------------------------------------------- LlamaGen t2i release files
-def llamagen_t2i(size: str, out: Path, args) -> None:
-    """t2i_<SIZE>_256.pt ({"model": state dict}), vq_ds16_t2i.pt and t5-ckpt/flan-t5-xl."""
-    from specvis.models.llamagen import LlamaGenT2I, LlamaGenT2IConfig
-    from specvis.models.vq import VQConfig, VQModel
+def llamagen_t2i_config(size: str):
+    """The ``LlamaGenT2IConfig`` of a size (module docstring)."""
+    from specvis.models.llamagen import LlamaGenT2IConfig
 
     hidden, layers, heads, kv, ffn = trunk("llamagen-t2i", size)
     cfg = LlamaGenT2IConfig(dim=hidden, n_layer=layers, n_head=heads, n_kv_head=kv, vocab_size=16384, block_size=256,
                             multiple_of=256, caption_dim=2048, cls_token_num=120)
     if cfg.ffn_hidden != ffn:
         cfg.multiple_of = ffn  # GPT_3B's width: the FFN as released
+    return cfg
+
+
+def llamagen_t2i(size: str, out: Path, args) -> None:
+    """t2i_<SIZE>_256.pt ({"model": state dict}), vq_ds16_t2i.pt and t5-ckpt/flan-t5-xl."""
+    from specvis.models.llamagen import LlamaGenT2I
+    from specvis.models.vq import VQConfig, VQModel
+
+    if args.config_only:
+        raise SystemExit("llamagen-t2i releases have no config file: its shapes are in the .pt (memory_table.py builds it)")
+    cfg = llamagen_t2i_config(size)
     specs = meta_specs(lambda: LlamaGenT2I(cfg))
     out.mkdir(parents=True, exist_ok=True)
     total = sum(math.prod(s) for _, s in specs)
@@ -338,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--max-shard-gb", type=float, help="largest shard (default: the family's release, module docstring)")
+    p.add_argument("--config-only", action="store_true",
+                   help="config, tokenizer and processor files only, no weights (scripts/memory_table.py plans from them)")
     a = p.parse_args(argv)
     trunk(a.family, a.size)  # a bad size fails before anything is written
     a.dtype, a.tag = DTYPES[a.dtype]
