@@ -284,7 +284,7 @@ class TextPipeline(Pipeline):
         """The family's VQ image decoder (``decode(codes, height, width)``, ``codebook``), on the pipeline's device."""
         if self.vq is None:
             try:
-                vq = self.family.load_vq(self.directory)
+                vq = self.family.load_vq(self.directory, device=self.device)  # fp32, streamed onto the device
             except ValueError:
                 raise
             except (ImportError, OSError, RuntimeError, KeyError) as exc:

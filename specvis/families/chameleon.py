@@ -136,8 +136,8 @@ def negative(processor, count: int, height: int, width: int, model: PromptDecode
     return [row] * count
 
 
-def load_vq(directory: Path):
+def load_vq(directory: Path, device: str | torch.device = "cpu"):
     """The image decoder of this checkpoint (``decode(codes, height, width)``, ``codebook``)."""
     from ..models.chameleon_vq import load_chameleon_vq
 
-    return load_chameleon_vq(directory)
+    return load_chameleon_vq(directory, device=device)

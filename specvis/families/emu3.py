@@ -121,8 +121,8 @@ def negative(processor, count: int, height: int, width: int, model=None) -> list
     return encode(processor, [NEGATIVE] * count, height, width)
 
 
-def load_vq(directory: Path):
+def load_vq(directory: Path, device: str | torch.device = "cpu"):
     """The image decoder of this checkpoint (``decode(codes, height, width)``, ``codebook``)."""
     from ..models.hf_vq import load_hf_vq
 
-    return load_hf_vq(directory)
+    return load_hf_vq(directory, device=device)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from ..models.base import Layout
@@ -91,8 +92,8 @@ def encode(processor, texts: list[str], height: int, width: int, model=None) -> 
     return [list(map(int, p)) for p in prompts]
 
 
-def load_vq(directory: Path):
+def load_vq(directory: Path, device: str | torch.device = "cpu"):
     """The image decoder of this checkpoint (``decode(codes, height, width)``, ``codebook``)."""
     from ..models.hf_vq import load_hf_vq
 
-    return load_hf_vq(directory)
+    return load_hf_vq(directory, device=device)

@@ -213,11 +213,11 @@ def check_draft(draft, target, draft_dir, directory) -> None:
                          f"codes differs from {directory}'s {target.layout.height}x{target.layout.width} of {target.layout.vocab_size}")
 
 
-def load_vq(directory: Path):
+def load_vq(directory: Path, device: str | torch.device = "cpu"):
     """The t2i VQ (``VQModel.from_checkpoint``: LlamaGen's VQ file format)."""
     from ..models.vq import VQModel
 
-    return VQModel.from_checkpoint(vq_file(Path(directory)))
+    return VQModel.from_checkpoint(vq_file(Path(directory)), device=device)
 
 
 def clean_text(text: str) -> str:
