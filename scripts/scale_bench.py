@@ -195,7 +195,7 @@ def cmd_rounds(a) -> None:
              for m in (sv.AR(), sv.SJD(window=16))]
     same = bool(torch.equal(small[0], small[1]))
     first = None if same else int((small[0] != small[1]).nonzero()[0, 1])
-    out["greedy_4x4"] = {"ar": small[0].tolist(), "sjd": small[1].tolist(), "identical": same, "first_difference": first}
+    greedy_check = {"ar": small[0].tolist(), "sjd": small[1].tolist(), "identical": same, "first_difference": first}
     for spec in a.methods.split(","):
         from specvis.registry import method_from_spec
 
@@ -221,7 +221,7 @@ def cmd_rounds(a) -> None:
                      first_round_s=rounds[0] if rounds else None, round_s=rounds)
         out[spec] = stats
         print(f"{spec}: {stats['rounds']} rounds, median {stats['round_s_median']:.2f} s", file=sys.stderr, flush=True)
-    emit({"rounds": out, "stream_len": pipe.target.layout.stream_len})
+    emit({"rounds": out, "greedy_4x4": greedy_check, "stream_len": pipe.target.layout.stream_len})
 
 
 def cmd_acceptance(a) -> None:
@@ -446,6 +446,9 @@ def main(argv=None) -> None:
     s = sub.add_parser("acceptance")
     s.add_argument("--methods", default="ar,sjd:window=16:coupling=gumbel,sjd:window=32:coupling=gumbel")
     s.add_argument("--num", type=int, default=16)
+    s = sub.add_parser("md", help="render the markdown tables of a report JSON")
+    s.add_argument("json")
+    s.add_argument("md")
     s = sub.add_parser("run")
     s.add_argument("--families", default="lumina,janus")
     s.add_argument("--sizes", default="0.3b,1.5b,7b")
@@ -465,7 +468,8 @@ def main(argv=None) -> None:
     s.add_argument("--redo", action="store_true")
     a = p.parse_args(argv)
     {"load": cmd_load, "curve": cmd_curve, "linear": cmd_linear, "rounds": cmd_rounds, "acceptance": cmd_acceptance,
-     "int8-law": cmd_int8_law, "run": cmd_run}[a.cmd](a)
+     "int8-law": cmd_int8_law, "run": cmd_run,
+     "md": lambda a: Path(a.md).write_text(markdown(json.loads(Path(a.json).read_text())))}[a.cmd](a)
 
 
 if __name__ == "__main__":

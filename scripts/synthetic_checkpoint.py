@@ -355,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     trunk(a.family, a.size)  # a bad size fails before anything is written
     a.dtype, a.tag = DTYPES[a.dtype]
     a.dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}[a.dtype]
-    free = shutil.disk_usage(a.dir.parent if not a.dir.exists() else a.dir).free
+    a.dir.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(a.dir).free
     print(f"writing {a.family} {a.size} to {a.dir} ({free / GB:.0f} GB free there)", flush=True)
     FAMILIES[a.family](a.size, a.dir, a)
     return 0

@@ -45,23 +45,38 @@ def _trace(event: str, what: str) -> None:
 
 
 # ---------------------------------------------------------------- building without initialisation
+INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                  "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+
+
 @contextlib.contextmanager
 def empty_parameters():
     """Inside: every parameter a module registers is replaced by a meta tensor of its shape (what
-    ``accelerate.init_empty_weights(include_buffers=False)`` does): ``nn.init`` calls on it cost
-    nothing, buffers stay real. Not thread-safe (it patches ``nn.Module.register_parameter``)."""
+    ``accelerate.init_empty_weights(include_buffers=False)`` does), and ``torch.nn.init``'s functions
+    return a meta tensor untouched (as transformers' ``no_init_weights`` does: an in-place random op
+    on a meta tensor would run torch's Python reference kernels, whose first use imports
+    ``torch._dynamo``, 6 s here). Buffers stay real. Not thread-safe (it patches
+    ``nn.Module.register_parameter`` and ``torch.nn.init``)."""
     original = nn.Module.register_parameter
+    inits = {name: getattr(nn.init, name) for name in INIT_FUNCTIONS}
 
     def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         original(module, name, param)
         if param is not None and not param.is_meta:
             module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
+    def skipping(init):
+        return lambda tensor, *a, **k: tensor if tensor.is_meta else init(tensor, *a, **k)
+
     nn.Module.register_parameter = register
+    for name, init in inits.items():
+        setattr(nn.init, name, skipping(init))
     try:
         yield
     finally:
         nn.Module.register_parameter = original
+        for name, init in inits.items():
+            setattr(nn.init, name, init)
 
 
 def skeleton(factory: Callable[[], nn.Module]) -> nn.Module:

@@ -172,8 +172,8 @@ class _Quantizer(nn.Module):
         self.beta = cfg.commit_loss_beta
         self.embedding = nn.Embedding(cfg.codebook_size, cfg.codebook_embed_dim)
         with torch.no_grad():
-            self.embedding.weight.uniform_(-1.0 / cfg.codebook_size, 1.0 / cfg.codebook_size)
-            if self.l2_norm:
+            nn.init.uniform_(self.embedding.weight, -1.0 / cfg.codebook_size, 1.0 / cfg.codebook_size)
+            if self.l2_norm and not self.embedding.weight.is_meta:  # (meta: built to be loaded, models.loading)
                 self.embedding.weight.copy_(F.normalize(self.embedding.weight, dim=-1))
 
     def codebook(self) -> torch.Tensor:
