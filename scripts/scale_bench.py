@@ -76,18 +76,21 @@ def cmd_load(a) -> None:
 
     before = status_bytes("VmRSS")
     t0 = time.perf_counter()
-    pipe = sv.load(str(a.dir), dtype=a.dtype, threads=1, **({"quantize": a.quantize} if a.quantize else {}))
+    pipe = sv.load(str(a.dir), a.device, dtype=a.dtype, threads=1, **({"quantize": a.quantize} if a.quantize else {}))
+    if pipe.device.type == "cuda":
+        torch.cuda.synchronize()
     load_s = time.perf_counter() - t0
     emit({"load_s": load_s, "rss_before": before, "rss_after": status_bytes("VmRSS"), "peak_rss": status_bytes("VmHWM"),
           "weights_bytes": tensor_bytes(pipe.target), "dtype": pipe.extras.get("dtype"),
           "dtype_source": pipe.extras.get("dtype_source"),
-          "params": sum(p.numel() for p in pipe.target.parameters())})
+          "params": sum(p.numel() for p in pipe.target.parameters()), "device": str(pipe.device),
+          "largest_file": max(f.stat().st_size for f in Path(a.dir).glob("*.safetensors")) if list(Path(a.dir).glob("*.safetensors")) else None})
 
 
 def _pipe(a):
     import specvis as sv
 
-    return sv.load(str(a.dir), dtype=a.dtype, threads=1, **({"quantize": a.quantize} if a.quantize else {}))
+    return sv.load(str(a.dir), a.device, dtype=a.dtype, threads=1, **({"quantize": a.quantize} if a.quantize else {}))
 
 
 def cmd_curve(a) -> None:
@@ -323,7 +326,7 @@ def cmd_run(a) -> None:
         report["emoji_t2i"] = child(["acceptance", "--methods", a.methods, "--num", str(a.accept_images)], 3600)
     for family in a.families.split(","):
         for size in a.sizes.split(","):
-            key = f"{family}-{size}" + (f"-{a.quantize}" if a.quantize else "")
+            key = f"{family}-{size}" + (f"-{a.quantize}" if a.quantize else "") + ("" if a.device == "cpu" else f"-{a.device}")
             if key in report["runs"] and not a.redo:
                 continue
             d = Path(a.scratch) / f"{family}-{size}"
@@ -335,12 +338,13 @@ def cmd_run(a) -> None:
             else:
                 write_s = None
             run = {"family": family, "size": size, "write_s": write_s, "available_before": available_bytes()}
-            common = [str(d)] + (["--dtype", a.dtype] if a.dtype else []) + (["--quantize", a.quantize] if a.quantize else [])
+            common = ([str(d), "--device", a.device] + (["--dtype", a.dtype] if a.dtype else [])
+                      + (["--quantize", a.quantize] if a.quantize else []))
             run["read_s"], run["file_bytes"] = read_files_seconds(d)
             run["load"] = child(["load", *common], 7200)
             run["read_again_s"], _ = read_files_seconds(d)
             run["curve"] = child(["curve", *common, "--warm", str(a.warm), "--timed", str(a.timed)], 7200)
-            if not a.quantize:
+            if not a.quantize and a.device == "cpu":
                 run["linear"] = child(["linear", "--shape", json.dumps(decoder_shape(d)), "--packed",
                                        "--warm", str(a.warm), "--timed", str(a.timed)], 7200)
             if size in seven:
@@ -430,6 +434,7 @@ def main(argv=None) -> None:
     for name in ("load", "curve", "rounds"):
         s = sub.add_parser(name)
         s.add_argument("dir", type=Path)
+        s.add_argument("--device", default="cpu")
         s.add_argument("--dtype")
         s.add_argument("--quantize")
         s.add_argument("--warm", type=int, default=2)
@@ -456,6 +461,7 @@ def main(argv=None) -> None:
     s.add_argument("--methods", default="ar,sjd:window=16:coupling=gumbel,sjd:window=32:coupling=gumbel")
     s.add_argument("--max-rounds", type=int, default=0, help="stop each method after this many timed rounds (0: whole image)")
     s.add_argument("--scratch", default="/tmp/specvis-scale")
+    s.add_argument("--device", default="cpu", help="cuda: host peak RSS of a GPU load (goal: largest shard + 1 GiB)")
     s.add_argument("--dtype")
     s.add_argument("--quantize")
     s.add_argument("--warm", type=int, default=2)

@@ -99,6 +99,11 @@ class MARPipeline:
     def device(self) -> torch.device:
         return next(self.target.parameters()).device
 
+    def memory(self, *args, **kwargs):
+        """MAR keeps no KV cache (its encoder-decoder recomputes every step): it has no memory plan."""
+        raise ValueError(f"model {self.name} (MAR) has no KV cache to plan: pipe.memory is for the "
+                         "autoregressive families")
+
     def to(self, device) -> "MARPipeline":
         self.target.to(device)
         self.vae.to(device)
