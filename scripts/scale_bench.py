@@ -185,20 +185,32 @@ def cmd_linear(a) -> None:
     emit({"linear": out, "one_product_2_rows_ms": {"shape": list(w.shape), **layout}})
 
 
-def cmd_rounds(a) -> None:
-    """Per-round wall-clock of AR and SJD over a 16x16 image (module docstring), and the greedy 4x4 check."""
+def greedy_4x4(pipe) -> dict:
+    """A 4x4 image with greedy AR and greedy SJD (window 16): the tokens, whether they are identical
+    and, if not, where they first differ. In bf16 a near-tie can flip: a position's logits depend at
+    rounding level on the block they are computed in (docs/benchmarks/bf16-cpu.md)."""
     import torch
 
     import specvis as sv
 
-    pipe = _pipe(a)
-    out = {}
     greedy = sv.Sampling(temperature=0, cfg_scale=pipe.default_sampling.cfg_scale)
     small = [pipe(prompts=[PROMPT], method=m, sampling=greedy, height=4, width=4, decode=False).tokens
              for m in (sv.AR(), sv.SJD(window=16))]
     same = bool(torch.equal(small[0], small[1]))
     first = None if same else int((small[0] != small[1]).nonzero()[0, 1])
-    greedy_check = {"ar": small[0].tolist(), "sjd": small[1].tolist(), "identical": same, "first_difference": first}
+    return {"ar": small[0].tolist(), "sjd": small[1].tolist(), "identical": same, "first_difference": first,
+            "dtype": pipe.extras.get("dtype")}
+
+
+def cmd_greedy(a) -> None:
+    emit({"greedy_4x4": greedy_4x4(_pipe(a))})
+
+
+def cmd_rounds(a) -> None:
+    """Per-round wall-clock of AR and SJD over a 16x16 image (module docstring), and the greedy 4x4 check."""
+    pipe = _pipe(a)
+    out = {}
+    greedy_check = greedy_4x4(pipe)
     for spec in a.methods.split(","):
         from specvis.registry import method_from_spec
 
@@ -347,6 +359,8 @@ def cmd_run(a) -> None:
             if not a.quantize and a.device == "cpu":
                 run["linear"] = child(["linear", "--shape", json.dumps(decoder_shape(d)), "--packed",
                                        "--warm", str(a.warm), "--timed", str(a.timed)], 7200)
+            if not a.quantize and 4 * run["load"]["params"] < available_bytes() / 2:  # fp32 fits: no bf16 ties
+                run["greedy_fp32"] = child(["greedy", str(d), "--device", a.device, "--dtype", "fp32"], 7200)["greedy_4x4"]
             if size in seven:
                 run["rounds"] = child(["rounds", *common, "--methods", a.methods, "--max-rounds", str(a.max_rounds)],
                                       4 * 7200)
@@ -423,15 +437,18 @@ def markdown(report: dict) -> str:
                          f"{s.get('target_forwards', '-')} | {m if m is None else round(m, 2)} | "
                          f"{'-' if proj is None else f'{proj:.0f}'} | {'-' if speed is None else f'{speed:.2f}x'} |")
         gr = r["rounds"]["greedy_4x4"]
-        lines.append(f"\nGreedy 4x4 AR and SJD tokens identical: {gr['identical']}"
+        lines.append(f"\nGreedy 4x4 AR and SJD tokens identical in {gr.get('dtype')}: {gr['identical']}"
                      + ("" if gr["identical"] else f" (first difference at token {gr['first_difference']})"))
+    for key, r in report["runs"].items():
+        if "greedy_fp32" in r:
+            lines.append(f"{key}: greedy 4x4 AR and SJD tokens identical in fp32: {r['greedy_fp32']['identical']}")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("load", "curve", "rounds"):
+    for name in ("load", "curve", "rounds", "greedy"):
         s = sub.add_parser(name)
         s.add_argument("dir", type=Path)
         s.add_argument("--device", default="cpu")
@@ -474,7 +491,7 @@ def main(argv=None) -> None:
     s.add_argument("--redo", action="store_true")
     a = p.parse_args(argv)
     {"load": cmd_load, "curve": cmd_curve, "linear": cmd_linear, "rounds": cmd_rounds, "acceptance": cmd_acceptance,
-     "int8-law": cmd_int8_law, "run": cmd_run,
+     "int8-law": cmd_int8_law, "greedy": cmd_greedy, "run": cmd_run,
      "md": lambda a: Path(a.md).write_text(markdown(json.loads(Path(a.json).read_text())))}[a.cmd](a)
 
 

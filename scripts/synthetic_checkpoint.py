@@ -130,7 +130,7 @@ def write_safetensors(path: Path, specs: list[tuple[str, tuple[int, ...]]], dtyp
         f.write(raw)
         for key, shape in specs:
             for block in blocks(key, shape, dtype, seed, gains.get(key, 1.0), embeddings):
-                f.write(block.contiguous().view(torch.uint8).numpy().tobytes())
+                f.write(block.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     os.replace(tmp, path)
 
 
@@ -303,7 +303,7 @@ def llamagen_t2i(size: str, out: Path, args) -> None:
         for key, shape in specs:
             for block in blocks(key, shape, args.dtype, args.seed, HEAD_GAIN if key == "output.weight" else 1.0,
                                 ("tok_embeddings.weight", "uncond_embedding")):
-                f.write(block.contiguous().view(torch.uint8).numpy().tobytes())
+                f.write(block.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     flat = torch.from_file(str(scratch), shared=False, size=total * size_of, dtype=torch.uint8)
     sd, offset = {}, 0
     for key, shape in specs:

@@ -69,7 +69,6 @@ def test_file_formats_equal_the_old_loaders(tmp_path):
     from test_mar import tiny_mar, tiny_vae
 
     from specvis.models.chameleon_vq import ChameleonVQ, load_chameleon_vq, read_vqgan_state_dict
-    from specvis.models.hf_vq import load_hf_vq
     from specvis.models.kl_vae import KLVAE
     from specvis.models.llamagen import LlamaGen, LlamaGenConfig, LlamaGenT2I
     from specvis.models.mar import MAR, load_mar_checkpoint
