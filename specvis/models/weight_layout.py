@@ -81,8 +81,8 @@ def transpose_linear_weights(module: nn.Module) -> int:
     weight shared with another module (an output head tied to the token embedding) is left as it
     is: embedding lookups read rows, which the transposed layout would scatter. bf16 and fp16
     weights stay (out, in): oneDNN's F.linear runs slower on the transposed layout
-    (docs/benchmarks/cpu-linear.md: 37.8 against 32.2 us at one row), and at a 7B shape twice as
-    slow (4096 -> 11008, two rows: 29.8 against 15.7 ms; docs/benchmarks/scale.md)."""
+    (docs/benchmarks/cpu-linear.md: 37.8 against 32.2 us at one row; at a 7B layer's shape, 11008 x
+    4096, 11.7 against 7.2 ms at two rows: docs/benchmarks/cpu-linear-7b.json)."""
     owners: dict[int, int] = {}
     for sub in module.modules():
         for p in sub.parameters(recurse=False):
