@@ -83,7 +83,8 @@ def cmd_load(a) -> None:
     emit({"load_s": load_s, "rss_before": before, "rss_after": status_bytes("VmRSS"), "peak_rss": status_bytes("VmHWM"),
           "weights_bytes": tensor_bytes(pipe.target), "dtype": pipe.extras.get("dtype"),
           "dtype_source": pipe.extras.get("dtype_source"),
-          "params": sum(p.numel() for p in pipe.target.parameters()), "device": str(pipe.device),
+          "params": sum(p.numel() for p in pipe.target.parameters())  # + int8 weights (buffers)
+          + sum(b.numel() for n, b in pipe.target.named_buffers() if n.endswith("weight_int8")), "device": str(pipe.device),
           "largest_file": max(f.stat().st_size for f in Path(a.dir).glob("*.safetensors")) if list(Path(a.dir).glob("*.safetensors")) else None})
 
 
