@@ -49,7 +49,7 @@ def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
     scale = torch.empty(N, dtype=torch.float32, device=w.device)
     for i in range(0, N, ROW_BLOCK):
-        wf = w[i: i + ROW_BLOCK].detach().float()
+        wf = w[i: i + ROW_BLOCK].detach().to(torch.float32, copy=True)  # (in place below: never the caller's)
         s = wf.abs().amax(dim=1).div_(127.0)
         s = torch.where(s > 0, s, torch.ones_like(s))
         q[i: i + ROW_BLOCK] = wf.div_(s[:, None]).round_().clamp_(-127, 127).to(torch.int8)
