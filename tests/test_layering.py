@@ -210,7 +210,6 @@ def test_method_files_are_small(path):
     assert n <= 300, f"{path.relative_to(ROOT)}:{n}: {n} lines (at most 300)"
 
 
-@pytest.mark.xfail(reason=DOCS, strict=False)
 def test_readme_is_short():
     n = len((ROOT / "README.md").read_text().splitlines())
     assert n <= 200, f"README.md:{n}: {n} lines (at most 200)"
