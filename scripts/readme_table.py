@@ -1,6 +1,7 @@
-"""Regenerate the README's performance table from a committed bench JSON (never typed by hand).
+"""Regenerate a marked markdown table from a committed bench JSON (never typed by hand); the README's
+headline table is scripts/results_tables.py's.
 
-    python scripts/readme_table.py docs/results/archive/emoji-cpu.json README.md
+    python scripts/readme_table.py docs/results/archive/emoji-cpu.json docs/results/archive/readme-notebook.md
 
 Replaces everything between ``<!-- bench-table:start -->`` and ``<!-- bench-table:end -->`` (with
 ``--block NAME``: ``<!-- bench-table:NAME:start -->`` ... ``<!-- bench-table:NAME:end -->``) with
