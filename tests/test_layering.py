@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "specvis"
 
 SEAM5 = "Seam 5 (families: one Family base, one Pipeline)"
-DOCS = "docs helper (README of at most 200 lines)"
 
 
 def module_name(path: Path) -> str:
