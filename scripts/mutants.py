@@ -425,6 +425,14 @@ MUTANTS = [
     Mutant("tune: the calibration cache keyed on id() of the draft and drafter", "specvis/tune.py",
            "ref = lambda m: None if m is None else weakref.ref(m)", "ref = lambda m: None if m is None else id(m)",
            ("tests/test_auto.py", "-k", "cache_key")),
+    Mutant("docs: the headline shows the slowest lossless run", "scripts/results_tables.py",
+           'key=lambda i: report["runs"][i]["speedup"])', 'key=lambda i: -report["runs"][i]["speedup"])',
+           ("tests/test_docs.py", "-k", "headline")),
+    Mutant("docs: the headline counts lossy runs", "scripts/results_tables.py",
+           'if r["lossless"] and r["method"] not in ("ar", "auto")),', 'if r["method"] not in ("ar", "auto")),',
+           ("tests/test_docs.py", "-k", "headline")),
+    Mutant("docs: a flag renamed under the README's commands", "specvis/lantern.py",
+           'flag="lantern-k"', 'flag="lantern-size"', ("tests/test_docs.py", "-k", "readme_command")),
 ]
 
 

@@ -51,7 +51,7 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
                    help="weights and KV cache (default: the model's, fp32); on a CPU with bf16 dot products "
-                        "(AVX512-BF16, AMX) bf16 flattens the forward cost curve: docs/benchmarks/bf16-cpu.md")
+                        "(AVX512-BF16, AMX) bf16 flattens the forward cost curve: docs/results/archive/bf16-cpu.md")
     g.add_argument("--quantize", choices=["int8"],
                    help="weight-only int8 linear layers in the target's and draft's blocks (half the memory of bf16; "
                         "methods stay exact for the quantized model): docs/benchmarks/scale.md")

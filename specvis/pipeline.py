@@ -114,10 +114,10 @@ class Pipeline:
         are computed in fp32 either way), ``torch.compile`` of their cached block stacks, and captured
         rounds on or off. Lossless methods stay exact for the model as run: a bf16 model samples its
         bf16 logits, which depend at rounding level on the block a forward computes them in
-        (docs/benchmarks/bf16-cpu.md).
+        (docs/results/archive/bf16-cpu.md).
 
         ``compile=True`` compiles on CUDA only: on CPU the compiled forward was measured slower
-        (docs/benchmarks/compile-cpu.md: inductor re-materialises the whole in-place KV cache on every
+        (docs/results/archive/compile-cpu.md: inductor re-materialises the whole in-place KV cache on every
         call), so it warns and stays eager; ``compile="always"`` compiles on any device. On CPU the
         linear layers run the fastest kernel for their row count (``models.weight_layout``: weights
         transposed for MKL's small calls, packed for oneDNN's wide ones; same values)."""
@@ -131,10 +131,10 @@ class Pipeline:
             if self.device.type == "cpu" and native_dot_products(dt) is False:
                 warnings.warn(f"this CPU has no {str(dt).removeprefix('torch.')} dot products (none of the cpuinfo "
                               f"flags {', '.join(sorted(NATIVE_FLAGS[dt]))}): its matmuls are emulated, measured "
-                              "3.5-25x slower than fp32 (docs/benchmarks/bf16-cpu-avx2.md); use fp32", stacklevel=2)
+                              "3.5-25x slower than fp32 (docs/results/archive/bf16-cpu-avx2.md); use fp32", stacklevel=2)
         if compile is True and self.device.type == "cpu":
             warnings.warn("torch.compile skipped on CPU, where it measured slower than eager "
-                          "(docs/benchmarks/compile-cpu.md); compile='always' forces it", stacklevel=2)
+                          "(docs/results/archive/compile-cpu.md); compile='always' forces it", stacklevel=2)
         elif compile and not self.compiled:
             for m in (self.target, self.draft):
                 if m is not None and hasattr(m, "compile_decoder"):

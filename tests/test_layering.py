@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "specvis"
 
 SEAM5 = "Seam 5 (families: one Family base, one Pipeline)"
-DOCS = "docs helper (README of at most 200 lines)"
 
 
 def module_name(path: Path) -> str:
@@ -210,7 +209,6 @@ def test_method_files_are_small(path):
     assert n <= 300, f"{path.relative_to(ROOT)}:{n}: {n} lines (at most 300)"
 
 
-@pytest.mark.xfail(reason=DOCS, strict=False)
 def test_readme_is_short():
     n = len((ROOT / "README.md").read_text().splitlines())
     assert n <= 200, f"README.md:{n}: {n} lines (at most 200)"
