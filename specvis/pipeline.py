@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -13,6 +13,7 @@ from .cpu_features import NATIVE_FLAGS, native_dot_products
 from .generate import Generation
 from .memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, MemoryPlanError, plan
 from .models.base import Captions, Condition, Prompts
+from .models.decoder import CachedStack
 from .models.checkpoint import one_line
 from .models.weight_layout import prepare_cpu_linears
 from .registry import method_argument
@@ -86,10 +87,25 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+Conditioning = Literal["class", "text", "caption"]
+Tokens = Literal["discrete", "continuous"]
+
+
 @dataclass
 class Pipeline:
     """``pipe(classes, method, sampling, seed)`` -> ``Generation`` with decoded images. ``continuous``:
-    the bundle's continuous-token pipeline (``ContinuousPipeline``), where it ships one."""
+    the bundle's continuous-token pipeline (``ContinuousPipeline``), where it ships one.
+
+    What the model can do is declared, for callers (the CLI, the demo, the bench) to ask instead of
+    testing the pipeline's class: ``conditioning`` ("class": ``pipe(classes=...)``; "text": prompts
+    through the checkpoint's processor; "caption": prompts through a separate text encoder),
+    ``tokens`` ("discrete" codes in ``out.tokens``; "continuous" latents in ``out.latents``),
+    ``kv_cache`` (decodes with a KV cache: ``memory`` plans apply) and ``num_iter`` (sampler steps of
+    a model that reveals its tokens in its own order, MAR; None: one stream position per step)."""
+
+    conditioning: ClassVar[Conditioning] = "class"
+    tokens: ClassVar[Tokens] = "discrete"
+    kv_cache: ClassVar[bool] = True
 
     name: str
     target: torch.nn.Module
@@ -102,6 +118,7 @@ class Pipeline:
     continuous: "Pipeline | None" = None
     graphs: bool | None = None  # captured CUDA-graph rounds; None: on for CUDA (specvis.generate)
     compiled: bool = False
+    num_iter: int | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -137,7 +154,7 @@ class Pipeline:
                           "(docs/benchmarks/compile-cpu.md); compile='always' forces it", stacklevel=2)
         elif compile and not self.compiled:
             for m in (self.target, self.draft):
-                if m is not None and hasattr(m, "compile_decoder"):
+                if isinstance(m, CachedStack):  # the cached block stacks compile (models.decoder)
                     m.compile_decoder()
             self.compiled = True
         if self.device.type == "cpu":  # faster matmuls (models/weight_layout.py)
@@ -221,6 +238,8 @@ class ContinuousPipeline(Pipeline):
     renders (the VQ decoder for the emoji bundle). Methods: ``sv.CSpD`` and ``sv.AR`` (target-only
     sampling); there is no codebook, so no LANTERN."""
 
+    tokens: ClassVar[Tokens] = "continuous"
+
     @property
     def codebook(self) -> None:
         return None
@@ -241,12 +260,14 @@ class TextPipeline(Pipeline):
     loaded on first use; ``decode=False`` with token-id prompts needs neither."""
 
     directory: Any = None
+    family: Any = None  # the checkpoint's ``families.base.Family``: template, suffix, processor, image decoder
     vq: Any = None  # specvis.models.hf_vq decoder, loaded on first decode (or for a LANTERN codebook)
     _processor: Any = None
 
     @property
-    def family(self):
-        return self.target.family
+    def conditioning(self) -> Conditioning:
+        """The family's: "text" (the checkpoint's processor) or "caption" (LlamaGen t2i's flan-t5)."""
+        return self.family.conditioning
 
     @property
     def num_classes(self) -> int:
@@ -280,7 +301,7 @@ class TextPipeline(Pipeline):
                 import transformers
             except ImportError:
                 raise ValueError("text prompts need the checkpoint's processor: pip install specvis[hf]") from None
-            kind = getattr(self.family, "PROMPT_PROCESSOR", "AutoProcessor")
+            kind = self.family.prompt_processor
             try:
                 self._processor = getattr(transformers, kind).from_pretrained(str(self.directory))
             except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError ...
@@ -294,7 +315,7 @@ class TextPipeline(Pipeline):
         """The family's VQ image decoder (``decode(codes, height, width)``, ``codebook``), on the pipeline's device."""
         if self.vq is None:
             try:
-                vq = self.family.load_vq(self.directory, device=self.device)  # fp32, streamed onto the device
+                vq = self.family.image_decoder(self.directory, device=self.device)  # fp32, streamed onto the device
             except ValueError:
                 raise
             except (ImportError, OSError, RuntimeError, KeyError) as exc:
@@ -328,11 +349,11 @@ class TextPipeline(Pipeline):
         return out
 
     def with_positive_suffix(self, prompts, on: bool):
-        """The text prompts with the family's official positive suffix appended (``POSITIVE_SUFFIX`` of its
-        module, "" where it has none) when ``on``; token-id prompts are whole prefixes and stay as given."""
+        """The text prompts with the family's official positive suffix appended (``Family.positive_suffix``,
+        "" where it has none) when ``on``; token-id prompts are whole prefixes and stay as given."""
         if not isinstance(on, bool):
             raise ValueError(f"positive_suffix must be True or False, got {on!r}")
-        suffix = getattr(self.family, "POSITIVE_SUFFIX", "")
+        suffix = self.family.positive_suffix
         if not on or not suffix or not isinstance(prompts, (list, tuple)):
             return prompts
         return [p + suffix if isinstance(p, str) else p for p in prompts]

@@ -203,7 +203,7 @@ def official_greedy(sd, caps, emb_mask, cfg_scale: float, n: int) -> torch.Tenso
 def test_directory_loads_as_the_official_release(files):
     pipe = sv.load(str(files["dir"]))
     m = pipe.target
-    assert type(pipe).__name__ == "CaptionPipeline" and pipe.family.NAME == "llamagen-t2i"
+    assert type(pipe).__name__ == "CaptionPipeline" and pipe.family.name == "llamagen-t2i"
     assert (m.layout.height, m.layout.width, m.layout.vocab_size) == (GRID, GRID, CODES)
     assert (m.config.cls_token_num, m.config.caption_dim, m.config.n_head) == (T, CAPTION_DIM, 2)
     assert pipe.default_sampling == sv.Sampling(cfg_scale=7.5, top_k=1000)

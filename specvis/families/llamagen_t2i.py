@@ -41,6 +41,7 @@ from .. import checks
 from ..models.base import Captions, Condition
 from ..models.checkpoint import one_line
 from ..pipeline import TextPipeline
+from .base import Family, display_name
 from .hf import read_json
 from .llamagen_caption import clean_caption
 from ..sampling import Sampling
@@ -164,24 +165,20 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, *, device: st
                   dtype: str | torch.dtype | None = None) -> "CaptionPipeline":
     """A ``CaptionPipeline``: the target's GPT now (and the draft's, in the target's dtype); flan-t5
     and the VQ checked now, loaded on first use (flan-t5 in the GPT's dtype, on its device)."""
-    from . import detect
-    from . import llamagen_t2i as module
     from ..hub import resolve_model_dir
 
     directory = Path(directory)
     target = load_decoder(directory, device=device, dtype=dtype)
     t5_dir(directory)  # flan-t5 and the VQ present, or a one-line error before any generation
     vq_file(directory)
-    target.family = module
     draft_model = draft_dir = None
     if draft is not None:
         draft_dir = Path(resolve_model_dir(str(draft)))
-        family, _ = detect(draft_dir)
-        if family is not module:
-            raise ValueError(f"draft {draft_dir} ({family.NAME}) is not of the family of {directory} ({NAME}): "
-                             "the draft must be a LlamaGen t2i checkpoint")
+        ours, config = FAMILY.recognise(draft_dir)
+        if not ours:
+            raise ValueError(f"draft {draft_dir} (model_type {config.get('model_type')!r}) is not of the family of "
+                             f"{directory} ({NAME}): the draft must be a LlamaGen t2i checkpoint")
         draft_model = load_decoder(draft_dir, device=device, dtype=next(target.parameters()).dtype)
-        draft_model.family = module
         check_draft(draft_model, target, draft_dir, directory)
     drafter_model = None
     if drafter is not None:
@@ -191,15 +188,10 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, *, device: st
     grid = (target.layout.height, target.layout.width)
     extras = {"grid": grid, "family": NAME, "directory": str(directory), "dtype_source": target.dtype_source}
     if draft is not None:
-        extras["draft"] = _display_name(draft, draft_dir)
-    return CaptionPipeline(_display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
-                           directory=directory, default_sampling=Sampling(**DEFAULT_SAMPLING), extras=extras)
-
-
-def _display_name(name, directory: Path) -> str:
-    """A Hub id when the checkpoint came from the cache (its snapshot directory is a hash), else the
-    directory's name."""
-    return Path(directory).name if Path(str(name)).expanduser().is_dir() else str(name)
+        extras["draft"] = display_name(draft, draft_dir)
+    return CaptionPipeline(display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
+                           directory=directory, family=FAMILY, default_sampling=Sampling(**DEFAULT_SAMPLING),
+                           extras=extras)
 
 
 def check_draft(draft, target, draft_dir, directory) -> None:
@@ -326,3 +318,36 @@ class CaptionPipeline(TextPipeline):
     def to_images(self, tokens: torch.Tensor):
         L = self.target.layout
         return to_pil(self.decoder.decode(tokens.to(self.device), (L.height, L.width)))
+
+
+class LlamaGenT2IFamily(Family):
+    """LlamaGen t2i: captions from flan-t5 (``CaptionPipeline``), its own file format (``.pt``
+    files, no config.json), a fixed grid (its 2D RoPE table)."""
+
+    name = NAME
+    conditioning = "caption"
+    default_sampling = DEFAULT_SAMPLING
+    matches_dir = staticmethod(matches_dir)
+    check_draft = staticmethod(check_draft)
+    image_decoder = staticmethod(load_vq)
+
+    def load(self, directory: Path, config: dict | None, height: int | None = None, width: int | None = None, *,
+             device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, quantize: str | None = None):
+        """``load_decoder``; ``quantize="int8"``: its block linears in int8 once loaded."""
+        model = load_decoder(Path(directory), height, width, device=device, dtype=dtype)
+        if quantize:
+            from ..models.quantize import quantize_linears
+
+            quantize_linears(model)
+        return model
+
+    def load_pipeline(self, name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
+                      dtype: str | torch.dtype | None = None, quantize: str | None = None) -> "CaptionPipeline":
+        """``load_pipeline`` (``specvis.load`` quantizes the loaded models afterwards)."""
+        return load_pipeline(name, directory, draft, drafter, device=device, dtype=dtype)
+
+    def native_grid(self, directory: Path, config: dict | None) -> tuple[int, int]:
+        return native_grid(Path(directory), gpt_file(Path(directory)))
+
+
+FAMILY = LlamaGenT2IFamily()
