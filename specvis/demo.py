@@ -217,7 +217,7 @@ def compare(models: Models, model: str, condition: str, method: str, options: st
     cell = max(1, big_acc.width // amap.shape[-1])
     _, _, rule = describe(chosen)
     return Result(big_ar, big_acc, heatmaps(amap[:1], cell=cell)[0], ar.stats, acc.stats, spec, rule,
-                  bool(getattr(chosen, "lossless", False)), int(amap.max()))
+                  bool(chosen.lossless), int(amap.max()))
 
 
 def figures_html(r: Result) -> str:
