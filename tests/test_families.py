@@ -124,3 +124,6 @@ def test_families_are_declared(dirs, tmp_path) -> None:
     assert pipe.family is janus.FAMILY and (pipe.conditioning, pipe.tokens, pipe.kv_cache) == ("text", "discrete", True)
     assert pipe.default_sampling.cfg_scale == gen["guidance_scale"] and pipe.num_iter is None
     assert "family" not in vars(pipe.target)
+    for name in ("janus", "emu3"):  # the declared native grid is the grid a pipeline loads at
+        family, config = detect(dirs[name])
+        assert sv.load(str(dirs[name])).grid == family.native_grid(dirs[name], config)
