@@ -21,6 +21,8 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from ..checks import config_sizes
+from ..models.base import Prompts
+from ..models.checkpoint import one_line
 from ..models.decoder import PromptDecoder
 from ..models.loading import (config_dtype, empty_parameters, load_safetensors, resolve, safetensors_dtype,
                               safetensors_index)
@@ -39,6 +41,7 @@ class Family:
     tokens: ClassVar[Tokens] = "discrete"
     prompt_processor: ClassVar[str] = "AutoProcessor"  # the transformers class that loads the prompt processor
     positive_suffix: ClassVar[str] = ""  # appended to text prompts by the official scripts (Emu3)
+    fixed_grid: ClassVar[bool] = False  # generates its native grid only (LlamaGen t2i: its 2D RoPE table)
     default_sampling: ClassVar[dict[str, Any]] = {}  # the official sampling defaults (``Sampling`` fields)
 
     def __repr__(self) -> str:
@@ -157,6 +160,44 @@ class Family:
                              f"{directory}'s {target.config.text_vocab_size}: the draft must share the target's tokenizer")
 
     # ------------------------------------------------------------ prompts and images
+    def processor(self, directory: Path, target, device: torch.device, dtype: torch.dtype):
+        """What turns text prompts into token ids: the checkpoint's transformers ``prompt_processor``."""
+        try:
+            import transformers
+        except ImportError:
+            raise ValueError("text prompts need the checkpoint's processor: pip install specvis[hf]") from None
+        kind = self.prompt_processor
+        try:
+            return getattr(transformers, kind).from_pretrained(str(directory))
+        except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError ...
+            raise ValueError(f"{directory}: cannot load the checkpoint's {kind} for text prompts "
+                             f"({one_line(exc)}); token-id prompts need none, and under CFG neither do "
+                             "token-id negative_prompts or a family whose unconditional prompt is ids") from None
+
+    def check_ids(self, pipe, rows: list[list[int]], what: str) -> None:
+        """Token-id rows must be ids of the model's text vocabulary."""
+        vocab = pipe.target.config.text_vocab_size
+        if any(not 0 <= t < vocab for p in rows for t in p):
+            raise ValueError(f"{what}: token ids must be in 0..{vocab - 1}")
+
+    def prefix(self, pipe, rows: list[list[int]]):
+        """The model's conditional prefix of token-id rows: the ids themselves (``Prompts``)."""
+        return Prompts.of(rows, pipe.device)
+
+    def unconditional(self, pipe, cond, height: int, width: int):
+        """The official CFG rows of a call without negative prompts: the model's own unconditional rule
+        where it has one (Janus: the prompt with its text replaced by pad; Chameleon: from config ids),
+        else the official negative prompt through the same template (``negative``: Emu3)."""
+        if pipe.target.unconditional_rule is not None:
+            return pipe.target.unconditional(cond)
+        rows = self.negative(pipe.processor, len(cond), height, width, pipe.target)
+        pipe.check_lengths(rows, "negative_prompts")
+        return self.prefix(pipe, rows)
+
+    def decode_images(self, decoder, codes: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """Pixels of codes (B, H*W) on a ``height x width`` grid by the family's image decoder."""
+        return decoder.decode(codes, height, width)
+
     def native_grid(self, directory: Path, config: dict | None) -> tuple[int, int]:
         """The grid (rows, columns) in image tokens the checkpoint generates by default."""
         raise ValueError(f"family {self.name} declares no native grid")
