@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 
@@ -27,10 +27,9 @@ from ..models.decoder import PromptDecoder
 from ..models.loading import (config_dtype, empty_parameters, load_safetensors, resolve, safetensors_dtype,
                               safetensors_index)
 from ..models.quantize import quantize_linears, streaming_quantizer
+from ..pipeline import Conditioning, Tokens
 from .hf import check_text_size, read_json, weight_files
 
-Conditioning = Literal["class", "text", "caption"]
-Tokens = Literal["discrete", "continuous"]
 
 
 class Family:
