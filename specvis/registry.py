@@ -23,6 +23,7 @@ METHODS = {  # CLI name -> "module:Class"
     "adt": "specvis.methods.adt:ADTTree",
     "static-tree": "specvis.methods.static_tree:StaticTree",
     "cspd": "specvis.methods.cspd:CSpD",
+    "zipar": "specvis.methods.zipar:ZipAR",
     "auto": "specvis.methods.auto:Auto",
 }
 

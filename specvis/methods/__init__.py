@@ -9,5 +9,6 @@ from .eagle import EagleTree
 from .sjd import SJD, Jacobi
 from .speculative import Speculative
 from .static_tree import StaticTree
+from .zipar import ZipAR
 
-__all__ = ["ADTTree", "AR", "Auto", "CSpD", "EagleTree", "SJD", "Jacobi", "Speculative", "StaticTree", "Stats"]
+__all__ = ["ADTTree", "AR", "Auto", "CSpD", "EagleTree", "SJD", "Jacobi", "Speculative", "StaticTree", "Stats", "ZipAR"]
