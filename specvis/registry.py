@@ -24,6 +24,7 @@ METHODS = {  # CLI name -> "module:Class"
     "static-tree": "specvis.methods.static_tree:StaticTree",
     "cspd": "specvis.methods.cspd:CSpD",
     "zipar": "specvis.methods.zipar:ZipAR",
+    "pjd": "specvis.methods.pjd:PJD",
     "auto": "specvis.methods.auto:Auto",
 }
 

@@ -1,0 +1,160 @@
+"""PJD, Parallel Jacobi Decoding (Liao et al., CVPR 2026): Jacobi windows on several image rows at once.
+
+As the official code runs it (boyaliao/PJD ``scheduler/jacobi_iteration_lumina_mgpt.py``, line numbers
++-3 from the reconstruction in pjd_zipar_brief A1): every active row r feeds a chain
+``[x_r, d_1, .., d_{v-1}]`` (its last committed token, then drafts of its next columns) and all rows go
+through one target forward (sched:426-561). Windows (sched:1230-1242): the top row (every row above
+complete) feeds v = min(tokens left in the row, ``window``); a lower row v = min(c_above - c_r,
+``window``), so it never drafts past the column under the row above's last committed token. Row
+r + 1 starts once row r has ``lag`` image tokens (``long_size`` = 9 entries = 8 image tokens,
+sched:923, 1248-1259; ``window_size`` = 8, sched:921). Verification, draft d_i against the law after
+d_{i-1} (``SpeculativeSampler.__call__``, sched:249-329):
+
+- top row: the acceptance rule (``acceptance``: Exact min(1, p/q) as official, sched:301; LANTERN or
+  GSD pluggable as for SJD), at the first rejection a draw from the rule's residual, a bonus token when
+  every draft passes: the row commits accepted + 1 (sched:280, 305-314);
+- lower rows: the same test, no residual and no bonus: the accepted drafts only (sched:286-287, 316-317);
+- after the first rejection, a later draft whose acceptance probability exceeds ``keep_threshold``
+  (official 0.5, sched:320-323) stays a draft with its old law; every other re-draft is drawn from the
+  new target law at its position (Jacobi refinement), coupled with the position's previous draft by
+  ``coupling`` ("gumbel": one Exp(1) race per position kept while it is in the window, as SJD's);
+  positions with no law yet are drawn uniformly over the codes, with their uniform law as q (official:
+  a uniform draw with a one-hot q, sched:394-416; both are exact on the top row, uniform accepts more).
+- ``rcm``: the Row-Causal Mask, drafts of other rows are never attended (sched:587-595; applied to every
+  row, where the official offsets miss rows past the second, pjd_zipar_brief A6-1).
+
+Per-sample rows (official: batch 1, commits the minimum over the batch, sched:721); the cache keeps each
+row's committed prefix, positions and row ends handled by ``methods/rows2d.py`` on every family
+(row-end layouts: the row end is forced, never drafted; no row end: the placeholder start of ZipAR's
+official LlamaGen code, since PJD's LlamaGen code is not released).
+
+The law (lossy): the top row's tokens pass a speculative-sampling step against the target's law given
+everything committed; with ``keep_threshold=1``, ``coupling="none"`` and a grid whose rows never
+overlap (``lag`` >= width) this is SJD and exact. Otherwise a lower row's token is accepted against the
+law given the rows above up to their committed prefixes (and the row's own tokens keep the KV computed
+then): neither AR's law nor a bound; measured TV on tiny models in docs/benchmarks/rows2d-tv.md.
+``keep_threshold`` keeps a draft whose old law is no longer its law, and a Gumbel race reused after a
+lower-row rejection carries what that rejection revealed: both bias the top row too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..accept import Exact, normalise
+from ..sampling import exponential, sample, uniform
+from .base import DecodeContext
+from .round import Verdict
+from .rows2d import MAX_ROWS, Rows
+
+COUPLINGS = ("none", "gumbel")
+
+
+def _at(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """x[b, r, j[b, r, ...]] along dim 2 for x (B, H, K, ...) and j (B, H, n): (B, H, n, ...)."""
+    idx = j.reshape(*j.shape, *([1] * (x.dim() - 3))).expand(*j.shape, *x.shape[3:])
+    return x.gather(2, idx)
+
+
+@dataclass(frozen=True)
+class PJD:
+    """Parallel Jacobi decoding (module docstring): per-row Jacobi ``window`` (tokens a row feeds, its
+    last committed token included), next row after ``lag`` image tokens of the row above, the top row
+    verified by ``acceptance`` with residual, lower rows accept-prefix, ``keep_threshold`` (1: always
+    refine), Row-Causal Mask ``rcm``, re-draft ``coupling``. Lossy; batched with per-sample rows."""
+
+    window: int = 8
+    lag: int = 8
+    keep_threshold: float = 0.5
+    rcm: bool = True
+    coupling: str = "none"
+    acceptance: object = field(default_factory=Exact)
+    name = "pjd"
+    lossless = False
+    pad = MAX_ROWS
+
+    def __post_init__(self) -> None:
+        for key, low in (("window", 2), ("lag", 1)):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"PJD.{key} must be an integer >= {low}, got {v!r}")
+        t = self.keep_threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
+            raise ValueError(f"PJD.keep_threshold must be a number in [0, 1] (1: never keep), got {t!r}")
+        if not isinstance(self.rcm, bool):
+            raise ValueError(f"PJD.rcm must be a bool, got {self.rcm!r}")
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"PJD.coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
+        if not hasattr(self.acceptance, "lossless"):
+            raise ValueError(f"PJD.acceptance must be an acceptance rule, got {self.acceptance!r}")
+
+    def decode(self, ctx: DecodeContext) -> None:
+        K, gen, rule = self.window, ctx.generator, ctx.rule
+        g = K - 1
+        rows = Rows(ctx, lag=self.lag, chain=K, rcm=self.rcm)
+        B, H, W, V, dev = ctx.n.shape[0], rows.H, rows.W, ctx.V, ctx.device
+        uni = torch.zeros(V, device=dev)
+        uni[: ctx.layout.vocab_size] = 1.0 / ctx.layout.vocab_size
+        gumbel = self.coupling == "gumbel"
+        st = {"D": torch.zeros(B, H, g, dtype=torch.long, device=dev),  # drafts of columns c .. c + g - 1
+              "Q": torch.zeros(B, H, g, V, device=dev),  # the law each was drawn from
+              "has": torch.zeros(B, H, g, dtype=torch.bool, device=dev),
+              "race": torch.ones(B, H, g, V, dtype=torch.float64, device=dev) if gumbel else None}
+        kk = torch.arange(g, device=dev)
+
+        def draw(q: torch.Tensor, race: torch.Tensor | None) -> torch.Tensor:
+            return torch.argmax(q / race, dim=-1) if gumbel else sample(q, gen)
+
+        ctx.accept(Verdict.sampled(ctx.target.prefill().sample(gen)))
+        rows.start()
+
+        def round_() -> None:
+            rows.begin_round()
+            c, open_, top = rows.c, rows.open, rows.top
+            v = torch.where(top, W - c, rows.above() - c).clamp(1, K)
+            fresh = ~st["has"] & open_[..., None]  # positions with no draft yet: uniform
+            q0 = uni.expand(B, H, g, V)
+            if gumbel:
+                st["race"] = torch.where(fresh[..., None], exponential(st["race"], gen), st["race"])
+            st["D"] = torch.where(fresh, draw(q0, st["race"]), st["D"])
+            st["Q"] = torch.where(fresh[..., None], q0, st["Q"])
+            D, Q = st["D"], st["Q"]
+            block = rows.block(v, D)
+            law = ctx.target.forward(block.tokens, block.positions, block.mask)
+            P = rows.chain_laws(block, law.probs)  # (B, H, K, V): the law of column c + k
+            soft = None if law.soft is None else rows.chain_laws(block, law.soft)[:, :, :g].reshape(-1, g, V)
+            m = torch.where(open_, v - 1, torch.zeros_like(v))  # drafts fed
+            kw = {} if soft is None else {"soft": soft}
+            alpha, residual = rule(P[:, :, :g].reshape(-1, g, V), Q.reshape(-1, g, V), D.reshape(-1, g), **kw)
+            alpha, residual = alpha.view(B, H, g), residual.view(B, H, g, V)
+            ok = (uniform((B, H, g), P, gen) < alpha) & (kk < m[..., None])
+            a = ok.long().cumprod(-1).sum(-1)  # accepted drafts
+            p_a = _at(P, a[..., None])[:, :, 0]
+            r_a = _at(residual, a.clamp_max(g - 1)[..., None])[:, :, 0]
+            nxt = sample(torch.where((a < m)[..., None], normalise(r_a, p_a), p_a), gen)  # residual or bonus
+            n = torch.where(open_, torch.where(top, a + 1, a), torch.zeros_like(a))
+            at_a = top[..., None] & (torch.arange(K, device=dev) == a[..., None])  # the top row's residual/bonus
+            values = torch.where(at_a, nxt[..., None], torch.cat([D, D[..., :1]], 2))
+            rows.commit(block, n, values)
+            # the next window: slot k holds column c + n + k, i.e. old chain column j = n + k
+            j = n[..., None] + kk
+            refined = j < v[..., None]  # a law of this round
+            had = (j < g) & _at(st["has"], j.clamp_max(g - 1))
+            old_d, old_q = _at(D, j.clamp_max(g - 1)), _at(Q, j.clamp_max(g - 1))
+            keep = ~refined & had  # fed no more since drawn: untested, still distributed as its q
+            if self.keep_threshold < 1.0:  # tested after the first rejection, likely enough: kept (official)
+                tested_late = refined & (j > a[..., None]) & (j < m[..., None]) & had
+                keep |= tested_late & (_at(alpha, j.clamp_max(g - 1)) > self.keep_threshold)
+            p_j = _at(P, j.clamp_max(K - 1))
+            redraw = refined & ~keep
+            race = None
+            if gumbel:  # E_m follows its position; a new position gets a fresh one
+                race = torch.where(had[..., None], _at(st["race"], j.clamp_max(g - 1)), exponential(st["race"], gen))
+                st["race"] = race
+            st["D"] = torch.where(keep, old_d, draw(p_j, race))
+            st["Q"] = torch.where(keep[..., None], old_q, p_j)
+            st["has"] = (keep | redraw) & rows.open[..., None]
+
+        ctx.run(round_, capture=False)

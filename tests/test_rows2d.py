@@ -1,0 +1,132 @@
+"""Several image rows in flight (ZipAR, PJD, ``methods/rows2d.py``) on the position-aware cache.
+
+Where the law is known: ZipAR's row 0 (and row 1 without row ends) and every grid whose rows never
+overlap (``window``/``lag`` >= width) are AR; PJD's top row with the exact rule, no keep threshold and
+no coupling is SJD, so PJD on non-overlapping rows is exact by the harness. Step counts follow the
+official formula; a batch's rows do not depend on each other."""
+
+import pytest
+import torch
+from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_model
+
+import specvis as sv
+from specvis.registry import build_method, parse_method_spec
+
+GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+P_MIN = 1e-3
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """A random 8x8 LlamaGen over 50 codes (no row end, 2-D RoPE from the cell)."""
+    return tiny_llamagen(0, vocab=50, grid=8)
+
+
+def _layouts():
+    """Tiny models of every layout: LlamaGen (2-D RoPE), Janus-shaped (1-D RoPE, no row end),
+    Emu3/Lumina-shaped (one forced row end), and two row ends."""
+    return {"llamagen": tiny_llamagen(0, vocab=50, grid=6),
+            "janus": tiny_prompt_model(0, vocab=7, height=6, width=6),
+            "row-end": tiny_prompt_model(0, vocab=7, height=6, width=6, row_end=1, janus=False),
+            "two-row-ends": tiny_prompt_model(0, vocab=7, height=6, width=6, row_end=2, janus=False)}
+
+
+@pytest.fixture(scope="module")
+def layouts():
+    return _layouts()
+
+
+def _run(model, method, conds, sampling=GREEDY, seed=0):
+    return sv.generate(model, condition_rows(model, [0, 1, 2], torch.tensor(conds)), method, sampling, seed=seed)
+
+
+@pytest.mark.parametrize("window,forwards", [(3, 34), (2, 28), (5, 46), (8, 64)])
+def test_zipar_forwards_follow_the_official_formula(wide, window, forwards):
+    """LlamaGen-ZipAR (no row end): 1 + (W - 1) + (H - 2) s + W forwards (8x8, s = 3: 34, as the
+    official loop counts them, pjd_zipar_brief D1)."""
+    assert forwards == 1 + 7 + 6 * window + 8
+    out = sv.generate(wide, torch.tensor([0, 1]), sv.ZipAR(window=window), GREEDY, seed=0)
+    assert out.stats.target_forwards == forwards
+
+
+def test_zipar_rows_zero_and_one_are_ar_and_later_rows_are_not(wide):
+    """Greedy: rows 0-1 equal AR (row 1 starts once row 0 is complete), later rows differ (they see
+    partial rows above): a method that waited for complete rows would equal AR everywhere."""
+    ar = sv.generate(wide, torch.tensor([0, 1]), sv.AR(), GREEDY, seed=0).tokens.view(2, 8, 8)
+    z = sv.generate(wide, torch.tensor([0, 1]), sv.ZipAR(window=3), GREEDY, seed=0).tokens.view(2, 8, 8)
+    assert torch.equal(z[:, :2], ar[:, :2])
+    assert not torch.equal(z[:, 2:], ar[:, 2:])
+
+
+@pytest.mark.parametrize("name", ["llamagen", "janus", "row-end", "two-row-ends"])
+def test_rows_that_never_overlap_are_ar_on_every_layout(layouts, name):
+    """Greedy, window / lag = width: the next row starts when the row above is complete, so ZipAR and
+    PJD are AR token for token, row ends fed as the next row's lead, on 2-D and 1-D RoPE."""
+    m = layouts[name]
+    ar = _run(m, sv.AR(), [0, 1, 2]).tokens
+    assert torch.equal(_run(m, sv.ZipAR(window=6), [0, 1, 2]).tokens, ar)
+    assert torch.equal(_run(m, sv.PJD(lag=6, keep_threshold=1.0), [0, 1, 2]).tokens, ar)
+
+
+@pytest.mark.parametrize("name", ["llamagen", "janus", "row-end", "two-row-ends"])
+def test_zipar_row_zero_is_ar_and_rows_run_in_parallel(layouts, name):
+    """Greedy, window 2 on 6x6: row 0 equals AR; fewer forwards than the 36 image tokens (rows in
+    flight; row ends cost no forward of their own)."""
+    m = layouts[name]
+    ar = _run(m, sv.AR(), [0, 1, 2]).tokens.view(3, 6, 6)
+    z = _run(m, sv.ZipAR(window=2), [0, 1, 2])
+    assert torch.equal(z.tokens.view(3, 6, 6)[:, 0], ar[:, 0])
+    expected = 1 + 5 + 4 * 2 + 6 if name in ("llamagen", "janus") else 1 + 5 * 2 + 5
+    assert z.stats.target_forwards == expected
+
+
+@pytest.mark.parametrize("name", ["llamagen", "row-end"])
+def test_a_batch_decodes_each_sample_as_alone(layouts, name):
+    """Greedy, per-sample rows: a batch of 8 mixed conditions gives each sample the tokens it gets
+    alone (ZipAR; PJD whose rows never overlap, deterministic under greedy); no lock-step, no min over
+    the batch."""
+    m = layouts[name]
+    conds = [0, 1, 2, 1, 0, 2, 2, 1]
+    for method in (sv.ZipAR(window=2), sv.PJD(lag=6, window=4, keep_threshold=1.0)):
+        batch = _run(m, method, conds).tokens
+        for i in (0, 1, 2):
+            assert torch.equal(_run(m, method, [conds[i]]).tokens[0], batch[i]), (method, i)
+
+
+def test_pjd_batch_progress_is_per_sample(wide):
+    """T = 1: samples commit at their own pace, so the batch's forwards stay below the sum of what
+    samples need alone... and its rows do not all advance together (per-row state)."""
+    out = sv.generate(wide, torch.tensor([0, 1, 2, 0]), sv.PJD(), sv.Sampling(temperature=1.0, cfg_scale=2.0), seed=3)
+    assert out.stats.target_forwards < 64
+    assert out.tokens.shape == (4, 64)
+
+
+def test_pjd_non_overlapping_rows_are_exact_by_the_harness(target):
+    """2x2 harness, lag >= width: the top row only, the exact rule with residual and bonus, no keep
+    threshold, no coupling: SJD's law, i.e. AR's (a wrong residual or bonus shifts it)."""
+    sampling = sv.Sampling(temperature=0.9, cfg_scale=2.0)
+    assert check_method(target, sv.PJD(window=2, keep_threshold=1.0), sampling) > P_MIN
+
+
+def test_zipar_two_rows_without_row_end_are_exact_by_the_harness(target):
+    """2x2 harness, window 1: row 1 still waits for row 0 (no row end to start it), so ZipAR is AR."""
+    assert check_method(target, sv.ZipAR(window=1), sv.Sampling(temperature=0.9, cfg_scale=2.0)) > P_MIN
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("zipar:window=0", "ZipAR.window must be an integer >= 1"),
+    ("pjd:window=1", "PJD.window must be an integer >= 2"),
+    ("pjd:lag=0", "PJD.lag must be an integer >= 1"),
+    ("pjd:coupling=maximal", "PJD.coupling must be one of none, gumbel"),
+    ("pjd:keep_threshold=2", "PJD.keep_threshold must be a number in [0, 1]"),
+])
+def test_bad_fields_are_one_line_errors(spec, message):
+    with pytest.raises(ValueError) as err:
+        build_method(*parse_method_spec(spec))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_registry_names_the_methods():
+    assert isinstance(build_method(*parse_method_spec("zipar:window=4")), sv.ZipAR)
+    m = build_method(*parse_method_spec("pjd:window=6:lag=4:accept=gsd"))
+    assert isinstance(m, sv.PJD) and (m.window, m.lag) == (6, 4) and isinstance(m.acceptance, sv.GSD)
