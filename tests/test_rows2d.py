@@ -130,3 +130,49 @@ def test_registry_names_the_methods():
     assert isinstance(build_method(*parse_method_spec("zipar:window=4")), sv.ZipAR)
     m = build_method(*parse_method_spec("pjd:window=6:lag=4:accept=gsd"))
     assert isinstance(m, sv.PJD) and (m.window, m.lag) == (6, 4) and isinstance(m.acceptance, sv.GSD)
+
+
+def test_pjd_lower_rows_commit_only_accepted_drafts(wide):
+    """Greedy on a random model: a lower row commits a draft only when it equals the target's argmax
+    (no residual, no bonus), so some of its rounds commit nothing; a lower row given a residual
+    or bonus token would commit at least one token each time it predicts."""
+    out = sv.generate(wide, torch.tensor([0, 1]), sv.PJD(window=4, lag=3), GREEDY, seed=0)
+    x = out.stats.extra
+    assert x["lower_row_rounds"] > 20
+    assert x["lower_tokens"] < 0.8 * x["lower_row_rounds"]  # measured 27 of 49; a bonus gives >= 49
+    assert x["top_tokens"] + x["lower_tokens"] == 2 * 64 - 2  # the prefill's tokens are no row's
+
+
+def _mask_case(rcm: bool):
+    """A context in which row 0 has 4 committed tokens and row 1 one, each with drafts; the block."""
+    from specvis.methods.base import DecodeContext
+    from specvis.methods.rows2d import Rows
+    from specvis.methods.views import guided_view
+    from specvis.models.base import Condition
+
+    m = tiny_llamagen(0, vocab=50, grid=8)
+    view = guided_view(m, Condition.of(m, torch.tensor([0])), sv.Sampling(), 256)
+    ctx = DecodeContext(view, torch.Generator().manual_seed(0), 256)
+    view.prefill()
+    ctx.commit(torch.tensor([[1, 2, 3, 4]]), torch.tensor([4]))
+    ctx.commit(torch.tensor([[5]]), torch.tensor([1]), at=torch.tensor([[8]]))
+    view.track_positions()
+    rows = Rows(ctx, lag=2, chain=3, rcm=rcm)
+    rows.started[0, :2] = True
+    rows.c[0, :2] = torch.tensor([4, 1])
+    return rows.block(torch.tensor([[3, 3, 0, 0, 0, 0, 0, 0]]), torch.full((1, 8, 2), 7))
+
+
+@pytest.mark.parametrize("rcm", [True, False])
+def test_the_block_mask_is_raster_causal_and_the_row_causal_mask_hides_drafts_above(rcm):
+    """Fed: row 0 [x (0,3), d (0,4), d (0,5)], row 1 [x (1,0), d (1,1), d (1,2)]. Row 1's queries (stream
+    8..10) see row 0's committed x (3 < 8) and never its drafts under RCM (PJD); without RCM raster
+    order lets them; nobody sees a later position; each row sees its own chain causally."""
+    b = _mask_case(rcm)
+    assert b.positions[0].tolist() == [3, 4, 5, 8, 9, 10]
+    mask = b.mask[0]
+    assert mask[3:, 0].all()  # row 0's x: committed, earlier
+    assert bool(mask[3:, 1:3].any()) == (not rcm)  # row 0's drafts
+    assert not mask[:3, 3:].any()  # row 0 never sees row 1
+    causal = torch.tril(torch.ones(3, 3, dtype=torch.bool))
+    assert torch.equal(mask[:3, :3], causal) and torch.equal(mask[3:, 3:], causal)

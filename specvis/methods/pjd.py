@@ -158,3 +158,4 @@ class PJD:
             st["has"] = (keep | redraw) & rows.open[..., None]
 
         ctx.run(round_, capture=False)
+        ctx.record(rows.stats())

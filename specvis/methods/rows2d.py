@@ -49,6 +49,18 @@ from ..sampling import rows_at
 from .base import DecodeContext
 
 
+@dataclass
+class RowStats:
+    """What a 2-D decode reports (``Stats.extra``), summed over samples: image tokens committed by the top
+    row (every row above complete) and by lower rows, the (sample, row, round) triples in which a lower
+    row predicted, and the mean rows predicting per sample and round."""
+
+    top_tokens: float
+    lower_tokens: float
+    lower_row_rounds: float
+    mean_rows_in_flight: float
+
+
 @dataclass(frozen=True)
 class Block:
     """One round's fed block (compact, (B, F)) and where each row's slots sit in it."""
@@ -102,6 +114,8 @@ class Rows:
         self.tail_cached = torch.zeros_like(self.started)
         self.last_cached = torch.zeros_like(self.started)
         self.due_tail = torch.zeros_like(self.started)
+        self.tally = torch.zeros(4, dtype=torch.long, device=dev)  # top tokens, lower tokens, lower row-rounds, rows open
+        self.sample_rounds = torch.zeros((), dtype=torch.long, device=dev)
 
 
     def start(self) -> None:
@@ -219,7 +233,11 @@ class Rows:
         B, dev = n.shape[0], n.device
         codes = ctx.layout.vocab_size
         c = block.c
-        n = torch.where(self.open, n, torch.zeros_like(n))
+        open_, top = self.open, self.top
+        n = torch.where(open_, n, torch.zeros_like(n))
+        lower = open_ & ~top
+        self.tally += torch.stack([(n * top).sum(), (n * lower).sum(), lower.sum(), open_.sum()])
+        self.sample_rounds += open_.any(1).sum()
         base = self.rid * S
         e = torch.arange(E, device=dev)
         k = torch.arange(K, device=dev)
@@ -248,3 +266,8 @@ class Rows:
         self.c = c + n
         self._last_row_done()
         return count
+
+    def stats(self) -> RowStats:
+        """The decode's ``RowStats`` (one host read)."""
+        top, low, rounds, open_ = self.tally.tolist()
+        return RowStats(float(top), float(low), float(rounds), open_ / max(int(self.sample_rounds), 1))

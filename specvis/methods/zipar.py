@@ -70,3 +70,4 @@ class ZipAR:
             rows.commit(block, rows.open.long(), sample(law, gen))
 
         ctx.run(round_, capture=False)
+        ctx.record(rows.stats())
