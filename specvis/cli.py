@@ -104,12 +104,18 @@ def _add_method_options(p: argparse.ArgumentParser) -> None:
     p.set_defaults(method_flags=[
         g.add_argument("--accept", help=f"acceptance rule: {', '.join(ACCEPTANCE)} (default exact)"),
         g.add_argument("--gamma", type=int, help="speculative/cspd: draft tokens per round"),
-        g.add_argument("--window", type=int, help="jacobi/sjd: Jacobi window"),
+        g.add_argument("--window", type=int, help="jacobi/sjd/pjd: Jacobi window; zipar: image tokens of the row above "
+                       "before the next row starts"),
+        g.add_argument("--lag", type=int, help="pjd: image tokens of the row above before the next row starts"),
+        g.add_argument("--keep-threshold", type=float, help="pjd: keep a draft tested after the first rejection "
+                       "whose acceptance probability exceeds this (official 0.5; 1: never)"),
+        g.add_argument("--no-rcm", dest="rcm", action="store_const", const=False,
+                       help="pjd: no Row-Causal Mask (lower rows attend to the drafts of rows above)"),
         g.add_argument("--init", help="sjd: random, horizontal-repeat, vertical-repeat, horizontal-sample, "
                                       "vertical-sample; adt: horizontal, vertical, random"),
         g.add_argument("--no-refine", dest="refine", action="store_const", const=False,
                        help="sjd: refine=False (App. F ablation)"),
-        g.add_argument("--coupling", help="sjd: none, maximal or gumbel: couple each re-draft with the position's "
+        g.add_argument("--coupling", help="sjd/pjd: none, maximal (sjd) or gumbel: couple each re-draft with the position's "
                                           "previous draft (MC-SJD; exact)"),
         g.add_argument("--depth", type=int, help="eagle: tree depth"),
         g.add_argument("--tree-top-k", type=int, help="eagle: frontier width per depth (field top_k, "

@@ -176,3 +176,22 @@ def test_the_block_mask_is_raster_causal_and_the_row_causal_mask_hides_drafts_ab
     assert not mask[:3, 3:].any()  # row 0 never sees row 1
     causal = torch.tril(torch.ones(3, 3, dtype=torch.bool))
     assert torch.equal(mask[:3, :3], causal) and torch.equal(mask[3:, 3:], causal)
+
+
+def test_cli_generate_and_bench_take_the_2d_methods(tmp_path):
+    """``--method zipar|pjd`` with their fields as flags, and bench specs, from the registry alone."""
+    import json
+
+    from specvis.cli import main
+
+    assert main(["generate", "--model", "random-tiny", "--method", "zipar", "--window", "3", "--class", "1", "2",
+                 "--out", str(tmp_path / "z")]) == 0
+    assert json.loads((tmp_path / "z" / "stats.json").read_text())["target_forwards"] == 34
+    assert main(["generate", "--model", "random-tiny", "--method", "pjd", "--lag", "4", "--accept", "gsd",
+                 "--out", str(tmp_path / "p")]) == 0
+    j = tmp_path / "b.json"
+    assert main(["bench", "--model", "random-tiny", "--methods", "zipar:window=4,pjd:window=4:lag=4", "--num", "2",
+                 "--batch-size", "2", "--json", str(j)]) == 0
+    runs = json.loads(j.read_text())["runs"]
+    assert [r["method"] for r in runs] == ["ar", "zipar", "pjd"] and not runs[1]["lossless"]
+    assert runs[1]["config"] == {"window": 4} and runs[1]["step_compression"] > 1.0
