@@ -605,8 +605,8 @@ def bench_block(run: Run, bundle: str, batch: int, mode: str) -> None:
 @contextmanager
 def cost_curve_calls(calls: tuple | None):
     """With ``calls`` = (untimed, timed) (smoke runs only): that many forwards per cost-curve round in
-    place of ``forward_cost.WARM_CALLS`` and ``TIMED_CALLS``, restored after."""
-    from specvis.bench import forward_cost
+    place of ``cost.WARM_CALLS`` and ``TIMED_CALLS`` (``specvis.cost``, which times them), restored after."""
+    from specvis import cost as forward_cost
 
     saved = forward_cost.WARM_CALLS, forward_cost.TIMED_CALLS
     if calls is not None:

@@ -1,35 +1,145 @@
-"""Acceptance rules: pure, batched functions on probability tensors.
+"""Acceptance rules: pure, batched functions on probability tensors, behind one explicit protocol.
 
 A rule maps (p, q, x) -> (alpha, residual): p the target law, q the law each draft token x was drawn
 from (..., V), alpha the acceptance probability of x and residual the unnormalised law to resample
 from on rejection. Under greedy sampling p is a point mass; rules may then take ``soft=`` the
 temperature-1 law of the same positions (``laws.DiscreteLaw.soft``; LANTERN relaxes on it, Exact ignores it). ``verify_chain`` walks a drafted chain with any rule, per row, with no Python
 loop over positions: every drafting method (draft model, SJD, trees) plugs rules in the same way.
+
+The protocol (``AcceptanceRule``, ``BoundRule``): a rule is a frozen options dataclass
+(``specvis.options``) that declares what it needs and which walks it verifies; nothing is probed.
+
+- ``needs``: the tables ``bind`` uses, a subset of ``NEEDS`` ("codebook": the tokenizer's VQ
+  codebook, "embeddings": the target's input-embedding table, "soft": the temperature-1 laws under
+  greedy sampling);
+- ``walks``: a subset of ``WALKS``: "chain" (``chain(p, q, x)``: a drafted chain, every rule),
+  "tree" (``sibling(p, x)``: deterministic candidates, EagleTree and ADTTree), "sampled-tree"
+  (``sibling_q(p, q, x)``: children drawn without replacement, StaticTree);
+- ``bind(RuleTables(codebook, embeddings, structural))`` -> the ``BoundRule`` that verifies
+  (``Exact.bind`` returns the rule itself; a bound rule binds to itself).
+
+A method declares the walk it needs (``walk``: ``RuleMethod``); a rule without that walk is refused
+when the method is built, with one line.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from .options import Options, option
 from .sampling import rows_at, sample, uniform
+
+WALKS = ("chain", "tree", "sampled-tree")
+NEEDS = ("codebook", "embeddings", "soft")
 
 
 @dataclass(frozen=True)
-class Exact:
+class RuleTables:
+    """What ``bind`` may use: the tokenizer's codebook (V, d), the target's input-embedding table
+    (V, d) for its image codes, and the number of structural ids after the codes in the laws
+    (``Layout.row_end``: Emu3's and Lumina-mGPT's row ends; 0 elsewhere)."""
+
+    codebook: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None
+    structural: int = 0
+
+
+@runtime_checkable
+class BoundRule(Protocol):
+    """A rule ready to verify: ``chain(p, q, x, soft=None) -> (alpha, residual)``; where ``walks`` has
+    "tree", also ``sibling(p, x, soft=None) -> (alpha, residual)``; where it has "sampled-tree",
+    ``sibling_q(p, q, x, soft=None) -> (alpha, residual, q_next)``."""
+
+    name: str
+    lossless: bool
+    walks: frozenset[str]
+
+    def chain(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+              soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
+class AcceptanceRule(Protocol):
+    """The user-facing configuration of a rule (``Exact``, ``Lantern``, ``GSD``, or a bound rule):
+    ``name``, ``lossless``, ``walks`` and ``needs`` declared, ``bind`` to the tables it needs."""
+
+    name: str
+    lossless: bool
+    walks: frozenset[str]
+
+    @property
+    def needs(self) -> frozenset[str]: ...
+
+    def bind(self, tables: RuleTables) -> BoundRule: ...
+
+
+class RuleMethod(Options):
+    """Mixin of the methods verified by an acceptance rule (field ``acceptance``): ``walk`` is the walk
+    the method runs ("chain", "tree" or "sampled-tree"); a rule that does not declare it is refused
+    when the method is built."""
+
+    walk: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        rule, name = self.acceptance, type(self).__name__
+        if self.walk not in rule.walks:
+            only = ", ".join(w for w in WALKS if w in rule.walks)
+            able = [r for r, walks in Rule.known.items() if self.walk in walks]
+            raise ValueError(f"{name}.acceptance: rule {rule.name} is not supported with {name}: it walks {only} "
+                             f"only, {name} needs the {self.walk} walk ({SIBLING[self.walk]}); use {' or '.join(able)}")
+
+    @property
+    def lossless(self) -> bool:
+        return self.acceptance.lossless
+
+
+# what each walk calls, for the error of a rule without it
+SIBLING = {"chain": "chain rule", "tree": "no sibling rule for draft trees",
+           "sampled-tree": "no sibling_q(p, q, x) rule for children sampled without replacement"}
+ALL_WALKS = frozenset(WALKS)
+
+
+class Rule(Options):
+    """Base of the rule configurations (``Exact``, ``Lantern``, ``GSD``): each class that declares a
+    ``name`` is listed in ``known`` with its walks (the advice of a refused rule's error)."""
+
+    known: ClassVar[dict[str, frozenset[str]]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            Rule.known[cls.name] = cls.walks
+
+
+@dataclass(frozen=True)
+class Exact(Rule):
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept x with min(1, p(x)/q(x)),
     on rejection resample from normalise(max(0, p - q)). The output law is exactly p."""
 
-    lossless = True
-    name = "exact"
+    lossless: ClassVar[bool] = True
+    name: ClassVar[str] = "exact"
+    needs: ClassVar[frozenset[str]] = frozenset()
+    walks: ClassVar[frozenset[str]] = ALL_WALKS
 
-    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
-                 soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def bind(self, tables: RuleTables) -> "Exact":
+        """Exact needs no table: the rule itself."""
+        return self
+
+    def chain(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+              soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         px = p.gather(-1, x[..., None]).squeeze(-1)
         qx = q.gather(-1, x[..., None]).squeeze(-1)
         alpha = torch.where(qx > 0, px / qx.clamp_min(1e-30), torch.ones_like(px)).clamp(max=1.0)
         return alpha, (p - q).clamp_min(0.0)
+
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+                 soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chain rule (``chain``)."""
+        return self.chain(p, q, x, soft)
 
     def sibling(self, p: torch.Tensor, x: torch.Tensor,
                 soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,11 +158,17 @@ class Exact:
         renormalised (``without``), the third value. ``soft`` goes to the chain rule (Exact ignores
         it). Proof of exactness: ``specvis.methods.static_tree``. Relaxed rules reuse this walk with
         their own chain rule (``BoundLantern.sibling_q``)."""
-        alpha, residual = self(p, q, x, soft=soft)
+        alpha, residual = self.chain(p, q, x, soft=soft)
         return alpha, residual, without(q, x)
 
     def config(self) -> dict:
         return {}
+
+
+def rule_option() -> Any:
+    """The declaration of a method's ``acceptance`` field: any ``AcceptanceRule``, default ``Exact()``,
+    set by ``--accept NAME`` (and the spec key ``accept``)."""
+    return option(default_factory=Exact, flag="accept", help="the acceptance rule that verifies the drafts")
 
 
 def normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
@@ -77,10 +193,7 @@ def verify_chain(rule, p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
     under greedy sampling (or None); the rule gets ``soft[:, :g]``.
     """
     g = draft.shape[1]
-    if soft is None:
-        alpha, residual = rule(p[:, :g], q, draft)
-    else:
-        alpha, residual = rule(p[:, :g], q, draft, soft=soft[:, :g])
+    alpha, residual = rule.chain(p[:, :g], q, draft, soft=None if soft is None else soft[:, :g])
     u = uniform(alpha.shape, alpha, generator)  # float64: no acceptance floor (sampling.uniform)
     accepted = (u < alpha).long().cumprod(dim=-1).sum(dim=-1)
     at = accepted.clamp_max(g - 1)[:, None]  # the rejected position's residual, normalised alone

@@ -2,7 +2,9 @@
 names the argument and the values it takes, raised before anything is loaded or allocated.
 
 The pipelines (``pipe(...)``), ``specvis.generate``, ``specvis.load`` and the command line share these,
-so the Python API and the CLI refuse the same things with the same words.
+so the Python API and the CLI refuse the same things with the same words. A call's ``sampling`` is
+checked by ``sampling.sampling_argument``, its ``method`` by ``registry.method_argument``, the options
+of methods and rules by their declarations (``specvis.options``). This module imports nothing of specvis.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
@@ -22,7 +24,7 @@ class InputTypeError(TypeError, ValueError):
     turns bad input into one line (the CLI, the demo page) catches it with the bad values."""
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     text = repr(value)
     return (text if len(text) <= 60 else text[:57] + "...") + f" ({type(value).__name__})"
 
@@ -32,7 +34,7 @@ def integer(value: Any, what: str, low: int | None = None, high: int | None = No
     in ``low .. high`` where given."""
     span = f" in {low}..{high}" if low is not None and high is not None else (f" >= {low}" if low is not None else "")
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputTypeError(f"{what} must be an integer{span}, got {_shown(value)}")
+        raise InputTypeError(f"{what} must be an integer{span}, got {shown(value)}")
     value = int(value)
     if (low is not None and value < low) or (high is not None and value > high):
         raise ValueError(f"{what} must be an integer{span}, got {value}")
@@ -43,7 +45,7 @@ def number(value: Any, what: str, allowed: str) -> float:
     """``value`` as a finite float (ints and floats, numpy's too; never a bool or a string).
     ``allowed`` says what the caller then checks (e.g. ">= 0")."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputTypeError(f"{what} must be a finite number {allowed}, got {_shown(value)}")
+        raise InputTypeError(f"{what} must be a finite number {allowed}, got {shown(value)}")
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{what} must be a finite number {allowed}, got {value}")
@@ -53,7 +55,7 @@ def number(value: Any, what: str, allowed: str) -> float:
 def seed(value: Any, what: str = "seed") -> int:
     """A seed of ``torch.Generator.manual_seed``: an integer in 0 .. 2**64 - 1."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputTypeError(f"{what} must be an integer in 0..2**64-1, got {_shown(value)}")
+        raise InputTypeError(f"{what} must be an integer in 0..2**64-1, got {shown(value)}")
     if not 0 <= int(value) < SEED_LIMIT:
         raise ValueError(f"{what} must be an integer in 0..2**64-1, got {int(value)}")
     return int(value)
@@ -70,7 +72,7 @@ def device(value: Any, what: str = "device") -> torch.device:
         except (RuntimeError, ValueError):
             raise ValueError(f"{what} {value!r} is not a device: give {allowed}") from None
     else:
-        raise InputTypeError(f"{what} must be {allowed}, got {_shown(value)}")
+        raise InputTypeError(f"{what} must be {allowed}, got {shown(value)}")
     if dev.type == "cpu":
         return dev
     if dev.type != "cuda":
@@ -90,7 +92,7 @@ def model_name(value: Any, what: str = "name") -> str:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str):
-        raise InputTypeError(f"{what} must be a bundle name, a checkpoint directory or a Hub id (str), got {_shown(value)}")
+        raise InputTypeError(f"{what} must be a bundle name, a checkpoint directory or a Hub id (str), got {shown(value)}")
     if not value.strip():
         raise ValueError(f"{what} is empty: give a bundle name (specvis models), a checkpoint directory or a Hub id")
     return value
@@ -108,13 +110,13 @@ def class_ids(classes: Any, num_classes: int, what: str = "classes") -> list[int
                                  f"{classes.ndim}-D tensor of {classes.dtype}")
         classes = classes.tolist()
     if isinstance(classes, (str, bytes)) or not isinstance(classes, (list, tuple, range)):
-        raise InputTypeError(f"{what} must be a list of {allowed}, got {_shown(classes)}")
+        raise InputTypeError(f"{what} must be a list of {allowed}, got {shown(classes)}")
     if len(classes) == 0:
         raise ValueError(f"{what} is empty: give at least one of the {allowed}")
     out = []
     for i, c in enumerate(classes):
         if isinstance(c, bool) or not isinstance(c, numbers.Integral):
-            raise InputTypeError(f"{what}[{i}] must be one of the {allowed}, got {_shown(c)}")
+            raise InputTypeError(f"{what}[{i}] must be one of the {allowed}, got {shown(c)}")
         if not 0 <= int(c) < num_classes:
             raise ValueError(f"{what}[{i}] = {int(c)} is out of range: give {allowed}")
         out.append(int(c))
@@ -126,63 +128,13 @@ def text(value: Any, what: str, allow_empty: bool = False) -> str:
     may be empty), valid Unicode (a command-line argument that was not UTF-8 arrives with lone
     surrogates, which no tokenizer takes)."""
     if not isinstance(value, str):
-        raise InputTypeError(f"{what} must be a str, got {_shown(value)}")
+        raise InputTypeError(f"{what} must be a str, got {shown(value)}")
     if not allow_empty and not value.strip():
         raise ValueError(f"{what} is empty: give some text")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError(f"{what} is not valid UTF-8 text") from None
-    return value
-
-
-def sampling(value: Any, default, what: str = "sampling"):
-    """A ``Sampling``: None means ``default``; a dict sets those fields of ``default`` (the model's
-    sampling: ``{"temperature": 0}`` keeps its cfg_scale, as ``--temperature 0`` does)."""
-    import dataclasses
-
-    from .sampling import Sampling
-
-    if value is None:
-        return default
-    if isinstance(value, Sampling):
-        return value
-    if isinstance(value, dict):
-        fields = ("temperature", "top_k", "top_p", "cfg_scale")
-        unknown = sorted(str(k) for k in value if k not in fields)
-        if unknown:
-            raise ValueError(f"{what} has no field {unknown[0]!r}; fields: {', '.join(fields)}")
-        return dataclasses.replace(default, **value)
-    raise InputTypeError(f"{what} must be sv.Sampling(...) (or a dict of its fields), got {_shown(value)}")
-
-
-@runtime_checkable
-class MethodContract(Protocol):
-    """What ``specvis.generate`` calls on a method (methods/base.py: the loop contract)."""
-
-    name: str
-    lossless: bool
-
-    def decode(self, ctx) -> None: ...
-
-
-def method(value: Any, what: str = "method"):
-    """A method: None means ``sv.AR()``; a string is a method name or bench spec
-    (``"sjd"``, ``"sjd:window=8:coupling=maximal"``, as ``--method`` takes); anything else must be a
-    method instance (a class of ``specvis.registry.METHODS``, or one that follows ``MethodContract``)."""
-    from .methods.ar import AR
-    from .registry import METHODS, method_from_spec
-
-    if value is None:
-        return AR()
-    if isinstance(value, str):
-        return method_from_spec(value)
-    if isinstance(value, type):
-        raise InputTypeError(f"{what} must be a method instance such as sv.SJD() (not the class {value.__name__}) "
-                             f"or one of {', '.join(METHODS)}")
-    if not isinstance(value, MethodContract):
-        raise InputTypeError(f"{what} must be a method such as sv.SJD(window=16) or a name/spec such as "
-                             f"'sjd:window=16' (one of {', '.join(METHODS)}), got {_shown(value)}")
     return value
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import typing
 import warnings
 from pathlib import Path
 
 from . import __version__, demo
 from .io import atomic_write, clean_stale_temps, write_text
-from .registry import ACCEPTANCE, METHODS, available, build_method, describe, method_from_spec, parse_method_spec
+from .registry import (ACCEPT, ACCEPTANCE, METHODS, available, build_method, describe, method_flags, method_from_spec,
+                       parse_method_spec)
 from .sampling import Sampling
 
 
@@ -90,66 +92,69 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-iter", type=int, help="MAR models: sampler steps over the random order (default: the model's, 64)")
 
 
-# flag dest -> the API field it sets, where the flag name differs (--top-k is the sampling top-k)
-RENAMED = {"tree_top_k": "top_k", "lantern_k": "k", "lantern_delta": "delta", "lantern_metric": "metric",
-           "lantern_budget": "budget", "lantern_lam": "lam", "gsd_group": "group", "gsd_delta_p": "delta_p",
-           "gsd_max_dist": "max_dist", "gsd_embedding": "embedding", "gsd_ranks": "ranks"}
+def _metavar(tp) -> str:
+    """``INT``, ``FLOAT``, ``NAME``, ``LIST`` (a tuple's items split by '/' or ','), joined by '|' for a union."""
+    from .options import NoneType, members
+
+    words = {int: "INT", float: "FLOAT", str: "NAME", bool: "BOOL"}
+    word = lambda m: words.get(m, "LIST" if typing.get_origin(m) is tuple else "RULE")
+    return "|".join(dict.fromkeys(word(m) for m in members(tp) if m is not NoneType))
+
+
+def _flag_help(flag) -> str:
+    """Each owner's help, allowed values and default (owners that say the same share one entry)."""
+    from .options import spell
+
+    parts: dict[str, list[str]] = {}
+    for owner, info in flag.owners:
+        if flag.key == ACCEPT:
+            text = f"acceptance rule: {', '.join(ACCEPTANCE)} (default exact)"
+        else:
+            allowed = "" if flag.boolean else f"{info.allowed()}; "
+            text = f"{info.help} ({allowed}default {spell(info.default)})"
+        parts.setdefault(text, []).append(owner)
+    return "; ".join(f"{'/'.join(owners)}: {text}" for text, owners in parts.items())
 
 
 def _add_method_options(p: argparse.ArgumentParser) -> None:
-    """The method flags: each sets the method (or rule) field of its name, RENAMED aside; a flag set
-    for a method that does not have it is an error (``_method``)."""
-    g = p.add_argument_group("method options (each applies to the methods that have it; same names as the API "
-                             "fields and the bench spec keys, except where a flag names its field)")
-    p.set_defaults(method_flags=[
-        g.add_argument("--accept", help=f"acceptance rule: {', '.join(ACCEPTANCE)} (default exact)"),
-        g.add_argument("--gamma", type=int, help="speculative/cspd: draft tokens per round"),
-        g.add_argument("--window", type=int, help="jacobi/sjd/pjd: Jacobi window; zipar: image tokens of the row above "
-                       "before the next row starts"),
-        g.add_argument("--lag", type=int, help="pjd: image tokens of the row above before the next row starts"),
-        g.add_argument("--keep-threshold", type=float, help="pjd: keep a draft tested after the first rejection "
-                       "whose acceptance probability exceeds this (official 0.5; 1: never)"),
-        g.add_argument("--no-rcm", dest="rcm", action="store_const", const=False,
-                       help="pjd: no Row-Causal Mask (lower rows attend to the drafts of rows above)"),
-        g.add_argument("--init", help="sjd: random, horizontal-repeat, vertical-repeat, horizontal-sample, "
-                                      "vertical-sample; adt: horizontal, vertical, random"),
-        g.add_argument("--no-refine", dest="refine", action="store_const", const=False,
-                       help="sjd: refine=False (App. F ablation)"),
-        g.add_argument("--coupling", help="sjd/pjd: none, maximal (sjd) or gumbel: couple each re-draft with the position's "
-                                          "previous draft (MC-SJD; exact)"),
-        g.add_argument("--depth", type=int, help="eagle: tree depth"),
-        g.add_argument("--tree-top-k", type=int, help="eagle: frontier width per depth (field top_k, "
-                                                      "bench key top_k; --top-k is the sampling top-k)"),
-        g.add_argument("--total-tokens", type=int, help="eagle/adt: tree size"),
-        g.add_argument("--tree", help="static-tree: topology, a preset name of the official LANTERN code "
-                                       "(mc_sim_7b_63 (default), mc_sim_7b_63_balanced, naive_extend_57, medusa_2_7b_63, "
-                                       "reverse_balanced_25, chain) or paths split by '/' with a path's ranks joined by '.' "
-                                       "(0/1/0.0: [0], [1], [0, 0])"),
-        g.add_argument("--beta", type=float, help="adt: acceptance-rate threshold"),
-        g.add_argument("--prefill", type=float, help="cspd: fraction of tokens pre-filled by the target"),
-        g.add_argument("--ratio", help="cspd: paper (Eq. 5), coupled or trajectory (both exact)"),
-        g.add_argument("--no-align", dest="align", action="store_const", const=False,
-                       help="cspd: align=False, the target runs its own noise (no trajectory alignment)"),
-        g.add_argument("--lantern-k", type=int, help="lantern: neighbours per code (field k)"),
-        g.add_argument("--lantern-delta", type=float, help="lantern: total-variation budget (field delta)"),
-        g.add_argument("--lantern-metric", help="lantern: l2 or cosine (field metric)"),
-        g.add_argument("--lantern-budget", help="lantern (field budget): paper (Alg. 1, delta bounds each candidate's "
-                                                "distorted target), output (delta bounds the committed token's law) "
-                                                "or relative (LANTERN++: p(A) <= lam p(x))"),
-        g.add_argument("--lantern-lam", type=float, help="lantern budget relative: neighbourhood mass at most lam p(x), "
-                                                         "lam >= 1 (field lam)"),
-        g.add_argument("--gsd-group", type=int, help="gsd: tokens ranked next to x by p, G/2 each side (field group)"),
-        g.add_argument("--gsd-ranks", help="gsd: below,above window overriding the group; official = 7,6 (field ranks)"),
-        g.add_argument("--gsd-delta-p", type=float, help="gsd: probability filter |p(y) - p(x)| < delta_p (field delta_p)"),
-        g.add_argument("--gsd-max-dist", type=float, help="gsd: distance filter, squared distance over the table's "
-                                                          "median (field max_dist; default off)"),
-        g.add_argument("--gsd-embedding", help="gsd: distance table, input (target embeddings) or codebook (field embedding)"),
-        g.add_argument("--residual", help="lantern/gsd: paper (default) or min-tv (Cool-SD: max(0, p - q f))"),
-    ])
+    """The method flags, generated from the declared options of every method and rule
+    (``registry.method_flags``): each sets the field of its spec key; a flag set for a method that
+    does not have it is an error (``_method``). Grouped under the method (or rule) that lists it first."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+
+    def group(flag):
+        owner = flag.owners[0][0]
+        if flag.key == ACCEPT:
+            title = f"acceptance rule of {', '.join(o for o, _ in flag.owners)}"
+        elif owner in ACCEPTANCE:
+            title = f"rule {owner} (--accept {owner}; spec keys: the field names)"
+        else:
+            title = f"method {owner} (--method {owner}; spec keys: the field names, e.g. {owner}:key=value)"
+        return groups.setdefault(title, p.add_argument_group(title))
+
+    made = {}
+    for flag in method_flags():
+        g = group(flag)
+        help_ = _flag_help(flag)
+        if flag.boolean:
+            on = flag.name.removeprefix("--no-")
+            g.add_argument(flag.name, dest=flag.dest, action="store_const", const="false" if flag.name.startswith("--no-")
+                           else "true", help=help_)
+            if any(info.default is None for _, info in flag.owners):  # True, False or None: both spellings
+                g.add_argument(f"--no-{on.removeprefix('--')}", dest=flag.dest, action="store_const", const="false",
+                               help=f"{'/'.join(o for o, _ in flag.owners)}: {flag.key}=false")
+        else:
+            g.add_argument(flag.name, dest=flag.dest, metavar=_metavar(flag.owners[0][1].type), help=help_)
+        made[flag.key] = flag
+    p.set_defaults(method_flags=made)
 
 
 def _method_name(a: argparse.Namespace, pipe=None) -> str:
     return parse_method_spec(a.method or default_method_spec(pipe))[0]
+
+
+def _same_text(x: str, y: str) -> bool:
+    return x.strip().lower() == y.strip().lower()
 
 
 def _method(a: argparse.Namespace, pipe=None):
@@ -157,20 +162,20 @@ def _method(a: argparse.Namespace, pipe=None):
     flags the user set (None = not set) on top; without ``--method``, the model's default
     (``default_method_spec(pipe)``) with those flags on top. A flag that contradicts a key of the
     user's spec is an error."""
-    flags = {RENAMED.get(f.dest, f.dest): f for f in a.method_flags}
+    flags = a.method_flags  # spec key -> registry.Flag
     name, options = parse_method_spec(a.method or default_method_spec(pipe))
     given = set(options) if a.method else set()
     flagged = {key for key, f in flags.items() if getattr(a, f.dest) is not None}
     for key in flagged:
         value = getattr(a, flags[key].dest)
-        if key in given and options[key] != value:
-            raise ValueError(f"{flags[key].option_strings[0]} {value} contradicts {key}={options[key]} in --method {a.method}")
+        if key in given and not _same_text(options[key], value):
+            raise ValueError(f"{flags[key].name} {value} contradicts {key}={options[key]} in --method {a.method}")
         options[key] = value
 
     def spell(key: str) -> str | None:  # errors write an option as the user did: a spec key or a flag
         if key in given or (":" in (a.method or "") and key not in flagged):
             return key
-        return flags[key].option_strings[0] if key in flags else None
+        return flags[key].name if key in flags else None
 
     return build_method(name, options, spell=spell)
 
@@ -389,20 +394,22 @@ def cmd_generate(a: argparse.Namespace) -> int:
     _save_png(contact_sheet(heatmaps(s.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1))),
               out_dir / "heatmap.png")
     # what ran: the method as clamped to the stream (generate.fit_to_stream); sv.Auto records its choice below
-    name, config, rule = describe(method if hasattr(method, "explain") else out.method)
+    ran = out.method if out.method is not None else method  # a MAR pipeline's generation names none
+    name, config, rule = describe(method if out.calibration is not None else ran)
     stats = {"model": a.model, "method": name, "config": config, "acceptance": rule, "lossless": bool(method.lossless),
              "default_method": not a.method, **conditions, "seed": a.seed,
              "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
              **s.to_dict(), **({"compare_ar": compare} if compare else {}), "accept_map": s.accept_map.tolist()}
-    if hasattr(method, "explain"):  # sv.Auto: the method it ran, and why
-        stats["chosen"] = dict(zip(("method", "config", "acceptance"), describe(out.method)), why=method.explain())
+    if out.calibration is not None:  # sv.Auto: the method it ran, and why
+        stats["chosen"] = dict(zip(("method", "config", "acceptance"), describe(out.method)),
+                               why=out.calibration.explain())
     write_text(out_dir / "stats.json", json.dumps(stats, indent=1))
     what = f"classes {sorted(set(conditions['classes']))}" if "classes" in conditions else f"{len(set(prompts))} prompts"
     chosen = " (the model's default; --method ar for plain AR)" if not a.method else ""
     print(f"specvis {a.model} | method {name} {json.dumps(config)}{chosen} | accept {rule} | {num} image{'s' if num != 1 else ''}, {what}")
     print(f"  device {_device_line(pipe)}")
-    if hasattr(method, "explain"):
-        print(f"  {method.explain()}")
+    if out.calibration is not None:
+        print(f"  {out.calibration.explain()}")
     print(f"  tokens/image {s.tokens}  target forwards {s.target_forwards}  draft forwards {s.draft_forwards}")
     print(f"  step compression {s.step_compression:.2f}  mean accepted length {s.mean_accepted_length:.2f}  "
           f"wall {s.wall_s:.2f}s  ({num / s.wall_s:.2f} images/s)")

@@ -10,13 +10,18 @@ from typing import Any
 import torch
 
 from . import checks
+from .accept import AcceptanceRule, BoundRule, RuleTables
+from .gsd import input_embeddings
+from .methods.auto import REFUSED, Auto
 from .methods.base import DecodeContext, Stats, timed
 from .methods.ar import AR
 from .methods.cspd import CSpD
 from .methods.ordered import OrderedVerifier, OrderedView
 from .methods.views import DrafterView, guided_view
 from .models.base import Captions, Condition, Prompts
-from .sampling import Sampling, make_generator
+from .options import Options, option_fields
+from .registry import method_argument
+from .sampling import Sampling, make_generator, sampling_argument
 
 
 @dataclass
@@ -25,7 +30,8 @@ class Generation:
     stats: Stats
     images: list = field(default_factory=list)  # PIL images when a pipeline decoded them
     latents: torch.Tensor | None = None  # (B, H*W, C) continuous tokens (continuous-token models)
-    method: Any = None  # the method that ran (``sv.Auto()``: the one it chose)
+    method: Any = None  # the method that ran (``sv.Auto()`` in a pipeline: the one it chose)
+    calibration: Any = None  # ``sv.Auto()`` in a pipeline: its ``tune.Calibration`` (the choice and why)
 
 
 def check_conditions(model, conditions) -> None:
@@ -45,29 +51,24 @@ def check_conditions(model, conditions) -> None:
         raise ValueError(f"class ids must be in 0..{n - 1}, got {conditions.tolist()}")
 
 
-# Method fields that count tokens along the image stream: a value beyond the stream's length drafts or
-# verifies positions past its end (memory and forwards, never tokens), so it is clamped to that length.
-STREAM_FIELDS = ("window", "gamma", "depth")
-
-
 def fit_to_stream(method, stream_len: int):
-    """``method`` with each of its ``STREAM_FIELDS`` (and the upper end of ADT's ``depth_range``) at most
+    """``method`` with each of its options that count tokens along the image stream (declared
+    ``stream=True``: ``window``, ``gamma``, ``depth``; the upper end of ADT's ``depth_range``) at most
     ``stream_len``, the tokens a row decodes; a warning names each field clamped. A window or gamma of
     L or more already commits the whole rest of the stream in one round when every draft is accepted,
     so the law is the same and the work per round is bounded by the grid: speculative with
     gamma=100000 ran 100000 draft forwards per round (one image took minutes)."""
-    if not dataclasses.is_dataclass(method) or isinstance(method, type):
+    if not isinstance(method, Options):
         return method
-    fields = {f.name for f in dataclasses.fields(method) if f.init}
     changes: dict[str, Any] = {}
-    for name in STREAM_FIELDS:
-        value = getattr(method, name) if name in fields else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > stream_len:
-            changes[name] = stream_len
-    if "depth_range" in fields:
-        lo, hi = method.depth_range
-        if hi > stream_len + 1:  # ADT: depths lo .. hi - 1 (tree.py), at most stream_len
-            changes["depth_range"] = (min(lo, stream_len - 1), stream_len + 1)
+    for info in option_fields(type(method)):
+        value = getattr(method, info.name)
+        if not info.stream:
+            continue
+        if isinstance(value, int) and value > stream_len:
+            changes[info.name] = stream_len
+        elif isinstance(value, tuple) and value[1] > stream_len + 1:  # an open interval (ADT): depths lo .. hi - 1
+            changes[info.name] = (min(value[0], stream_len - 1), stream_len + 1)
     if not changes:
         return method
     said = ", ".join(f"{k} {getattr(method, k)} -> {v}" for k, v in changes.items())
@@ -75,18 +76,16 @@ def fit_to_stream(method, stream_len: int):
     return dataclasses.replace(method, **changes)
 
 
-def bind_rule(rule, codebook: torch.Tensor | None, model=None):
-    """Rules that need a table expose ``bind(codebook, embeddings=)``: the tokenizer's codebook (LANTERN
-    neighbourhoods; GSD's distance with embedding="codebook") or the target's input-embedding table (GSD's
-    default distance). Rules say whether they need the codebook (``needs_codebook``, default yes)."""
-    if rule is None or not hasattr(rule, "bind"):
-        return rule
-    if codebook is None and getattr(rule, "needs_codebook", True):
+def bind_rule(rule: AcceptanceRule | None, codebook: torch.Tensor | None, model=None) -> BoundRule | None:
+    """The method's rule bound once to the tables it declares it needs (``rule.needs``): the tokenizer's
+    codebook (LANTERN's neighbourhoods; GSD's distance with embedding="codebook"), the target's input
+    embeddings (GSD's default distance), and the layout's structural ids (``Layout.row_end``)."""
+    if rule is None:
+        return None
+    if codebook is None and "codebook" in rule.needs:
         raise ValueError(f"acceptance rule {rule.name} needs the tokenizer codebook (codebook=...)")
-    from .gsd import input_embeddings
-    bound = rule.bind(codebook, embeddings=input_embeddings(model))
-    structural = getattr(getattr(model, "layout", None), "row_end", 0)
-    return bound.with_structural(structural) if structural and hasattr(bound, "with_structural") else bound
+    embeddings = input_embeddings(model) if "embeddings" in rule.needs else None
+    return rule.bind(RuleTables(codebook, embeddings, model.layout.row_end if model is not None else 0))
 
 
 @torch.no_grad()
@@ -101,8 +100,10 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     rounds) with the fraction of the stream every row has committed (one host read a round; for UIs).
     ``ordered``: the model reveals its tokens in an order of its own (MAR), as its family declares it
     (``families.mar.MARReveal``); ``conditions`` are then class ids and the tokens continuous."""
-    method = checks.method(method)
-    sampling = checks.sampling(sampling, Sampling())
+    method = method_argument(method)
+    if isinstance(method, Auto):
+        raise ValueError(REFUSED)
+    sampling = sampling_argument(sampling, Sampling())
     seed = checks.seed(seed)
     device = next(model.parameters()).device
     if isinstance(conditions, (Prompts, Captions)):
@@ -110,9 +111,6 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     elif not isinstance(conditions, Condition):
         conditions = torch.as_tensor(conditions, device=device)
     check_conditions(model, conditions)
-    auto = method if hasattr(method, "resolve") else None
-    if auto is not None:  # sv.Auto(): calibrate (first call for its key) and run the method it picks
-        method = auto.resolve(model, conditions, sampling, draft=draft, drafter=drafter, graphs=graphs)
     if draft is not None and draft.layout != model.layout:
         raise ValueError(f"draft layout {draft.layout} != target layout {model.layout}")
     if ordered is None:  # an ordered model's steps are not stream tokens: its fields stay as given
@@ -121,9 +119,9 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
         raise ValueError(f"this model reveals its tokens in its own order (MAR): method must be AR or CSpD, "
                          f"got {type(method).__name__}")
     pad = method.pad
-    rule = bind_rule(getattr(method, "acceptance", None), codebook, model)
+    rule = bind_rule(method.acceptance, codebook, model)
     # greedy rules that relax on the temperature-1 law (LANTERN) get it with every law (DiscreteLaw.soft)
-    keep_soft = sampling.greedy and bool(getattr(rule, "needs_soft", False))
+    keep_soft = sampling.greedy and rule is not None and "soft" in rule.needs
     if ordered is not None:
         target = OrderedView(model, conditions, sampling, ordered)
         draft_view = OrderedView(draft, conditions, sampling, ordered) if draft is not None else None
@@ -137,8 +135,6 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     with torch.inference_mode():  # no autograd bookkeeping on the round's many small ops
         wall = timed(lambda: method.decode(ctx), device)
     stats = ctx.stats(wall)
-    if auto is not None:
-        stats.extra["auto_calibration_s"] = auto.calibration_s
     if ctx.latents is not None:  # continuous tokens (made under inference mode: cloned into normal tensors)
         return Generation(None, stats, latents=ctx.latents[:, : ctx.L].clone(), method=method)
     return Generation(ctx.image_tokens().clone(), stats, method=method)

@@ -53,8 +53,12 @@ probability filter against the greedy token and GSD is greedy decoding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+from .accept import Rule, RuleTables
+from .options import option
 
 EMBEDDINGS = ("input", "codebook")
 RESIDUALS = ("paper", "min-tv")
@@ -93,47 +97,28 @@ def normalised_table(table: torch.Tensor) -> torch.Tensor:
     return (t / (med ** 0.5 if med > 0 else 1.0)).to(torch.float32)
 
 
-def _ranks(value) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    if value == "official":
-        return (7, 6)
-    if not (isinstance(value, (tuple, list)) and len(value) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
-        raise ValueError(f"GSD.ranks must be (below, above), two integers >= 0 (or 'official' = (7, 6)), got {value!r}")
-    return tuple(value)
-
-
 @dataclass(frozen=True)
-class GSD:
+class GSD(Rule):
     """Grouped speculative decoding's acceptance (module docstring): the cluster of x among the ``group``
     tokens ranked next to it by p (``ranks=(below, above)`` overrides, (7, 6) = the official code), filtered
     by |p(y) - p(x)| < ``delta_p`` and normalised squared distance < ``max_dist`` (None: no distance filter)
     on the ``embedding`` table ("input": the target's input embeddings, "codebook": the tokenizer's);
     accept with min(1, P(C)/Q(C)); ``residual`` "paper" (max(0, p - q)) or "min-tv" (max(0, p - q f))."""
 
-    group: int = 25
-    delta_p: float = 0.15
-    max_dist: float | None = None
-    embedding: str = "input"
-    ranks: tuple[int, int] | str | None = None
-    residual: str = "paper"
-    name = "gsd"
-    lossless = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 0:
-            raise ValueError(f"GSD.group must be an integer >= 0, got {self.group!r}")
-        if isinstance(self.delta_p, bool) or not isinstance(self.delta_p, (int, float)) or not 0.0 <= self.delta_p <= 1.0:
-            raise ValueError(f"GSD.delta_p must be a number in [0, 1], got {self.delta_p!r}")
-        if self.max_dist is not None and (isinstance(self.max_dist, bool) or not isinstance(self.max_dist, (int, float))
-                                          or not self.max_dist >= 0.0):
-            raise ValueError(f"GSD.max_dist must be a number >= 0 or None, got {self.max_dist!r}")
-        if self.embedding not in EMBEDDINGS:
-            raise ValueError(f"GSD.embedding must be one of {', '.join(EMBEDDINGS)}, got {self.embedding!r}")
-        if self.residual not in RESIDUALS:
-            raise ValueError(f"GSD.residual must be one of {', '.join(RESIDUALS)}, got {self.residual!r}")
-        object.__setattr__(self, "ranks", _ranks(self.ranks))
+    group: int = option(25, low=0, flag="gsd-group", help="tokens ranked next to x by p, G/2 on each side")
+    delta_p: float = option(0.15, low=0, high=1, flag="gsd-delta-p", help="probability filter |p(y) - p(x)| < delta_p")
+    max_dist: float | None = option(None, low=0, flag="gsd-max-dist",
+                                    help="distance filter: squared distance over the table's median (None: off)")
+    embedding: str = option("input", choices=EMBEDDINGS, flag="gsd-embedding",
+                            help="distance table: input (the target's input embeddings) or codebook (the tokenizer's)")
+    ranks: tuple[int, int] | None = option(None, low=0, flag="gsd-ranks", aliases={"official": (7, 6)},
+                                           help="(below, above) rank window overriding group (official: the official "
+                                                "code's (7, 6))")
+    residual: str = option("paper", choices=RESIDUALS,
+                           help="paper: max(0, p - q), as the official code; min-tv: Cool-SD's max(0, p - q f)")
+    name: ClassVar[str] = "gsd"
+    lossless: ClassVar[bool] = False
+    walks: ClassVar[frozenset[str]] = frozenset({"chain"})  # no sibling rule: chains only (Speculative, SJD)
 
     @property
     def window(self) -> tuple[int, int]:
@@ -141,24 +126,30 @@ class GSD:
         return self.ranks if self.ranks is not None else (self.group // 2, self.group // 2)
 
     @property
-    def needs_codebook(self) -> bool:
-        return self.max_dist is not None and self.embedding == "codebook"
-
-    def bind(self, codebook: torch.Tensor | None = None, embeddings: torch.Tensor | None = None) -> BoundGSD:
-        """The rule with its distance table: the tokenizer ``codebook`` or the target's input ``embeddings``
-        per ``embedding`` (neither is needed when ``max_dist`` is None)."""
+    def needs(self) -> frozenset[str]:
+        """The distance filter's table (``embedding``), none without it (``max_dist`` None)."""
         if self.max_dist is None:
-            return BoundGSD(self, None)
-        table = codebook if self.embedding == "codebook" else embeddings
-        if table is None:
+            return frozenset()
+        return frozenset({"codebook" if self.embedding == "codebook" else "embeddings"})
+
+    def bind(self, tables: RuleTables = RuleTables()) -> BoundGSD:
+        """The rule with its distance table: the tokenizer codebook or the target's input embeddings
+        per ``embedding`` (neither is needed when ``max_dist`` is None), on laws with
+        ``tables.structural`` structural ids after the codes (``BoundGSD.with_structural``)."""
+        table = None if self.max_dist is None else tables.codebook if self.embedding == "codebook" else tables.embeddings
+        if self.max_dist is not None and table is None:
             what = "the tokenizer codebook (codebook=...)" if self.embedding == "codebook" else \
                 "the target's input-embedding table (a model with tok_embeddings or get_input_embeddings())"
             raise ValueError(f"GSD.max_dist with GSD.embedding={self.embedding!r} needs {what}")
-        return BoundGSD(self, normalised_table(table))
+        bound = BoundGSD(self, None if table is None else normalised_table(table))
+        return bound.with_structural(tables.structural) if tables.structural else bound
 
-    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
-                 soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.bind()(p, q, x)  # raises if the distance filter needs a table
+    def chain(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+              soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rule without a distance table (``bind()``): raises if the distance filter needs one."""
+        return self.bind().chain(p, q, x)
+
+    __call__ = chain
 
     def config(self) -> dict:
         return {"group": self.group, "delta_p": self.delta_p, "max_dist": self.max_dist, "embedding": self.embedding,
@@ -166,11 +157,14 @@ class GSD:
 
 
 class BoundGSD:
-    """``GSD`` with its normalised distance table (or None): a pure batched rule (p, q, x) -> (alpha, residual).
-    ``structural``: the last ids of the laws that are structural (``with_structural``)."""
+    """``GSD`` with its normalised distance table (or None): a pure batched rule ``chain(p, q, x) -> (alpha,
+    residual)`` (a ``BoundRule`` walking chains only). ``structural``: the last ids of the laws that are
+    structural (``with_structural``)."""
 
-    lossless = False
-    name = "gsd"
+    lossless: ClassVar[bool] = False
+    name: ClassVar[str] = "gsd"
+    needs: ClassVar[frozenset[str]] = frozenset()
+    walks: ClassVar[frozenset[str]] = frozenset({"chain"})
 
     def __init__(self, spec: GSD, table: torch.Tensor | None, structural: int = 0) -> None:
         self.spec, self.table, self.structural = spec, table, structural
@@ -179,6 +173,10 @@ class BoundGSD:
 
     def config(self) -> dict:
         return self.spec.config()
+
+    def bind(self, tables: RuleTables) -> "BoundGSD":
+        """Already bound: itself, on laws with ``tables.structural`` structural ids."""
+        return self if tables.structural == self.structural else self.with_structural(tables.structural)
 
     def with_structural(self, n: int) -> "BoundGSD":
         """The rule on laws over the codes then ``n`` structural ids (``Layout.row_end``, as
@@ -206,8 +204,8 @@ class BoundGSD:
             in_c &= (ids < codes) & (x[..., None] < codes)
         if self.max_dist is not None:
             if self.table is None:
-                raise ValueError("GSD.max_dist needs an embedding table: use GSD(...).bind(codebook, embeddings), "
-                                 "or specvis.generate")
+                raise ValueError("GSD.max_dist needs an embedding table: use GSD(...).bind(RuleTables(codebook, "
+                                 "embeddings)), or specvis.generate")
             if self.table.device != p.device:
                 self.table = self.table.to(p.device)
             if self.table.shape[0] < codes:
@@ -232,6 +230,11 @@ class BoundGSD:
 
     def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
                  soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chain rule (``chain``)."""
+        return self.chain(p, q, x, soft)
+
+    def chain(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+              soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """alpha = min(1, P(C_x)/Q(C_x)) (..., ); residual max(0, p - q) ("paper") or max(0, p - q f) ("min-tv").
         One stable sort of p per call (the whole verified block); no loop over positions. ``soft`` is ignored."""
         order = p.sort(dim=-1, stable=True).indices

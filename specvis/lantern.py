@@ -55,7 +55,7 @@ x~ if x~ = argmax_x q_{k,delta}(x | s, D = x~)", q the paper's target law). At t
 p is the point mass at the greedy token a, and merging neighbours into a point mass never relaxes
 anything (for delta < 1, a never joins another token's A). The rule therefore takes ``soft=`` s, the
 temperature-1 law of the same positions (``Sampling.soft_probs``: CFG, top-k, top-p, softmax; its
-argmax is a), which ``specvis.generate`` keeps when the sampling is greedy (``needs_soft``):
+argmax is a), which ``specvis.generate`` keeps when the sampling is greedy (``needs`` holds "soft"):
 
 - A = A_{k,delta}(x) on s: the longest prefix of B_k(x) with m_s(A) = sum_{y in A, y != x} s(y) <= delta;
   s_{k,delta}(.|x) = s(A) on x, 0 on A \\ {x}, s elsewhere; TV(s_{k,delta}(.|x), s) = m_s(A) <= delta;
@@ -94,11 +94,13 @@ import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
-from .accept import Exact
+from .accept import ALL_WALKS, Exact, Rule, RuleTables
 from .io import atomic_write
+from .options import option
 
 METRICS = ("l2", "cosine")
 BUDGETS = ("paper", "output", "relative")
@@ -195,48 +197,47 @@ def neighbour_table(codebook: torch.Tensor, k: int, metric: str = "l2", cache: b
 
 
 @dataclass(frozen=True)
-class Lantern:
+class Lantern(Rule):
     """LANTERN relaxed acceptance: neighbourhood A_{k,delta}(x) over the tokenizer codebook
     (``metric`` l2 or cosine); ``budget`` "paper" (TV of the distorted target <= delta) or "output"
     (TV of the committed token's law <= delta) or "relative" (LANTERN++: p(A) <= lam p(x); delta unused);
     ``residual`` "paper" (the budget's own) or "min-tv" (Cool-SD: max(0, p - q f)); under greedy sampling the paper's greedy rule on the
     temperature-1 law. See the module docstring for the equations and bounds.
-    Needs ``bind(codebook)`` before use (``specvis.generate`` does it with ``codebook=``)."""
+    Needs ``bind(RuleTables(codebook))`` before use (``specvis.generate`` does it with ``codebook=``)."""
 
-    k: int = 1000
-    delta: float = 0.2
-    metric: str = "l2"
-    budget: str = "paper"
-    lam: float = 5.0
-    residual: str = "paper"
-    name = "lantern"
-    lossless = False
+    k: int = option(1000, low=1, flag="lantern-k",
+                    help="neighbours per code, the code itself included (B_k(x); the official lantern_k + 1)")
+    delta: float = option(0.2, low=0, high=1, flag="lantern-delta",
+                          help="total-variation budget of a merge (budgets paper and output)")
+    metric: str = option("l2", choices=METRICS, flag="lantern-metric",
+                         help="distance between codebook vectors that ranks the neighbours")
+    budget: str = option("paper", choices=BUDGETS, flag="lantern-budget",
+                         help="paper: delta bounds each candidate's distorted target (Alg. 1); output: delta bounds "
+                              "the committed token's law; relative: LANTERN++, p(A) <= lam p(x)")
+    lam: float = option(5.0, low=1, flag="lantern-lam",
+                        help="budget relative: the neighbourhood's mass is at most lam p(x) (LANTERN++'s lambda)")
+    residual: str = option("paper", choices=RESIDUALS,
+                           help="paper: the budget's own residual; min-tv: Cool-SD's max(0, p - q f)")
+    name: ClassVar[str] = "lantern"
+    lossless: ClassVar[bool] = False
+    needs: ClassVar[frozenset[str]] = frozenset({"codebook", "soft"})
+    walks: ClassVar[frozenset[str]] = ALL_WALKS
 
-    def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"Lantern.k must be an integer >= 1, got {self.k!r}")
-        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0.0 <= self.delta <= 1.0:
-            raise ValueError(f"Lantern.delta must be a number in [0, 1], got {self.delta!r}")
-        if self.metric not in METRICS:
-            raise ValueError(f"Lantern.metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
-        if self.budget not in BUDGETS:
-            raise ValueError(f"Lantern.budget must be one of {', '.join(BUDGETS)}, got {self.budget!r}")
-        if isinstance(self.lam, bool) or not isinstance(self.lam, (int, float)) or not 1.0 <= self.lam < float("inf"):
-            raise ValueError(f"Lantern.lam must be a finite number >= 1, got {self.lam!r}")
-        if self.residual not in RESIDUALS:
-            raise ValueError(f"Lantern.residual must be one of {', '.join(RESIDUALS)}, got {self.residual!r}")
-
-    def bind(self, codebook: torch.Tensor, embeddings: torch.Tensor | None = None) -> BoundLantern:
-        """The rule on this codebook (k clipped to V); the neighbour table is built once and cached.
-        ``embeddings`` (the target's input-embedding table, for rules that use it) is ignored."""
-        if codebook is None:
+    def bind(self, tables: RuleTables) -> BoundLantern:
+        """The rule on ``tables.codebook`` (k clipped to V), extended by ``tables.structural`` ids
+        (``BoundLantern.with_structural``); the neighbour table is built once and cached."""
+        if tables.codebook is None:
             raise ValueError("Lantern needs the tokenizer codebook (codebook=...)")
-        return BoundLantern(self, neighbour_table(codebook, self.k, self.metric), codebook.device)
+        bound = BoundLantern(self, neighbour_table(tables.codebook, self.k, self.metric), tables.codebook.device)
+        return bound.with_structural(tables.structural) if tables.structural else bound
 
-    def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
-                 soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        raise ValueError("Lantern needs the tokenizer codebook: use Lantern(...).bind(codebook), "
+    def chain(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+              soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unbound: a ValueError (LANTERN's neighbourhoods need the codebook's table)."""
+        raise ValueError("Lantern needs the tokenizer codebook: use Lantern(...).bind(RuleTables(codebook)), "
                          "or pass codebook= to specvis.generate")
+
+    __call__ = chain
 
     def config(self) -> dict:
         return {"k": self.k, "delta": self.delta, "metric": self.metric, "budget": self.budget, "lam": self.lam,
@@ -244,21 +245,30 @@ class Lantern:
 
 
 class BoundLantern:
-    """``Lantern`` bound to a neighbour table (V, k): a pure, batched rule ``(p, q, x) -> (alpha, residual)``
-    plus ``sibling(p, x) -> (alpha, p_next)`` for deterministic draft trees."""
+    """``Lantern`` bound to a neighbour table (V, k): a pure, batched rule ``chain(p, q, x) -> (alpha, residual)``
+    plus ``sibling(p, x) -> (alpha, p_next)`` for deterministic draft trees and ``sibling_q`` for
+    sampled ones (a ``BoundRule`` walking every walk)."""
 
-    lossless = False
-    name = "lantern"
-    needs_soft = True  # under greedy sampling: relax on the temperature-1 law (module docstring)
+    lossless: ClassVar[bool] = False
+    name: ClassVar[str] = "lantern"
+    needs: ClassVar[frozenset[str]] = frozenset({"soft"})  # under greedy sampling: relax on the temperature-1 law
+    walks: ClassVar[frozenset[str]] = ALL_WALKS
 
-    def __init__(self, spec: Lantern, table: torch.Tensor, device: torch.device | str = "cpu") -> None:
+    def __init__(self, spec: Lantern, table: torch.Tensor, device: torch.device | str = "cpu",
+                 codes: int | None = None) -> None:
         self.spec = spec
         self.k, self.delta, self.budget = table.shape[1], float(spec.delta), spec.budget
         self.lam, self.residual = float(spec.lam), spec.residual
         self.table = table.to(device)
+        self.codes = table.shape[0] if codes is None else codes  # table rows that are image codes
 
     def config(self) -> dict:
         return {**self.spec.config(), "k": self.k}
+
+    def bind(self, tables: RuleTables) -> "BoundLantern":
+        """Already bound: itself, extended by ``tables.structural`` ids unless its table has them."""
+        extra = tables.structural - (self.table.shape[0] - self.codes)
+        return self.with_structural(extra) if extra > 0 else self
 
     def with_structural(self, n: int) -> "BoundLantern":
         """The table extended by ``n`` structural ids (``Layout.row_end``), each its own only neighbour:
@@ -268,7 +278,7 @@ class BoundLantern:
         table = torch.cat([self.table, own])
         if V + n > torch.iinfo(table.dtype).max:
             table = table.long()
-        return BoundLantern(self.spec, table, self.table.device)
+        return BoundLantern(self.spec, table, self.table.device, self.codes)
 
     def neighbourhood(self, p: torch.Tensor, x: torch.Tensor, qx: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -298,6 +308,11 @@ class BoundLantern:
 
     def __call__(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
                  soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chain rule (``chain``)."""
+        return self.chain(p, q, x, soft)
+
+    def chain(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+              soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """alpha = min(1, p(A)/q(x)) (1 where q(x) = 0); residual max(0, p_{k,delta}(.|x) - q) ("paper")
         or max(0, p - q) ("output", and every budget with residual "min-tv"). With ``soft`` (greedy: p a point mass, soft its temperature-1 law):
         alpha = ``greedy_accept(p, x, soft)``, residual p."""
@@ -345,7 +360,7 @@ class BoundLantern:
 
 
     # Children sampled from q without replacement (StaticTree; LANTERN++'s drafting): each sibling is the
-    # chain rule (``__call__``, greedy rule included) on the current pair (p_r, q_r), the next drawn from
+    # chain rule (``chain``, greedy rule included) on the current pair (p_r, q_r), the next drawn from
     # q_r without x_r: Exact's walk. Bound: the committed token's law O satisfies
     # TV(O, p) <= sum_r P(reach sibling r) TV(O_r, p_r), O_r the chain rule's one-step law on (p_r, q_r)
     # (telescoping as for ``sibling``; each term is the chain bound above); relaxed-tv.md enumerates it.

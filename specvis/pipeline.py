@@ -10,11 +10,13 @@ import torch
 
 from . import checks
 from .cpu_features import NATIVE_FLAGS, native_dot_products
-from .generate import Generation, generate
+from .generate import Generation
 from .models.base import Condition, Prompts
 from .models.checkpoint import one_line
 from .models.weight_layout import prepare_cpu_linears
-from .sampling import Sampling
+from .registry import method_argument
+from .sampling import Sampling, sampling_argument
+from .tune import run
 from .viz import to_pil
 
 
@@ -72,7 +74,7 @@ def check_class_call(name: str, classes, prompts, negative_prompts, height, widt
 def call_arguments(method, sampling, seed, default_sampling: Sampling) -> tuple[Any, Sampling, int]:
     """A pipeline call's ``method`` (None: AR; a name or bench spec string: that method), ``sampling``
     (None: the model's; a dict: ``Sampling(**it)``) and ``seed``, checked before anything runs."""
-    return checks.method(method), checks.sampling(sampling, default_sampling), checks.seed(seed)
+    return method_argument(method), sampling_argument(sampling, default_sampling), checks.seed(seed)
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -170,9 +172,8 @@ class Pipeline:
         check_class_call(self.name, classes, prompts, negative_prompts, height, width)
         method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
         conditions = torch.as_tensor(checks.class_ids(classes, self.num_classes), dtype=torch.long, device=self.device)
-        out = generate(self.target, conditions, method, sampling, seed,
-                       draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs,
-                       progress=progress)
+        out = run(self.target, conditions, method, sampling, seed,  # sv.Auto() resolved first (specvis.tune)
+                  draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs, progress=progress)
         if decode:
             out.images = self.images_of(out)
         return out
@@ -343,9 +344,9 @@ class TextPipeline(Pipeline):
             raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
         method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
         cond = self.conditions(prompts, negative_prompts, sampling, height, width, positive_suffix)
-        out = generate(self.target, cond, method, sampling, seed, draft=self.draft, drafter=self.drafter,
-                       codebook=self.codebook if _needs_codebook(method) else None, graphs=self.graphs,
-                       progress=progress)
+        out = run(self.target, cond, method, sampling, seed, draft=self.draft, drafter=self.drafter,
+                  codebook=self.codebook if "codebook" in _rule_needs(method) else None, graphs=self.graphs,
+                  progress=progress)
         if decode:
             out.images = self.to_images(out.tokens)
         return out
@@ -383,6 +384,7 @@ class TextPipeline(Pipeline):
         return to_pil(self.decoder.decode(tokens, L.height, L.width))
 
 
-def _needs_codebook(method) -> bool:
-    rule = getattr(method, "acceptance", None)
-    return rule is not None and hasattr(rule, "bind") and getattr(rule, "needs_codebook", True)
+def _rule_needs(method) -> frozenset[str]:
+    """The tables the method's acceptance rule declares it needs (``AcceptanceRule.needs``): the text
+    pipelines load their VQ codebook only for a rule that needs it."""
+    return frozenset() if method.acceptance is None else method.acceptance.needs

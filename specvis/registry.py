@@ -1,18 +1,22 @@
 """Names of methods and acceptance rules for the CLI and the benchmark: adding a method is one line.
 
-A method's options are its dataclass's fields (``acceptance`` excepted), the option ``accept`` names
-its acceptance rule, and the rule's options are the rule's dataclass fields: the same names in the
-Python API, in bench method specs (``speculative:gamma=4:accept=lantern:k=50``) and in the JSON
-``config``. ``build_method`` rejects anything else with one line naming the key.
+A method's options are its declared fields (``specvis.options``; the rule field excepted), the option
+``accept`` names its acceptance rule, and the rule's options are the rule's declared fields: the same
+names in the Python API, in bench method specs (``speculative:gamma=4:accept=lantern:k=50``) and in the
+JSON ``config``. A spec's or a flag's text is read as the field's type (``options.parse``, from the real
+annotation). ``build_method`` rejects anything else with one line naming the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
-import re
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from .accept import AcceptanceRule
+from .checks import InputTypeError, shown
+from .methods.ar import AR
+from .options import NoneType, OptionInfo, Options, members, option_fields, parse, spell
 
 METHODS = {  # CLI name -> "module:Class"
     "ar": "specvis.methods.ar:AR",
@@ -34,7 +38,7 @@ ACCEPTANCE = {
     "gsd": "specvis.gsd:GSD",
 }
 
-ACCEPT = "accept"  # the option naming a method's acceptance rule (the method's field ``acceptance``)
+ACCEPT = "accept"  # the option naming a method's acceptance rule (its field of type AcceptanceRule)
 
 
 def _resolve(table: dict[str, str], name: str, what: str):
@@ -58,114 +62,94 @@ def available(table: dict[str, str]) -> list[str]:
     return out
 
 
-def _fields(cls) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+def rule_field(cls) -> OptionInfo | None:
+    """The field of method class ``cls`` that holds its acceptance rule, or None."""
+    return next((i for i in option_fields(cls) if i.type is AcceptanceRule), None)
+
+
+def options_of(cls) -> dict[str, OptionInfo]:
+    """The options of a method or rule class by name (the rule field excepted)."""
+    return {i.name: i for i in option_fields(cls) if i.type is not AcceptanceRule}
 
 
 def option_names(cls) -> list[str]:
-    """The options of a method or rule class: its init fields, the method's ``acceptance`` excepted."""
-    return [f.name for f in dataclasses.fields(cls) if f.init and f.name != "acceptance"]
+    """The options of a method or rule class: its declared fields, the method's rule field excepted."""
+    return list(options_of(cls))
 
 
 def _rules() -> dict[str, type]:
     return {r: _resolve(ACCEPTANCE, r, "") for r in available(ACCEPTANCE)}
 
 
-def _listing(cls, spell: Callable[[str], str | None]) -> str:
+def _listing(cls, spell_key: Callable[[str], str | None]) -> str:
     """``gamma, accept, and the acceptance rule's (exact: none; lantern: k, delta, metric, budget)``."""
     def names(keys):
-        return ", ".join(s for s in map(spell, keys) if s) or "none"
+        return ", ".join(s for s in map(spell_key, keys) if s) or "none"
 
-    if "acceptance" not in _fields(cls):
+    if rule_field(cls) is None:
         return names(option_names(cls))
     rules = "; ".join(f"{r}: {names(option_names(rule))}" for r, rule in _rules().items())
     return f"{names([*option_names(cls), ACCEPT])}, and the acceptance rule's ({rules})"
 
 
+def _takes_none_text(info: OptionInfo | None) -> bool:
+    """Whether the text "none" is a value of the option (a str or an optional field) rather than "the default"."""
+    return info is not None and any(m in (str, NoneType) for m in members(info.type))
+
+
 def build_method(name: str, options: dict[str, Any], acceptance: str | None = None, *,
                  spell: Callable[[str], str | None] = str):
     """The method ``name`` configured by ``options``: its field names, ``accept`` (the rule's name)
-    and the rule's field names; a None value means the default, and so does the string "none" except
-    for a field with a string default, where it is a value (``coupling=none``). ``acceptance``: the rule of a method
-    that takes one when ``options`` names none (default exact); methods without a rule ignore it.
+    and the rule's field names. A value is text (a spec's or a flag's, read as the field's type) or a
+    Python value (checked by the class); a None value means the default, and so does the text "none"
+    except for a field that takes a string or None, where it is a value (``coupling=none``). ``acceptance``:
+    the rule of a method that takes one when ``options`` names none (default exact); methods without a
+    rule ignore it.
 
     A key that is not an option of the method or of its rule is a ValueError naming it (as ``spell``
     writes it: the CLI passes its flag names), and so is naming a rule for a method without one."""
     cls = _resolve(METHODS, name, "method")
-    takes_rule = "acceptance" in _fields(cls)
+    holder = rule_field(cls)
     named = None if options.get(ACCEPT) == "none" else options.get(ACCEPT)
-    if named is not None and not takes_rule:
+    if named is not None and holder is None:
         raise ValueError(f"method {name} has no option {spell(ACCEPT)!r} (it takes no acceptance rule); "
                          f"options: {_listing(cls, spell)}")
     rule_name = named or acceptance or "exact"
-    rule = _resolve(ACCEPTANCE, rule_name, "acceptance rule") if takes_rule else None
+    rule = _resolve(ACCEPTANCE, rule_name, "acceptance rule") if holder is not None else None
+    own, theirs = options_of(cls), options_of(rule) if rule else {}
     kw = {k: v for k, v in options.items()
-          if k != ACCEPT and v is not None and (v != "none" or _str_field(cls, k) or _str_field(rule, k))}
-    own, theirs = set(option_names(cls)), set(option_names(rule)) if rule else set()
-    for key in [k for k in kw if k not in own | theirs]:
+          if k != ACCEPT and v is not None and (v != "none" or _takes_none_text(own.get(k) or theirs.get(k)))}
+    for key in [k for k in kw if k not in own and k not in theirs]:
         owners = [r for r, other in _rules().items() if key in option_names(other)] if rule else []
         if owners:
             raise ValueError(f"method {name} has no option {spell(key)!r} with acceptance rule {rule_name}; "
                              f"it is an option of rule {' and '.join(owners)} (set {spell(ACCEPT)}={owners[0]})")
         raise ValueError(f"method {name} has no option {spell(key)!r}; options: {_listing(cls, spell)}")
-    method_kw = _typed(cls, {k: v for k, v in kw.items() if k in own}, spell)
+    method_kw = {k: _typed(own[k], v, spell) for k, v in kw.items() if k in own}
     if rule is not None:
-        method_kw["acceptance"] = rule(**_typed(rule, {k: v for k, v in kw.items() if k in theirs}, spell))
+        method_kw[holder.name] = rule(**{k: _typed(theirs[k], v, spell) for k, v in kw.items() if k in theirs})
     return cls(**method_kw)
 
 
-def _typed(cls, options: dict[str, Any], spell: Callable[[str], str | None] = str) -> dict[str, Any]:
-    """``options`` with each tuple field's spec or flag text read as its tuple (``_sequence``); the nesting
-    is read off the field's annotation: 1 (``depth_range: tuple[int, int]``) or 2 (``StaticTree.tree``'s
-    paths, ``tuple[tuple[int, ...], ...]``). A value whose type is not the field's scalar annotation
-    (int, float, bool) is a ValueError naming the option as ``spell`` writes it (``_check_scalar``)."""
-    hints = {f.name: f.type if isinstance(f.type, str) else repr(f.type) for f in dataclasses.fields(cls)}
-    out = {}
-    for k, v in options.items():
-        out[k] = _sequence(v, 2 if "tuple[tuple[" in hints[k] else int("tuple" in hints[k]))
-        _check_scalar(spell(k) or k, out[k], hints[k])
-    return out
-
-
-def _check_scalar(name: str, value: Any, hint: str) -> None:
-    """A spec or flag value against its field's annotation (``int``, ``float``, ``bool``, optionally
-    ``| None``): ``gamma=true`` is not gamma 1, ``delta=1.5`` not an integer, ``lam=inf`` not finite."""
-    kinds = {part.strip() for part in hint.split("|")}
-    if "None" in kinds and value is None:
-        return
-    if kinds <= {"int", "None"} and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"method option {name} must be an integer, got {value!r}")
-    if kinds <= {"float", "None"} and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                       or not math.isfinite(value)):
-        raise ValueError(f"method option {name} must be a finite number, got {value!r}")
-    if kinds <= {"bool", "None"} and not isinstance(value, bool):
-        raise ValueError(f"method option {name} must be true or false, got {value!r}")
-
-
-def _sequence(value: Any, depth: int) -> Any:
-    """A spec or flag value of a tuple field as the tuple: items separated by '/' (or ','), a path's
-    indices by '.': ``2/8`` -> (2, 8), ``0/1/0.0`` -> ((0,), (1,), (0, 0)), ``4`` -> (4,). Anything else
-    (a preset name, a word, a tuple already) is returned as it is, for the field's own check to accept or refuse."""
-    if depth == 0 or isinstance(value, bool) or not isinstance(value, (str, int, float)):
+def _typed(info: OptionInfo, value: Any, spell_key: Callable[[str], str | None]) -> Any:
+    """A spec's or flag's text read as the option's type (``options.parse``) and checked against its
+    declaration; other values as given (the class checks them). Text that is not a value of the option is
+    a ValueError naming the option as ``spell_key`` writes it (a spec key or a flag): ``gamma=true`` is not
+    gamma 1, ``delta=1.5`` not an integer, ``--lantern-delta inf`` not finite."""
+    if not isinstance(value, str):
         return value
-    items = [i.strip() for i in re.split(r"[/,]", str(value))]
-    parts = [i.split(".") if depth == 2 else [i] for i in items]
-    if not all(n.isdigit() for part in parts for n in part):
-        return value
-    return tuple(tuple(map(int, part)) if depth == 2 else int(part[0]) for part in parts)
+    try:
+        return info.check(parse(info, value))
+    except ValueError:  # ParseError included
+        raise ValueError(f"method option {spell_key(info.name) or info.name} must be {info.allowed()}, "
+                         f"got {value!r}") from None
 
 
-def _str_field(cls, key: str) -> bool:
-    """Whether ``key`` is a field of dataclass ``cls`` with a string default, where "none" is a value
-    (``SJD.coupling``) rather than "the default"."""
-    return cls is not None and any(f.name == key and isinstance(f.default, str) for f in dataclasses.fields(cls))
-
-
-def parse_method_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"sjd:window=8:init=horizontal-sample"`` -> ("sjd", {"window": 8, "init": "horizontal-sample"}).
-    Only the syntax is checked here; ``build_method`` checks the keys."""
+def parse_method_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``"sjd:window=8:init=horizontal-sample"`` -> ("sjd", {"window": "8", "init": "horizontal-sample"}):
+    the values stay text, read as their fields' types by ``build_method``. Only the syntax is checked here."""
     name, *pairs = spec.strip().split(":")
-    options: dict[str, Any] = {}
+    options: dict[str, str] = {}
     for pair in pairs:
         if "=" not in pair:
             raise ValueError(f"method option {pair!r} in {spec!r} must look like key=value")
@@ -173,7 +157,7 @@ def parse_method_spec(spec: str) -> tuple[str, dict[str, Any]]:
         key = key.strip().replace("-", "_")
         if key in options:
             raise ValueError(f"method option {key!r} is given twice in {spec!r}")
-        options[key] = _literal(value)
+        options[key] = value.strip()
     return name, options
 
 
@@ -188,34 +172,17 @@ def spec_of(method) -> str:
     ``SJD(window=8, init="vertical-sample")`` -> ``sjd:window=8:init=vertical-sample`` (``method_from_spec``
     gives the method back)."""
     parts = [method.name]
-    for obj in (method, getattr(method, "acceptance", None)):
+    rule = method.acceptance
+    for obj in (method, rule):
         if obj is None:
             continue
-        if obj is not method and obj.name != "exact":
-            parts.append(f"{ACCEPT}={obj.name}")
-        for f in dataclasses.fields(obj):
-            v = getattr(obj, f.name)
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            if f.init and f.name != "acceptance" and v != default:
-                parts.append(f"{f.name}={_spell(v)}")
+        if obj is rule and rule.name != "exact":
+            parts.append(f"{ACCEPT}={rule.name}")
+        for info in options_of(type(obj)).values():
+            value = getattr(obj, info.name)
+            if value != info.default:
+                parts.append(f"{info.name}={spell(value)}")
     return ":".join(parts)
-
-
-def _spell(value: Any) -> str:
-    """A field's value as a spec writes it (``_sequence`` reads it back): (2, 8) -> ``2/8``, paths
-    ((0,), (0, 1)) -> ``0/0.1``."""
-    if isinstance(value, tuple):
-        return "/".join(".".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in value)
-    return str(value)
-
-
-def _literal(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": "none"}.get(text.lower(), text)
 
 
 def describe(method) -> tuple[str, dict[str, Any], str]:
@@ -226,8 +193,82 @@ def describe(method) -> tuple[str, dict[str, Any], str]:
             continue
         v = getattr(method, f.name)
         config[f.name] = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
-    rule = getattr(method, "acceptance", None)
+    rule = method.acceptance
     rule_name = rule.name if rule is not None else "none"
-    if rule is not None and dataclasses.is_dataclass(rule) and dataclasses.fields(rule):
+    if isinstance(rule, Options) and dataclasses.fields(rule):
         config["acceptance_config"] = dataclasses.asdict(rule)
     return method.name, config, rule_name
+
+
+@runtime_checkable
+class MethodContract(Protocol):
+    """What ``specvis.generate`` calls on a method (methods/base.py: the loop contract)."""
+
+    name: str
+    lossless: bool
+    acceptance: Any  # its AcceptanceRule, or None
+    pad: int
+
+    def decode(self, ctx) -> None: ...
+
+
+def method_argument(value: Any, what: str = "method"):
+    """A call's method: None means ``sv.AR()``; a string is a method name or bench spec
+    (``"sjd"``, ``"sjd:window=8:coupling=maximal"``, as ``--method`` takes); anything else must be a
+    method instance (a class of ``METHODS``, or one that follows ``MethodContract``)."""
+    if value is None:
+        return AR()
+    if isinstance(value, str):
+        return method_from_spec(value)
+    if isinstance(value, type):
+        raise InputTypeError(f"{what} must be a method instance such as sv.SJD() (not the class {value.__name__}) "
+                             f"or one of {', '.join(METHODS)}")
+    if not isinstance(value, MethodContract):
+        raise InputTypeError(f"{what} must be a method such as sv.SJD(window=16) or a name/spec such as "
+                             f"'sjd:window=16' (one of {', '.join(METHODS)}), got {shown(value)}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One command-line flag of the method options: the spec key it sets (the field name, ``accept``
+    for the rule field), its name(s) and the (registry name, option) pairs it serves."""
+
+    key: str
+    name: str  # "--tree-top-k"; a bool field that defaults to True is set off by "--no-<flag>"
+    owners: tuple[tuple[str, OptionInfo], ...]
+
+    @property
+    def dest(self) -> str:
+        return "method_opt_" + self.key
+
+    @property
+    def boolean(self) -> bool:
+        return all(set(members(info.type)) <= {bool, NoneType} for _, info in self.owners)
+
+
+def method_flags() -> list[Flag]:
+    """The flags of every option of every method and rule (``METHODS``, ``ACCEPTANCE``), one per spec
+    key, in the order the registry lists them: the flag's name is the field's ``flag`` metadata (the
+    field name with "_" -> "-" unless it says otherwise), ``accept`` for a method's rule field. A key
+    with two flag names, or a flag name with two keys, is an error of the declarations (TypeError)."""
+    by_key: dict[str, list[tuple[str, OptionInfo]]] = {}
+    flag_of: dict[str, str] = {}
+    for table in (METHODS, ACCEPTANCE):
+        for name in available(table):
+            for info in option_fields(_resolve(table, name, "")):
+                key = ACCEPT if info.type is AcceptanceRule else info.name
+                flag = ACCEPT if key == ACCEPT else info.flag
+                if flag_of.setdefault(key, flag) != flag:
+                    raise TypeError(f"option {key!r} has two flags: --{flag_of[key]} and --{flag}")
+                by_key.setdefault(key, []).append((name, info))
+    names = list(flag_of.values())
+    clash = {n for n in names if names.count(n) > 1}
+    if clash:
+        raise TypeError(f"flag --{sorted(clash)[0]} sets two options")
+    out = []
+    for key, owners in by_key.items():
+        flag = Flag(key, "", tuple(owners))
+        off = flag.boolean and all(info.default is True for _, info in owners)
+        out.append(dataclasses.replace(flag, name=f"--{'no-' if off else ''}{flag_of[key]}"))
+    return out

@@ -13,9 +13,12 @@ alpha > 0. Each function states its resolution.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
+
+from .checks import InputTypeError, integer, number, shown
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,6 @@ class Sampling:
     def __post_init__(self) -> None:
         """Types and ranges, one line naming the field (``specvis.checks``): numbers are finite (an
         infinite cfg_scale turns every law into NaN), ints are never bools (``top_k=True`` is not 1)."""
-        from .checks import integer, number
-
         if number(self.temperature, "temperature", ">= 0 (0 = greedy)") < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k is not None:
@@ -75,6 +76,22 @@ class Sampling:
         greedy decoding takes. Greedy LANTERN builds its neighbourhoods on it."""
         return replace(self, temperature=1.0).probs(cond, uncond)
 
+
+
+def sampling_argument(value: Any, default: Sampling, what: str = "sampling") -> Sampling:
+    """A call's ``sampling``: None means ``default``; a dict sets those fields of ``default`` (the model's
+    sampling: ``{"temperature": 0}`` keeps its cfg_scale, as ``--temperature 0`` does)."""
+    if value is None:
+        return default
+    if isinstance(value, Sampling):
+        return value
+    if isinstance(value, dict):
+        names = [f.name for f in fields(Sampling)]
+        unknown = sorted(str(k) for k in value if k not in names)
+        if unknown:
+            raise ValueError(f"{what} has no field {unknown[0]!r}; fields: {', '.join(names)}")
+        return replace(default, **value)
+    raise InputTypeError(f"{what} must be sv.Sampling(...) (or a dict of its fields), got {shown(value)}")
 
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass is >= top_p (at least one)."""

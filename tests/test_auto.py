@@ -1,5 +1,7 @@
-"""sv.Auto / --method auto: calibrates once per (model, device, batch, sampling), runs a lossless
-method (or AR when nothing is predicted faster), its output is that method's output for the seed."""
+"""sv.Auto / --method auto: calibrates once per (model, device, batch, sampling, ...), runs a lossless
+method (or AR when nothing is predicted faster), its output is that method's output for the seed.
+The choice is ``specvis.tune`` (above ``generate``); the call returns it (``Generation.method``) with
+its ``Calibration`` (``Generation.calibration``: ``explain()``, ``figures``)."""
 
 import math
 from types import SimpleNamespace
@@ -9,7 +11,7 @@ import pytest
 import torch
 
 import specvis as sv
-from specvis.methods import auto as auto_mod
+from specvis import tune as auto_mod
 from specvis.registry import build_method, method_from_spec
 
 
@@ -58,7 +60,8 @@ def test_auto_runs_a_lossless_method_and_its_tokens_equal_that_methods(pipe, mon
     slow_ar(monkeypatch)
     a = sv.Auto()
     out = pipe([0, 3], a, seed=7)
-    assert out.method is a.chosen and out.method.lossless and not isinstance(out.method, (sv.Auto, sv.AR))
+    c = out.calibration
+    assert out.method is c.chosen and out.method.lossless and not isinstance(out.method, (sv.Auto, sv.AR))
     ref = pipe([0, 3], out.method, seed=7)
     assert torch.equal(out.tokens, ref.tokens)
     assert out.stats.target_forwards == ref.stats.target_forwards
@@ -67,17 +70,19 @@ def test_auto_runs_a_lossless_method_and_its_tokens_equal_that_methods(pipe, mon
 def test_auto_with_the_measured_curve_equals_its_choice(pipe):
     a = sv.Auto(repeats=1)
     out = pipe([1], a, seed=2)
-    assert out.method.lossless and out.method == a.chosen
-    assert torch.equal(out.tokens, pipe([1], a.chosen, seed=2).tokens)
+    c = out.calibration
+    assert out.method.lossless and out.method == c.chosen
+    assert torch.equal(out.tokens, pipe([1], c.chosen, seed=2).tokens)
 
 
 def test_expensive_big_blocks_pick_ar(pipe, monkeypatch):
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if n == 1 else 100.0 * n))
     a = sv.Auto()
     out = pipe([0], a, seed=0)
-    assert isinstance(out.method, sv.AR) and isinstance(a.chosen, sv.AR)
-    assert all(f["predicted_speedup"] < 1.0 for f in a.figures) and len(a.figures) >= 3
-    assert a.explain().startswith("auto: ar (no candidate predicted >= 1.1x AR")
+    c = out.calibration
+    assert isinstance(out.method, sv.AR) and isinstance(c.chosen, sv.AR)
+    assert all(f["predicted_speedup"] < 1.0 for f in c.figures) and len(c.figures) >= 3
+    assert c.explain().startswith("auto: ar (no candidate predicted >= 1.1x AR")
     assert torch.equal(out.tokens, pipe([0], sv.AR(), seed=0).tokens)
 
 
@@ -88,22 +93,22 @@ def test_flat_curve_picks_the_highest_mean_accepted_length(pipe, monkeypatch):
     # the curve's ranking alone: random-tiny's real probe wall-clocks may overrule it (tested below)
     monkeypatch.setattr(auto_mod, "significantly_faster", lambda *a, **k: False)
     a = sv.Auto()
-    pipe([2], a, seed=0)
+    c = pipe([2], a, seed=0).calibration
     # the close candidates are priced on the same probe images (the others on the first one alone)
-    timed = [f for f in a.figures if "wall_per_image_s" in f]
+    timed = [f for f in c.figures if "wall_per_image_s" in f]
     best = max(f["mean_accepted_length"] for f in timed)
     assert best > 1.1
-    mine = [f for f in timed if f["label"] == auto_mod.label(a.chosen)]
+    mine = [f for f in timed if f["label"] == auto_mod.label(c.chosen)]
     assert len(mine) == 1 and mine[0]["mean_accepted_length"] == best
-    for f in a.figures:
+    for f in c.figures:
         assert f["predicted_speedup"] == pytest.approx(f["mean_accepted_length"], rel=1e-6)
 
 
 def test_margin_keeps_ar_when_the_best_is_not_enough(pipe, monkeypatch):
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if kind == "target" else 0.0))
     a = sv.Auto(margin=50.0)
-    pipe([2], a, seed=0)
-    assert isinstance(a.chosen, sv.AR) and max(f["predicted_speedup"] for f in a.figures) > 1.1
+    c = pipe([2], a, seed=0).calibration
+    assert isinstance(c.chosen, sv.AR) and max(f["predicted_speedup"] for f in c.figures) > 1.1
 
 
 def test_choice_is_cached_per_batch_size(pipe, monkeypatch):
@@ -128,7 +133,8 @@ def test_choice_is_cached_per_batch_size(pipe, monkeypatch):
     assert len(calls) == n and first.stats.extra["auto_calibration_s"] == pytest.approx(float(n))
     a = sv.Auto()  # another instance, other classes and seed, same model / batch / sampling: no probe
     out = pipe([2, 3], a, seed=5)
-    assert len(calls) == n and a.chosen is not None and out.stats.extra["auto_calibration_s"] == 0.0
+    c = out.calibration
+    assert len(calls) == n and c.chosen is not None and out.stats.extra["auto_calibration_s"] == 0.0
     pipe([0, 1, 2], sv.Auto(), seed=0)  # another batch size: probes again
     assert len(calls) == 2 * n
     pipe([0, 1], sv.Auto(), sv.Sampling(temperature=0.5), seed=0)  # other sampling: probes again
@@ -154,9 +160,9 @@ def test_close_candidates_are_probed_on_more_images_and_priced_on_all(pipe, monk
     monkeypatch.setattr(auto_mod, "probe", fake_probe)
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
     a = sv.Auto()
-    pipe([0], a, seed=0)
-    assert auto_mod.label(a.chosen) == "sjd(window=16)"
-    per = {f["label"]: f["images"] for f in a.figures}
+    c = pipe([0], a, seed=0).calibration
+    assert auto_mod.label(c.chosen) == "sjd(window=16)"
+    per = {f["label"]: f["images"] for f in c.figures}
     assert per["sjd(window=8)"] == per["sjd(window=16)"] == auto_mod.PROBE_IMAGES > 1
     assert all(v == 1 for k, v in per.items() if k not in ("sjd(window=8)", "sjd(window=16)"))
     assert sorted(s for lab, s in seen if lab == "sjd(window=16)") == [auto_mod.PROBE_SEED + i for i in range(auto_mod.PROBE_IMAGES)]
@@ -165,7 +171,7 @@ def test_close_candidates_are_probed_on_more_images_and_priced_on_all(pipe, monk
     order = lambda seed: [lab for lab, s in seen if s == seed]
     assert order(auto_mod.PROBE_SEED + 1) == ["sjd(window=8)", "sjd(window=16)", "ar"]
     assert order(auto_mod.PROBE_SEED + 2) == ["ar", "sjd(window=16)", "sjd(window=8)"]
-    w16 = next(f for f in a.figures if f["label"] == "sjd(window=16)")
+    w16 = next(f for f in c.figures if f["label"] == "sjd(window=16)")
     # flat curve: predicted speedup = tokens / forwards over all eight images
     assert w16["predicted_speedup"] == pytest.approx(8 * L / (45 + 7 * 30))
 
@@ -194,13 +200,13 @@ def test_close_candidates_are_ranked_by_their_warm_wall_clock(pipe, monkeypatch)
     monkeypatch.setattr(auto_mod, "probe", fake_probe)
     monkeypatch.setattr(auto_mod, "measure_curve", measure)
     a = sv.Auto()
-    pipe([0], a, seed=0)
-    assert auto_mod.label(a.chosen) == "sjd(window=16)"
-    fig = {f["label"]: f for f in a.figures}
+    c = pipe([0], a, seed=0).calibration
+    assert auto_mod.label(c.chosen) == "sjd(window=16)"
+    fig = {f["label"]: f for f in c.figures}
     assert fig["sjd(window=16)"]["wall_per_image_s"] == pytest.approx(40.0)
     assert fig["sjd(window=8)"]["wall_per_image_s"] == pytest.approx(50.0)
     assert "wall_per_image_s" not in fig["sjd(window=4)"]
-    assert "40.000 s/image" in a.explain()
+    assert "40.000 s/image" in c.explain()
     later = [x for x in seeds if x[1] != auto_mod.PROBE_SEED and x[0] in (8, 16)]
     assert later[:2] == [(8, auto_mod.PROBE_SEED + 1), (16, auto_mod.PROBE_SEED + 1)]  # round-robin, image by image
 
@@ -228,12 +234,12 @@ def test_the_wall_clock_overrules_the_curve_only_beyond_the_probes_noise(pipe, m
     monkeypatch.setattr(auto_mod, "probe", fake_probe)
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
     a = sv.Auto()
-    pipe([0], a, seed=0)
-    fig = {f["label"]: f for f in a.figures}
+    c = pipe([0], a, seed=0).calibration
+    fig = {f["label"]: f for f in c.figures}
     assert fig["sjd(window=16)"]["predicted_speedup"] > fig["sjd(window=8)"]["predicted_speedup"]
     assert fig["sjd(window=8)"]["wall_per_image_s"] < fig["sjd(window=16)"]["wall_per_image_s"]
-    assert auto_mod.label(a.chosen) == picked, a.explain()
-    assert ("within the probe's noise" in a.explain()) == (picked == "sjd(window=16)")
+    assert auto_mod.label(c.chosen) == picked, c.explain()
+    assert ("within the probe's noise" in c.explain()) == (picked == "sjd(window=16)")
 
 
 def test_significantly_faster_is_a_paired_one_sided_test():
@@ -272,12 +278,12 @@ def test_a_candidate_slower_than_ar_in_its_probe_is_not_run(pipe, monkeypatch):
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
     ratio = 1.5
     a = sv.Auto()
-    pipe([0], a, seed=0)
-    fig = {f["label"]: f for f in a.figures}["sjd(window=16)"]
-    assert isinstance(a.chosen, sv.AR) and fig["predicted_speedup"] == pytest.approx(4.0)
+    c = pipe([0], a, seed=0).calibration
+    fig = {f["label"]: f for f in c.figures}["sjd(window=16)"]
+    assert isinstance(c.chosen, sv.AR) and fig["predicted_speedup"] == pytest.approx(4.0)
     assert fig["measured_speedup"] == pytest.approx(1 / 1.5)
-    assert a.explain().startswith("auto: ar (sjd(window=16), predicted 4.00x AR, ran 0.67x AR's wall-clock")
-    assert "ar 100.000 s/image" in a.explain()
+    assert c.explain().startswith("auto: ar (sjd(window=16), predicted 4.00x AR, ran 0.67x AR's wall-clock")
+    assert "ar 100.000 s/image" in c.explain()
     K = auto_mod.PROBE_IMAGES
     assert [s_ for lab, s_ in seen if lab == "ar"] == [auto_mod.PROBE_SEED + j for j in range(K)]
     later = [lab for lab, s_ in seen if s_ == auto_mod.PROBE_SEED + 1]
@@ -286,8 +292,8 @@ def test_a_candidate_slower_than_ar_in_its_probe_is_not_run(pipe, monkeypatch):
     auto_mod.clear_cache()
     ratio = 2 / 3
     b = sv.Auto()
-    pipe([0], b, seed=0)
-    assert auto_mod.label(b.chosen) == "sjd(window=16)" and "ran 1.50x AR's wall-clock" in b.explain()
+    cb = pipe([0], b, seed=0).calibration
+    assert auto_mod.label(cb.chosen) == "sjd(window=16)" and "ran 1.50x AR's wall-clock" in cb.explain()
 
     auto_mod.clear_cache()
     seen.clear()
@@ -310,9 +316,9 @@ def test_only_candidates_that_pass_the_margin_are_timed(pipe, monkeypatch):
     monkeypatch.setattr(auto_mod, "probe", fake_probe)
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
     a = sv.Auto(margin=3.8)
-    pipe([0], a, seed=0)
-    fig = {f["label"]: f for f in a.figures}
-    assert auto_mod.label(a.chosen) == "sjd(window=16)" and 3.5 < fig["sjd(window=8)"]["predicted_speedup"] < 3.8
+    c = pipe([0], a, seed=0).calibration
+    fig = {f["label"]: f for f in c.figures}
+    assert auto_mod.label(c.chosen) == "sjd(window=16)" and 3.5 < fig["sjd(window=8)"]["predicted_speedup"] < 3.8
     assert "wall_per_image_s" not in fig["sjd(window=8)"] and fig["sjd(window=8)"]["images"] == 1
 
 
@@ -335,16 +341,16 @@ def test_probe_classes_spread_the_probe_over_the_workload(pipe, monkeypatch):
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
     workload = (0, 1, 2, 3)  # the model's four classes
     a = sv.Auto(probe_classes=workload)
-    pipe([3], a, seed=0)
-    assert auto_mod.label(a.chosen) == "sjd(window=16)"
+    c = pipe([3], a, seed=0).calibration
+    assert auto_mod.label(c.chosen) == "sjd(window=16)"
     K = auto_mod.PROBE_IMAGES
     spread = [workload[k * 4 // K] for k in range(K)]
     assert seen["sjd(window=16)"] == seen["sjd(window=8)"] == spread == [0, 0, 1, 1, 2, 2, 3, 3]
     assert seen["sjd(window=4)"] == [0]
     seen.clear()
     b = sv.Auto()  # no workload: the call's own class on every probe run
-    pipe([0], b, seed=0)
-    assert seen["sjd(window=8)"] == [0] * K and auto_mod.label(b.chosen) == "sjd(window=8)"
+    cb = pipe([0], b, seed=0).calibration
+    assert seen["sjd(window=8)"] == [0] * K and auto_mod.label(cb.chosen) == "sjd(window=8)"
     seen.clear()
     pipe([0, 1, 2, 3], sv.Auto(probe_classes=(2, 1)), seed=0)  # batch 4: three probe batches (two timed) of the spread
     assert seen["sjd(window=16)"] == [2] * 6 + [1] * 6 and seen["sjd(window=4)"] == [2, 2, 2, 2]
@@ -361,6 +367,7 @@ def test_bench_probes_auto_on_its_workload(pipe, monkeypatch):
     report = run_bench(pipe, ["auto"], num=3, batch_size=1, repeats=1, seed=0, cost_curve=False)
     run = next(r for r in report["runs"] if r["method"] == "auto")
     assert made == [(0, 1, 2)] and run["config"]["probe_classes"] == [0, 1, 2]
+    assert run["auto_choice"].startswith("auto: ")  # what it ran, and why
 
 
 def test_tables_show_a_long_run_of_probe_classes_as_a_range():
@@ -374,17 +381,17 @@ def test_explain_names_the_choice_and_every_candidates_figures(pipe, monkeypatch
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0 if kind == "target" else 0.0))
     slow_ar(monkeypatch)
     a = sv.Auto()
-    assert "no choice yet" in a.explain()
-    pipe([1], a, seed=0)
-    line = a.explain()
-    assert "\n" not in line and line == a.choice
-    assert line.startswith(f"auto: {auto_mod.label(a.chosen)} (predicted ")
+    c = pipe([1], a, seed=0).calibration
+    line = c.explain()
+    assert "\n" not in line and line == c.line
+    assert a == sv.Auto() and vars(a) == vars(sv.Auto())  # the config is not changed by the call
+    assert line.startswith(f"auto: {auto_mod.label(c.chosen)} (predicted ")
     spec = line.split("to run it without the probe: --method ", 1)[1].split(")", 1)[0]
-    assert method_from_spec(spec) == a.chosen  # the spec it prints runs the same method
-    for f in a.figures:
+    assert method_from_spec(spec) == c.chosen  # the spec it prints runs the same method
+    for f in c.figures:
         assert f"{f['label']} mal {f['mean_accepted_length']:.2f}" in line
         assert f"pred {f['predicted_speedup']:.2f}x" in line
-    assert {f["label"] for f in a.figures} >= {"sjd(window=4)", "sjd(window=8)", "sjd(window=16)",
+    assert {f["label"] for f in c.figures} >= {"sjd(window=4)", "sjd(window=8)", "sjd(window=16)",
                                                "speculative(gamma=2)", "speculative(gamma=4)"}
 
 
@@ -407,11 +414,12 @@ def test_registry_and_spec():
 @pytest.mark.parametrize("make,message", [
     (lambda: method_from_spec("auto:bogus=1"), "method auto has no option 'bogus'; options: margin, repeats"),
     (lambda: method_from_spec("auto:accept=lantern"), "method auto has no option 'accept'"),
-    (lambda: sv.Auto(margin=0.5), "Auto.margin must be a number >= 1"),
-    (lambda: sv.Auto(repeats=0), "Auto.repeats must be an integer >= 1"),
-    (lambda: sv.Auto(probe_classes=()), "Auto.probe_classes must be a non-empty list of class ids >= 0"),
-    (lambda: method_from_spec("auto:probe_classes=0,x"), "Auto.probe_classes must be a non-empty list of class ids >= 0"),
-    (lambda: sv.Auto(probe_classes=(-1,)), "Auto.probe_classes must be a non-empty list of class ids >= 0"),
+    (lambda: sv.Auto(margin=0.5), "Auto.margin must be a finite number >= 1, got 0.5"),
+    (lambda: sv.Auto(repeats=0), "Auto.repeats must be an integer >= 1, got 0"),
+    (lambda: sv.Auto(probe_classes=()), "Auto.probe_classes must be a non-empty list of integers >= 0 or None, got ()"),
+    (lambda: method_from_spec("auto:probe_classes=0,x"),
+     "method option probe_classes must be a non-empty list of integers >= 0 or None, got '0,x'"),
+    (lambda: sv.Auto(probe_classes=(-1,)), "Auto.probe_classes must be a non-empty list of integers >= 0 or None"),
     (lambda: sv.load("random-tiny")([0], sv.Auto(probe_classes=(99,))), "Auto.probe_classes: class 99 is out of range"),
 ])
 def test_bad_input_is_one_line(make, message):
@@ -422,9 +430,8 @@ def test_bad_input_is_one_line(make, message):
 
 def test_continuous_target_gets_ar():
     p = sv.load("random-tiny-continuous")
-    a = sv.Auto()
-    out = p([0], a, seed=0)
-    assert isinstance(out.method, sv.AR) and "continuous" in a.explain()
+    out = p([0], sv.Auto(), seed=0)
+    assert isinstance(out.method, sv.AR) and "continuous" in out.calibration.explain()
 
 
 def test_cli_generate_auto_prints_and_records_the_choice(tmp_path, capsys, monkeypatch):
@@ -447,5 +454,46 @@ def test_probe_classes_on_a_text_target_is_one_line():
     from specvis.models.base import Prompts
 
     with pytest.raises(ValueError) as e:
-        sv.generate(tiny_prompt_model(0), Prompts.of([[1, 2]]), sv.Auto(probe_classes=(0,)))
+        auto_mod.choose(tiny_prompt_model(0), Prompts.of([[1, 2]]), sv.Sampling(), probe_classes=(0,))
     assert "Auto.probe_classes applies to class-conditional targets only" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_generate_refuses_auto_with_one_line(pipe):
+    """``specvis.generate`` runs one given method: an ``Auto`` (or the spec "auto") is refused before
+    anything is built, pointing at the pipeline call and ``tune.choose``, which do choose."""
+    for method in (sv.Auto(), "auto"):
+        with pytest.raises(ValueError) as e:
+            sv.generate(pipe.target, torch.tensor([0]), method)
+        assert "pipe(classes, method=sv.Auto())" in str(e.value) and "specvis.tune.choose" in str(e.value)
+        assert "\n" not in str(e.value)
+    chosen, calibration = auto_mod.choose(pipe.target, torch.tensor([0]), pipe.default_sampling, repeats=1)
+    assert chosen is calibration.chosen and chosen.lossless and calibration.explain().startswith("auto: ")
+
+
+def test_the_cache_key_holds_graphs_dtype_and_the_models_weakly(pipe, monkeypatch):
+    """A calibration is reused only for the same target, draft model, drafter, dtype and captured
+    rounds: on CUDA a choice made with graphs off would be reused with them on (other rounds, other
+    timings), and an ``id()`` of a freed draft could be reused by another model. The key holds weak
+    references (a freed model's entry never matches), and ``graphs`` (on CPU, where rounds are never
+    captured, graphs on or off is the same key)."""
+    calls = []
+    monkeypatch.setattr(auto_mod, "calibrate", lambda *a, **k: calls.append(a) or {"rows": [], "skipped": []})
+    cond, s = torch.tensor([0]), pipe.default_sampling
+    auto_mod.choose(pipe.target, cond, s)
+    auto_mod.choose(pipe.target, cond, s, graphs=False)  # CPU: no captured rounds either way
+    assert len(calls) == 1
+    key = auto_mod._key(pipe.target, cond, s, pipe.draft, None, None, None, 1.1, 20)
+    assert any(isinstance(k, __import__("weakref").ref) for k in key) and id(pipe.draft) not in key
+    on_cpu = auto_mod._key(pipe.target, cond, s, None, None, None, None, 1.1, 20)
+    import types
+    cuda_param = types.SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32)
+    fake = types.SimpleNamespace(parameters=lambda: iter([cuda_param]), layout=pipe.target.layout,
+                                 null_condition=pipe.target.null_condition, num_conditions=pipe.target.num_conditions)
+    eager = auto_mod._key(fake, cond, s, None, None, False, None, 1.1, 20)
+    captured = auto_mod._key(fake, cond, s, None, None, None, None, 1.1, 20)
+    assert eager != captured and on_cpu != captured
+    bf16 = types.SimpleNamespace(parameters=lambda: iter([types.SimpleNamespace(device=torch.device("cpu"),
+                                                                                dtype=torch.bfloat16)]),
+                                 layout=pipe.target.layout, null_condition=pipe.target.null_condition,
+                                 num_conditions=pipe.target.num_conditions)
+    assert auto_mod._key(bf16, cond, s, None, None, None, None, 1.1, 20) != on_cpu

@@ -104,7 +104,7 @@ def test_cli_routes_cspd_to_continuous_models(tmp_path, capsys):
     assert "continuous tokens" in err and "sjd" in err and len(err.strip().splitlines()) == 1
     assert cli(["generate", "--model", "random-tiny-continuous", "--method", "cspd", "--ratio", "exact",
                 "--out", str(tmp_path / "x")]) == 2
-    assert "CSpD.ratio" in capsys.readouterr().err
+    assert "method option --ratio must be one of paper, coupled, trajectory, got 'exact'" in capsys.readouterr().err
 
 
 def test_energy_test_calibration_and_power():

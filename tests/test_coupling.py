@@ -154,8 +154,8 @@ def _draft_histories(target, method, B: int = 8) -> dict:
 class Coin(Exact):
     """Rejects half the drafts that Exact accepts (not exact: it only makes rounds re-draft)."""
 
-    def __call__(self, p, q, x, soft=None):
-        alpha, _ = super().__call__(p, q, x)
+    def chain(self, p, q, x, soft=None):
+        alpha, _ = super().chain(p, q, x)
         return 0.5 * alpha, p
 
 

@@ -54,8 +54,8 @@ def test_sjd_is_exact_with_each_coupling(target, coupling, name):
 class BrokenResidual(Exact):
     """Resamples from max(0, q - p) instead of max(0, p - q): the harness must reject it."""
 
-    def __call__(self, p, q, x):
-        alpha, _ = super().__call__(p, q, x)
+    def chain(self, p, q, x, soft=None):
+        alpha, _ = super().chain(p, q, x)
         return alpha, (q - p).clamp_min(0.0)
 
 
@@ -66,8 +66,8 @@ def test_harness_rejects_broken_residual(target, draft):
 
 def test_harness_rejects_biased_acceptance(target, draft):
     class AlwaysAccept(Exact):
-        def __call__(self, p, q, x):
-            alpha, res = super().__call__(p, q, x)
+        def chain(self, p, q, x, soft=None):
+            alpha, res = super().chain(p, q, x)
             return torch.ones_like(alpha), res
 
     assert check_method(target, sv.Speculative(2, acceptance=AlwaysAccept()), SAMPLINGS["plain"], draft=draft) < 1e-6

@@ -155,7 +155,7 @@ def test_api_conveniences_are_the_same_call(tiny):
     assert torch.equal(a.tokens, c.tokens)
     emoji = sv.load("emoji")
     assert emoji.default_sampling.cfg_scale != 1.0
-    assert sv.checks.sampling({"temperature": 0}, emoji.default_sampling) == sv.Sampling(
+    assert sv.sampling.sampling_argument({"temperature": 0}, emoji.default_sampling) == sv.Sampling(
         temperature=0, top_k=emoji.default_sampling.top_k, top_p=emoji.default_sampling.top_p,
         cfg_scale=emoji.default_sampling.cfg_scale)
 
@@ -245,7 +245,7 @@ def test_allocation_failure_is_one_line(tmp_path, capsys, monkeypatch):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
                            "you tried to allocate 264122368000 bytes.")
 
-    monkeypatch.setattr(pipeline, "generate", fail)
+    monkeypatch.setattr(pipeline, "run", fail)  # pipelines generate through tune.run
     assert main(["generate", "--model", "random-tiny", "--method", "ar", "--num", "100000", "--out", str(tmp_path)]) == 2
     assert "out of memory" in one_error_line(capsys)
 

@@ -22,7 +22,7 @@ import torch
 from exactness import exact_law, sample_counts, tiny_llamagen
 
 import specvis as sv
-from specvis.accept import Exact, normalise
+from specvis.accept import Exact, RuleTables, normalise
 from specvis.lantern import (
     BoundLantern,
     Lantern,
@@ -203,7 +203,7 @@ def test_rule_matches_reference_and_bounds(budget):
     nb = ref_neighbours(cb, "l2")
     paper_excess = 0.0
     for delta in (0.0, 0.05, 0.2, 0.6):
-        rule = Lantern(k=6, delta=delta, budget=budget).bind(cb)
+        rule = Lantern(k=6, delta=delta, budget=budget).bind(RuleTables(cb))
         p = torch.distributions.Dirichlet(torch.full((n,), 0.4)).sample((4, 3))
         q = torch.distributions.Dirichlet(torch.full((n,), 0.4)).sample((4, 3))
         x = torch.multinomial(q.reshape(-1, n), 1, generator=g).reshape(4, 3)
@@ -238,7 +238,7 @@ def test_delta_zero_is_bitwise_exact(budget):
     p[0, 0] = torch.tensor([0.5, 0, 0, 0, 0.5, 0, 0, 0, 0])  # zero-mass neighbours join A
     q = torch.distributions.Dirichlet(torch.full((9,), 0.3)).sample((6, 4))
     x = torch.randint(9, (6, 4), generator=g)
-    rule = Lantern(k=9, delta=0.0, budget=budget).bind(cb)
+    rule = Lantern(k=9, delta=0.0, budget=budget).bind(RuleTables(cb))
     a1, r1 = rule(p, q, x)
     a0, r0 = Exact()(p, q, x)
     assert torch.equal(a1, a0) and torch.equal(r1, r0)
@@ -251,7 +251,7 @@ def test_delta_zero_is_bitwise_exact(budget):
 
 def test_greedy_point_masses_accept_iff_argmax():
     cb = torch.randn(6, 2, generator=torch.Generator().manual_seed(5))
-    rule = Lantern(k=6, delta=0.9).bind(cb)
+    rule = Lantern(k=6, delta=0.9).bind(RuleTables(cb))
     eye = torch.eye(6)
     p = eye[torch.tensor([2, 2, 4])]
     x = torch.tensor([2, 3, 1])
@@ -259,7 +259,7 @@ def test_greedy_point_masses_accept_iff_argmax():
     assert alpha.tolist() == [1.0, 0.0, 0.0]
     assert torch.equal(normalise(res, p)[1:], p[1:])  # rejection resamples the argmax
     assert torch.equal(rule.distorted(p, x).argmax(-1) == x, alpha.bool())
-    full = Lantern(k=6, delta=1.0).bind(cb)  # delta = 1: the argmax may be merged into x
+    full = Lantern(k=6, delta=1.0).bind(RuleTables(cb))  # delta = 1: the argmax may be merged into x
     assert full(p, eye[x], x)[0].tolist() == [1.0, 1.0, 1.0]
 
 
@@ -267,12 +267,12 @@ def test_sibling():
     cb = torch.tensor([[0.0], [1.0], [2.0], [10.0], [11.0]])  # neighbours of 0: 0, 1, 2, 3, 4
     p = torch.tensor([[0.1, 0.05, 0.1, 0.5, 0.25]])
     x = torch.tensor([0])
-    paper = Lantern(k=5, delta=0.16).bind(cb)
+    paper = Lantern(k=5, delta=0.16).bind(RuleTables(cb))
     alpha, res = paper.sibling(p, x)  # A = {0, 1, 2}: moved 0.15 <= 0.16; adding 3 would move 0.65
     assert alpha.item() == pytest.approx(0.25)
     assert torch.allclose(res, torch.tensor([[0, 0, 0, 0.5, 0.25]]))  # next candidate: normalise(res)
     nxt = normalise(res, p)
-    out_alpha, out_res = Lantern(k=5, delta=0.16, budget="output").bind(cb).sibling(p, x)
+    out_alpha, out_res = Lantern(k=5, delta=0.16, budget="output").bind(RuleTables(cb)).sibling(p, x)
     assert out_alpha.item() == pytest.approx(0.25)
     assert torch.allclose(out_res, torch.tensor([[0, 0.05, 0.1, 0.5, 0.25]]))
     # the next candidate sees the renormalised rest: 3's neighbour 4 holds 1/3 > delta, so A = {3}
@@ -302,7 +302,7 @@ def test_delta_zero_equals_exact_in_methods(target, draft, codebook):
         out = sv.generate(target, cond, sv.Speculative(3, acceptance=lan), s, seed=7, draft=draft, codebook=codebook)
         assert torch.equal(out.tokens, ref)
         ref = sv.generate(target, cond, _sjd(Exact()), s, seed=7).tokens
-        out = sv.generate(target, cond, _sjd(lan.bind(codebook)), s, seed=7)
+        out = sv.generate(target, cond, _sjd(lan.bind(RuleTables(codebook))), s, seed=7)
         assert torch.equal(out.tokens, ref)
     assert not sv.Speculative(3, acceptance=Lantern(delta=0.0)).lossless  # lossless is a claim, not a value
 
@@ -344,7 +344,7 @@ def test_greedy_rule_on_the_soft_law():
     # x = 2: B = 2, 1, 3; s(1) = 0.25 > delta, A = {2}: rejected. x = 3: B = 3, 2, 4; A = {3, 2}
     # (0.2 moved, 4 would make 0.3): 0.35 > 0.3, accepted. x = 4: B = 4, 3, 2; A = {4, 3}: 0.25, rejected.
     for budget in ("paper", "output"):  # under greedy both budgets build A with m_s(A) <= delta
-        rule = Lantern(k=5, delta=0.22, budget=budget).bind(cb)
+        rule = Lantern(k=5, delta=0.22, budget=budget).bind(RuleTables(cb))
         alpha, res = rule(p, q, x, soft=soft)
         assert alpha.tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
         assert torch.equal(res, p)
@@ -356,9 +356,9 @@ def test_greedy_rule_on_the_soft_law():
         assert (0.5 * (d - soft).abs().sum(-1) <= 0.22 + 1e-6).all()
     # a tie s_{k,delta}(x|x) = s(a) goes to the greedy token: x = 3, A = {3, 2}, 0.25 + 0.125 = 0.375 = s(0)
     tie = torch.tensor([[0.375, 0.125, 0.125, 0.25, 0.125]])
-    assert Lantern(k=5, delta=0.15).bind(cb)(p[:1], q[3:4], x[3:4], soft=tie)[0].item() == 0.0
-    assert Lantern(k=5, delta=0.3).bind(cb)(p[:1], q[3:4], x[3:4], soft=tie)[0].item() == 1.0  # A = {3, 2, 4}
-    zero = Lantern(k=5, delta=0.0).bind(cb)  # delta = 0: only the greedy token
+    assert Lantern(k=5, delta=0.15).bind(RuleTables(cb))(p[:1], q[3:4], x[3:4], soft=tie)[0].item() == 0.0
+    assert Lantern(k=5, delta=0.3).bind(RuleTables(cb))(p[:1], q[3:4], x[3:4], soft=tie)[0].item() == 1.0  # A = {3, 2, 4}
+    zero = Lantern(k=5, delta=0.0).bind(RuleTables(cb))  # delta = 0: only the greedy token
     assert zero(p, q, x, soft=soft)[0].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert all(torch.equal(a, b) for a, b in zip(Exact()(p, q, x, soft=soft), Exact()(p, q, x)))  # ignored
     assert all(torch.equal(a, b) for a, b in zip(Exact().sibling(p, x, soft=soft), Exact().sibling(p, x)))
@@ -438,7 +438,7 @@ def test_greedy_lantern_relaxes(target, draft, codebook, kind):
 def _method(kind, rule, codebook):
     if kind == "speculative":
         return sv.Speculative(2, acceptance=rule), {"codebook": codebook}
-    return _sjd(rule.bind(codebook) if isinstance(rule, Lantern) else rule), {}
+    return _sjd(rule.bind(RuleTables(codebook)) if isinstance(rule, Lantern) else rule), {}
 
 
 def _measure(target, draft, codebook, kind, rule, n=20_000, conds=(1,)):

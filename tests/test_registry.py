@@ -1,6 +1,7 @@
-"""Method options: one dataclass per method, its fields are the options, in the Python API, the bench
-method specs, the JSON config and (renamed where a flag says so) the generate flags; anything else is
-an error naming the key. Every spec the repository commits to must build."""
+"""Method options: one dataclass per method, its declared fields are the options, in the Python API, the
+bench method specs, the JSON config and the generate flags (generated from the declarations: the flag
+is the field's name or its ``flag`` metadata); anything else is an error naming the key. Every spec the
+repository commits to must build."""
 
 import os
 import re
@@ -11,9 +12,10 @@ import pytest
 
 import specvis as sv
 from specvis.bench import sweeps
-from specvis.cli import RENAMED, _method, build_parser
-from specvis.registry import (ACCEPT, ACCEPTANCE, METHODS, _resolve, build_method, describe, method_from_spec,
-                              option_names, parse_method_spec, spec_of)
+from specvis.cli import _method, build_parser
+from specvis.options import option_fields, spell
+from specvis.registry import (ACCEPT, ACCEPTANCE, METHODS, _resolve, build_method, describe, method_flags,
+                              method_from_spec, option_names, parse_method_spec, spec_of)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench_emoji.sh"
@@ -69,8 +71,9 @@ def generate_method(*flags):
 def test_generate_flags_set_the_api_fields():
     a = build_parser().parse_args(["generate"])
     fields = {ACCEPT}.union(*(option_names(_resolve(t, n, "")) for t in (METHODS, ACCEPTANCE) for n in t))
-    names = [RENAMED.get(f.dest, f.dest) for f in a.method_flags]
-    assert set(names) <= fields and len(set(names)) == len(names)
+    assert set(a.method_flags) == fields  # every option of every method and rule has its flag
+    names = [f.name for f in a.method_flags.values()]
+    assert len(set(names)) == len(names) and "--tree-top-k" in names and "--lantern-k" in names
     assert generate_method("--method", "eagle", "--depth", "3", "--tree-top-k", "4", "--total-tokens", "9",
                            "--accept", "lantern", "--lantern-k", "7", "--lantern-delta", "0.1", "--lantern-metric",
                            "cosine", "--lantern-budget", "output") == sv.EagleTree(
@@ -140,9 +143,60 @@ def test_every_committed_spec_builds_with_its_options_in_the_json_config(tmp_pat
             if key == ACCEPT:
                 assert rule == value
             elif key in config:
-                assert config[key] == value, spec
+                assert config[key] == literal(value), spec
             else:
-                assert config["acceptance_config"][key] == value, spec
+                assert config["acceptance_config"][key] == literal(value), spec
+
+
+def literal(text: str):
+    """A spec value as a number or bool where it reads as one (what the JSON config then holds)."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _flag_value(info):
+    """A value of ``info`` other than its default, as text."""
+    from specvis.options import NoneType, members
+
+    kinds = members(info.type)
+    if bool in kinds:
+        return "false" if info.default is True else "true"
+    if info.choices:
+        return next(c for c in reversed(info.choices) if c != info.default)
+    if int in kinds:
+        return str(info.default + 1 if isinstance(info.default, int) else int(info.low or 0) + 3)
+    if float in kinds:
+        return str((info.low or 0) + 0.5 if info.high is None else (info.low + info.high) / 2 + 0.01)
+    if info.default is None:  # a tuple or None
+        return "7/6" if "ranks" in info.name else "0/3"
+    return spell(tuple(v + 1 for v in info.default))
+
+
+@pytest.mark.parametrize("key", [f.key for f in method_flags()])
+def test_each_generated_flag_sets_its_own_field(key):
+    """Every flag, set alone on the first method that has it, changes that method's (or its rule's)
+    field of the flag's key and nothing else. Catches a flag mapped to another field, or two flags
+    sharing a destination."""
+    flag = next(f for f in method_flags() if f.key == key)
+    owner, info = flag.owners[0]
+    if key == ACCEPT:
+        got = generate_method("--method", owner, "--accept", "lantern")
+        assert got == _resolve(METHODS, owner, "")(acceptance=sv.Lantern())
+        return
+    value = _flag_value(info)
+    args = [flag.name] if flag.boolean else [flag.name, value]
+    if owner in ACCEPTANCE:
+        got = generate_method("--method", "speculative", "--accept", owner, *args).acceptance
+        base = _resolve(ACCEPTANCE, owner, "")()
+    else:
+        got = generate_method("--method", owner, *args)
+        base = _resolve(METHODS, owner, "")()
+    changed = [i.name for i in option_fields(type(got)) if getattr(got, i.name) != getattr(base, i.name)]
+    assert changed == [info.name], (flag.name, args, changed)
 
 
 @pytest.mark.parametrize("method", [
@@ -168,7 +222,8 @@ def test_tuple_options_are_written_with_slashes_and_dots():
     assert strict("static-tree:tree=chain") == sv.StaticTree(tree="chain")
     assert generate_method("--method", "static-tree", "--tree", "0,0.0,0.0.0") == sv.StaticTree(tree=[[0], [0, 0], [0, 0, 0]])
     for spec, message in [("static-tree:tree=0/0.1", "StaticTree.tree: path [0, 1] has no elder sibling [0, 0]"),
-                          ("static-tree:tree=0/x", "StaticTree.tree: unknown preset '0/x'"),
+                          ("static-tree:tree=0/x", "method option tree must be one of mc_sim_7b_63, "),
+                          ("static-tree:tree=0/x", "or a non-empty list of non-empty lists of integers >= 0, got '0/x'"),
                           ("adt:depth_range=2/3", "ADTTree.depth_range must be an open interval")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             strict(spec)

@@ -11,11 +11,12 @@ from test_lantern import _cache, codebook, draft, target  # noqa: F401 (the same
 from test_lantern import PLAIN, V, conditional_tvs, ref_neighbours, tol, tv
 
 import specvis as sv
-from specvis.accept import Exact, verify_chain
+from specvis.accept import Exact, RuleTables, verify_chain
 from specvis.generate import bind_rule
 from specvis.bench.relaxed_tv import one_step_law
 from specvis.gsd import GSD, input_embeddings, normalised_table
 from specvis.lantern import Lantern
+from specvis.registry import method_from_spec
 
 
 # ---------------------------------------------------------------- references (loops, float64)
@@ -88,7 +89,7 @@ def test_relative_budget_never_exceeds_lam(codebook):
     p = torch.softmax(torch.randn(300, 40, generator=g) * 2, -1)
     x = torch.randint(40, (300,), generator=g)
     for lam in (1.0, 1.5, 3.0, 10.0):
-        rule = Lantern(k=40, budget="relative", lam=lam).bind(cb)
+        rule = Lantern(k=40, budget="relative", lam=lam).bind(RuleTables(cb))
         ids, in_a, p_a = rule.neighbourhood(p, x)
         px = p.gather(-1, x[:, None]).squeeze(-1)
         assert (p_a <= lam * px * (1 + 1e-6)).all()
@@ -98,12 +99,12 @@ def test_relative_budget_never_exceeds_lam(codebook):
     # lam = 1 is Exact bitwise (softmax: no zero-mass neighbours)
     q = torch.softmax(torch.randn(300, 40, generator=g), -1)
     for residual in ("paper", "min-tv"):
-        got = Lantern(k=40, budget="relative", lam=1.0, residual=residual).bind(cb)(p, q, x)
+        got = Lantern(k=40, budget="relative", lam=1.0, residual=residual).bind(RuleTables(cb))(p, q, x)
         assert all(torch.equal(a, b) for a, b in zip(got, Exact()(p, q, x)))
     # residuals: "paper" resamples from the distorted target, "min-tv" from max(0, p - q) (module docstring)
-    rule = Lantern(k=40, budget="relative", lam=3.0).bind(cb)
+    rule = Lantern(k=40, budget="relative", lam=3.0).bind(RuleTables(cb))
     assert torch.equal(rule(p, q, x)[1], (rule.distorted(p, x, q) - q).clamp_min(0))
-    assert torch.equal(Lantern(k=40, budget="relative", lam=3.0, residual="min-tv").bind(cb)(p, q, x)[1],
+    assert torch.equal(Lantern(k=40, budget="relative", lam=3.0, residual="min-tv").bind(RuleTables(cb))(p, q, x)[1],
                        (p - q).clamp_min(0))
     assert not torch.equal(rule(p, q, x)[1], (p - q).clamp_min(0))
 
@@ -132,7 +133,7 @@ def test_relative_budget_measured_within_its_bound(target, draft, codebook):
         assert gain <= bound + 1e-9
         assert emp_tv <= gain + tol(m)
         bound_seen += gain > 2 * tol(m)
-        exact1, _ = one_step_law(rule.bind(codebook), pp[None].float(), qq[None].float())
+        exact1, _ = one_step_law(rule.bind(RuleTables(codebook)), pp[None].float(), qq[None].float())
         assert abs(tv(exact1[0], pp) - gain) < 1e-4  # the min-TV residual attains D exactly
         cnt = counts.reshape(V, V, -1).sum(-1)[pre]
         assert tv(cnt / cnt.sum(), exact1[0]) <= tol(m)
@@ -153,7 +154,7 @@ def test_gsd_rule_matches_loop_reference_and_is_vectorised():
     for kw in ({"group": 4, "delta_p": 0.2}, {"ranks": (7, 6), "delta_p": 0.15},
                {"group": 6, "delta_p": 0.3, "max_dist": 0.9}):
         for residual in ("paper", "min-tv"):
-            rule = GSD(**kw, residual=residual).bind(None, embeddings=emb)
+            rule = GSD(**kw, residual=residual).bind(RuleTables(embeddings=emb))
             alpha, res = rule(p, q, x)
             below, above = rule.below, rule.above
             for b in range(B):
@@ -209,7 +210,7 @@ def test_gsd_distance_filter_on_a_row_end_layout():
     p, q = torch.tensor([[0.1, 0.1, 0.8, 0.0]]), torch.tensor([[0.4, 0.3, 0.1, 0.2]])
     alpha, _ = rule(p, q, torch.tensor([1]))
     assert alpha.item() == pytest.approx(0.2 / 0.7)
-    codes_only = GSD(group=4, delta_p=0.5, max_dist=1e9).bind(None, embeddings=input_embeddings(model))
+    codes_only = GSD(group=4, delta_p=0.5, max_dist=1e9).bind(RuleTables(embeddings=input_embeddings(model)))
     assert alpha.item() == pytest.approx(codes_only(p[:, :3], q[:, :3], torch.tensor([1]))[0].item())
     point = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
     assert rule(point, point, torch.tensor([3]))[0].item() == 1.0
@@ -269,13 +270,18 @@ def test_gsd_binding_and_trees(target, draft, codebook):
     with pytest.raises(ValueError, match="GSD.max_dist"):
         rule(torch.full((1, V), 1 / V), torch.full((1, V), 1 / V), torch.zeros(1, dtype=torch.long))
     out = sv.generate(target, cond, sv.SJD(window=3, acceptance=rule), PLAIN, seed=1)  # input embeddings, no codebook
-    bound = rule.bind(None, embeddings=emb)
+    bound = rule.bind(RuleTables(embeddings=emb))
     assert torch.equal(out.tokens, sv.generate(target, cond, sv.SJD(window=3, acceptance=bound), PLAIN, seed=1).tokens)
     with pytest.raises(ValueError, match="codebook"):
         sv.generate(target, cond, sv.SJD(window=3, acceptance=GSD(max_dist=1.0, embedding="codebook")), PLAIN)
     sv.generate(target, cond, sv.SJD(window=3, acceptance=GSD(max_dist=1.0, embedding="codebook")), PLAIN,
                 codebook=codebook)
-    for tree in (sv.EagleTree(depth=2, top_k=2, total_tokens=4, acceptance=GSD()),
-                 sv.ADTTree(acceptance=GSD(group=4))):
-        with pytest.raises(ValueError, match="no sibling rule"):
-            sv.generate(target, cond, tree, PLAIN, drafter=object())
+    # a tree method is refused GSD when it is built (GSD declares walks={"chain"}), not when it runs
+    for make in (lambda: sv.EagleTree(depth=2, top_k=2, total_tokens=4, acceptance=GSD()),
+                 lambda: sv.ADTTree(acceptance=GSD(group=4)), lambda: sv.StaticTree(acceptance=GSD()),
+                 lambda: method_from_spec("eagle:accept=gsd")):
+        with pytest.raises(ValueError) as e:
+            make()
+        assert "rule gsd is not supported with" in str(e.value) and "walks chain only" in str(e.value)
+        assert "use exact or lantern" in str(e.value) and "\n" not in str(e.value)
+    assert "(no sibling rule for draft trees)" in str(pytest.raises(ValueError, sv.EagleTree, acceptance=GSD()).value)

@@ -118,7 +118,7 @@ def test_zipar_two_rows_without_row_end_are_exact_by_the_harness(target):
     ("pjd:window=1", "PJD.window must be an integer >= 2"),
     ("pjd:lag=0", "PJD.lag must be an integer >= 1"),
     ("pjd:coupling=maximal", "PJD.coupling must be one of none, gumbel"),
-    ("pjd:keep_threshold=2", "PJD.keep_threshold must be a number in [0, 1]"),
+    ("pjd:keep_threshold=2", "PJD.keep_threshold must be a finite number in [0, 1]"),
 ])
 def test_bad_fields_are_one_line_errors(spec, message):
     with pytest.raises(ValueError) as err:

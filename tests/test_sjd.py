@@ -81,8 +81,8 @@ def test_sjd_is_exact(grid, window, init, refine, sampling):
 class ResidualFromP(Exact):
     """Resamples from p_new on rejection instead of max(0, p_new - p_old)."""
 
-    def __call__(self, p, q, x):
-        alpha, _ = super().__call__(p, q, x)
+    def chain(self, p, q, x, soft=None):
+        alpha, _ = super().chain(p, q, x)
         return alpha, p
 
 
@@ -90,8 +90,8 @@ class UniformQ(Exact):
     """Uses the random-init law for every draft instead of the law it was drawn from (a refined
     token's law is p_old): the ratio min(1, p/q) is computed with the wrong q."""
 
-    def __call__(self, p, q, x):
-        return super().__call__(p, torch.full_like(q, 1.0 / q.shape[-1]), x)
+    def chain(self, p, q, x, soft=None):
+        return super().chain(p, torch.full_like(q, 1.0 / q.shape[-1]), x)
 
 
 def test_harness_rejects_residual_without_p_old():

@@ -13,7 +13,7 @@ from exactness import check_method, condition_rows, tiny_prompt_model
 
 import specvis as sv
 import specvis.methods.static_tree as st
-from specvis.accept import Exact, normalise
+from specvis.accept import Exact, RuleTables, normalise
 from specvis.cli import _method, build_parser
 from specvis.registry import describe, method_from_spec
 from specvis.models.drafter import EagleDrafter
@@ -148,13 +148,13 @@ def test_lantern_sibling_walk_within_its_bound(budget, k):
     q = torch.rand(V, generator=g, dtype=torch.float64) ** 2
     p, q = p / p.sum(), q / q.sum()
     codebook = torch.randn(V, 3, generator=g)
-    rule = sv.Lantern(k=4, **budget).bind(codebook)
+    rule = sv.Lantern(k=4, **budget).bind(RuleTables(codebook))
     seqs = without_replacement(q, k)
     law = sum(prob * walk_law(rule, p, q, tup) for tup, prob in seqs)
     tv = 0.5 * float((law - p).abs().sum())
     assert tv <= walk_bound(rule, p, q, k) + 1e-9
     assert tv > 1e-4 or budget["budget"] == "output"  # "output" may accept nothing more than Exact here
-    exact = sv.Lantern(k=4, budget="relative", lam=1.0).bind(codebook)
+    exact = sv.Lantern(k=4, budget="relative", lam=1.0).bind(RuleTables(codebook))
     law1 = sum(prob * walk_law(exact, p, q, tup) for tup, prob in seqs)
     assert 0.5 * float((law1 - p).abs().sum()) < 1e-9
 
@@ -238,16 +238,15 @@ def test_topology_and_presets():
     assert m.tree == ((1,), (0,), (0, 0)) and m.paths == ((0,), (1,), (0, 0))
     topo = st.Topology(m.paths, torch.device("cpu"))
     assert topo.children.tolist() == [[1, 2], [3, -1], [-1, -1], [-1, -1]] and topo.D == 2
-    for bad, msg in [("nope", "unknown preset"), ([], "non-empty"), ([[0], [0, 1]], "elder sibling"),
+    for bad, msg in [("nope", "must be one of mc_sim_7b_63, "), ([], "non-empty"), ([[0], [0, 1]], "elder sibling"),
                      ([[0, 0]], "no parent"), ([[0], [0]], "twice"), ([[0], [-1]], "integers >= 0")]:
         with pytest.raises(ValueError, match=msg):
             sv.StaticTree(tree=bad)
 
 
 def test_gsd_is_refused_and_drafter_needed(target, drafter):
-    with pytest.raises(ValueError, match="not supported with StaticTree"):
-        sv.generate(target, torch.tensor([0]), sv.StaticTree(acceptance=sv.GSD(group=3)), sv.Sampling(),
-                    drafter=drafter, codebook=torch.randn(4, 3))
+    with pytest.raises(ValueError, match="not supported with StaticTree"):  # when it is built
+        sv.StaticTree(acceptance=sv.GSD(group=3))
     with pytest.raises(ValueError, match="drafter"):
         sv.generate(target, torch.tensor([0]), sv.StaticTree(), sv.Sampling())
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..accept import Exact, normalise
+from ..accept import Exact, RuleTables, normalise
 from ..gsd import GSD
 from ..lantern import Lantern
 
@@ -114,7 +114,7 @@ def run() -> list[dict]:
             row = {"draft": kind, "rule": name, "config": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}}
             for residual in ("paper", "min-tv"):
                 spec = (Lantern if name == "lantern" else GSD)(**cfg, residual=residual)
-                out, acc = one_step_law(spec.bind(codebook, embeddings=emb), p, q)
+                out, acc = one_step_law(spec.bind(RuleTables(codebook, emb)), p, q)
                 tv = 0.5 * (out - p).abs().sum(-1)
                 row[residual] = [float(tv.mean()), float(tv.max())]
                 row["accept"] = float(acc.mean())
@@ -127,7 +127,7 @@ def run() -> list[dict]:
         for name, cfg in configs:
             row = {"draft": f"static tree, {k} siblings", "rule": name, "config": cfg}
             for residual in ("paper", "min-tv"):
-                rule = Exact() if name == "exact" else Lantern(**cfg, residual=residual).bind(codebook)
+                rule = Exact() if name == "exact" else Lantern(**cfg, residual=residual).bind(RuleTables(codebook))
                 out, acc = sibling_walk_law(rule, p, q_draft, k)
                 tv = 0.5 * (out - p).abs().sum(-1)
                 row[residual], row["accept"] = [float(tv.mean()), float(tv.max())], float(acc.mean())

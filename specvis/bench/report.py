@@ -6,11 +6,12 @@ import hashlib
 import json
 import statistics
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from ..cost import (BLOCK_FIELDS, _forward_fields, at_span, block_size_fields, curve_cost,  # noqa: F401 (names kept here)
+                    predicted_time)
 from ..io import atomic_write, write_text
 from .quality import seed_groups, summarize
 
@@ -31,101 +32,6 @@ def run_key(report: dict[str, Any], run: dict[str, Any]) -> str:
 
 def key_id(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:16]
-
-
-# a run's forwards by block size (tokens per row -> batched calls) and the cost curve each is priced on
-BLOCK_FIELDS = {"target_block_sizes": "target", "draft_block_sizes": "draft", "drafter_block_sizes": "drafter"}
-
-
-def block_size_fields(stats) -> dict[str, dict[str, float]]:
-    """Forwards by block size summed over runs (an iterable of ``Stats``: ``Stats.block_sizes``), as
-    report fields ``target_block_sizes`` / ``draft_block_sizes`` / ``drafter_block_sizes`` ({"n": calls}),
-    and the mean live span of those forwards (``Stats.live_spans``, weighted by calls) as
-    ``target_live_spans`` / ... ({"n": slots})."""
-    calls: dict[str, dict[int, int]] = {}
-    spans: dict[str, dict[int, list[float]]] = {}
-    for st in stats:
-        for kind, hist in getattr(st, "block_sizes", {}).items():
-            acc = calls.setdefault(kind, {})
-            mean = getattr(st, "live_spans", {}).get(kind, {})
-            for n, c in hist.items():
-                acc[int(n)] = acc.get(int(n), 0) + int(c)
-                if n in mean:
-                    w = spans.setdefault(kind, {}).setdefault(int(n), [0.0, 0.0])
-                    w[0] += int(c)
-                    w[1] += int(c) * float(mean[n])
-    out: dict[str, dict[str, float]] = {f"{k}_block_sizes": {str(n): v[n] for n in sorted(v)} for k, v in calls.items()}
-    out.update({f"{k}_live_spans": {str(n): t / c for n, (c, t) in sorted(v.items()) if c}
-                for k, v in spans.items()})
-    return out
-
-
-def _forward_fields(run: dict[str, Any]) -> SimpleNamespace:
-    """A report run's forwards by block size and their live spans, shaped like ``Stats``'s."""
-    def field(kind: str, name: str, cast) -> dict[int, Any]:
-        return {int(n): cast(v) for n, v in (run.get(f"{kind}_{name}") or {}).items()}
-
-    kinds = BLOCK_FIELDS.values()
-    return SimpleNamespace(block_sizes={k: field(k, "block_sizes", int) for k in kinds if run.get(f"{k}_block_sizes")},
-                           live_spans={k: field(k, "live_spans", float) for k in kinds if run.get(f"{k}_live_spans")})
-
-
-def at_span(row: dict[str, Any], span: float | None) -> float:
-    """Seconds of a curve row's forward at live span ``span``: on the line through its two timed spans
-    (``spans``: [[slots, s], [slots, s]], attention grows with the span), else its ``median_s``."""
-    pts = row.get("spans")
-    if span is None or not pts or len(pts) < 2 or pts[0][0] == pts[1][0]:
-        return float(row["median_s"])
-    (l0, t0), (l1, t1) = pts[0], pts[1]
-    return max(0.0, t0 + (t1 - t0) * (float(span) - l0) / (l1 - l0))
-
-
-def curve_cost(rows: list[dict[str, Any]], n: int, span: float | None = None) -> float:
-    """Seconds of one forward over ``n`` tokens, at live span ``span`` (``at_span``; None: the row's
-    ``median_s``), from a cost curve [{"tokens", "median_s"[, "spans"]}, ...]: the measured size,
-    else linear between (or beyond) the nearest two measured sizes."""
-    pts = sorted((int(r["tokens"]), at_span(r, span)) for r in rows)
-    for k, t in pts:
-        if k == n:
-            return t
-    if len(pts) == 1:
-        return pts[0][1]
-    lo = max([p for p in pts if p[0] < n], key=lambda p: p[0], default=None) or pts[0]
-    hi = min([p for p in pts if p[0] > n and p != lo], key=lambda p: p[0], default=None)
-    if hi is None:  # beyond the largest: the last two points' slope
-        lo, hi = pts[-2], pts[-1]
-    elif lo[0] > n:  # below the smallest: the first two points' slope
-        lo, hi = pts[0], pts[1]
-    return max(0.0, lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0]))
-
-
-def predicted_time(run: dict[str, Any], curve: dict[str, list]) -> float | None:
-    """Seconds a run's forwards cost on ``curve`` (``report["cost_curve"]``): the sum over its target
-    forwards of cost_target(block size, live span) and over its draft-model / EAGLE-drafter forwards of
-    cost_draft / cost_drafter(block size, live span), all at the report's batch size and CFG, each block
-    size at the mean live span of the run's forwards of that size (``target_live_spans``, ...; without
-    them at the curve's ``median_s``): a batch whose last rows lag runs its last forwards over the
-    longest spans. The prefill is
-    included, priced as a 1-token forward for every method alike (its real cost, a pass over the
-    condition, is the same for every method). A last batch smaller than the batch size is priced at
-    the full batch's cost, like every other. Other work (sampling, acceptance, tree building) is
-    left out: that is what ``efficiency`` below 1 shows. None when the run has no block sizes (a
-    report from before they were recorded) or the curve lacks a kind the run used."""
-    if not run.get("target_block_sizes"):
-        return None
-    total = 0.0
-    for field_name, kind in BLOCK_FIELDS.items():
-        hist = run.get(field_name) or {}
-        if not hist:
-            continue
-        rows = curve.get(kind)
-        if not rows:
-            return None
-        spans = run.get(f"{kind}_live_spans") or {}
-        total += sum(int(c) * curve_cost(rows, int(n), spans.get(str(n))) for n, c in hist.items())
-    if int(run.get("draft_forwards", 0)) and not (run.get("draft_block_sizes") or run.get("drafter_block_sizes")):
-        return None
-    return total
 
 
 def paired_speedups(run: dict[str, Any], ar: dict[str, Any]) -> list[float] | None:

@@ -129,7 +129,8 @@ def new_run(method, work: Work, first: list[tuple[int, Any]], wall: float) -> di
         "mean_accepted_length": sum(n * o.stats.mean_accepted_length for n, o in first) / n_images,
         "quality": {},
         **extra,  # method-specific means, e.g. mean_tree_depth (d-bar) of the tree methods
-        **({"auto_choice": method.explain()} if hasattr(method, "explain") else {}),  # sv.Auto: what it ran, why
+        # sv.Auto: what it ran, and why (tune.Calibration)
+        **({"auto_choice": first[0][1].calibration.explain()} if first[0][1].calibration is not None else {}),
         "accept_map_per_class": maps,
         "images_per_class": counts,
     }

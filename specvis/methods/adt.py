@@ -6,21 +6,17 @@ themselves are EAGLE-2's (``eagle.EagleBuilder``), run by the shared loop (``tre
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from ..accept import Exact
+from ..accept import AcceptanceRule, rule_option
+from ..options import option
 from .base import DecodeContext
-from .eagle import EagleBuilder, check_sibling
+from .eagle import EagleBuilder
 from .trees import TreeMethod, decode_trees
 
 INITS = ("horizontal", "vertical", "random")
-
-
-def _check_int(owner: str, name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{owner}.{name} must be an integer >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -68,38 +64,31 @@ class ADTTree(TreeMethod):
     ``draws``), so with the same seed they give the same tokens and the same statistics except
     ``draft_forwards``."""
 
-    init: str = "horizontal"
-    beta: float = 1.0
-    depth_step: int = 1
-    topk_step: int = 3
-    depth_range: tuple[int, int] = (0, 10)
-    topk_range: tuple[int, int] = (3, 14)
-    total_tokens: int = 60
-    acceptance: object = field(default_factory=Exact)
-    static_shapes: bool | None = None
+    init: str = option("horizontal", choices=INITS, help="where each tree's depth and width start: the tree that "
+                                                         "committed the left (horizontal) or upper (vertical) neighbour, "
+                                                         "or random")
+    beta: float = option(1.0, low=0, open_low=True, help="acceptance-rate threshold: at least beta, deeper and "
+                                                         "narrower; else shallower and wider (eq. 2)")
+    depth_step: int = option(1, low=0, help="depth change per tree (l_d)")
+    topk_step: int = option(3, low=0, help="width (top-k) change per tree (l_k)")
+    depth_range: tuple[int, int] = option((0, 10), low=0, stream=True,
+                                          help="open interval (d_min, d_max) of the depth; low + 2 <= high")
+    topk_range: tuple[int, int] = option((3, 14), low=0,
+                                         help="open interval (k_min, k_max) of the width; low + 2 <= high")
+    total_tokens: int = option(60, low=2, help="tokens per target forward, the root included (the tree's size)")
+    acceptance: AcceptanceRule = rule_option()
+    static_shapes: bool | None = option(None, help="build every round at one fixed shape (capturable); none: on "
+                                                   "CUDA only")
     name = "adt"
 
-    def __post_init__(self) -> None:
-        if self.init not in INITS:
-            raise ValueError(f"ADTTree.init must be one of {', '.join(INITS)}, got {self.init!r}")
-        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not self.beta > 0:
-            raise ValueError(f"ADTTree.beta must be a number > 0, got {self.beta!r}")
-        _check_int("ADTTree", "depth_step", self.depth_step, 0)
-        _check_int("ADTTree", "topk_step", self.topk_step, 0)
-        _check_int("ADTTree", "total_tokens", self.total_tokens, 2)
-        if self.static_shapes is not None and not isinstance(self.static_shapes, bool):
-            raise ValueError(f"ADTTree.static_shapes must be None, True or False, got {self.static_shapes!r}")
+    def check(self) -> None:
         for name in ("depth_range", "topk_range"):
-            value = getattr(self, name)
-            ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value)
-            if not ok or not 0 <= value[0] <= value[1] - 2:
+            low, high = getattr(self, name)
+            if not low <= high - 2:
                 raise ValueError(f"ADTTree.{name} must be an open interval (low, high) of integers with "
-                                 f"0 <= low and at least one integer inside (low + 2 <= high), got {value!r}")
-            object.__setattr__(self, name, tuple(value))
+                                 f"0 <= low and at least one integer inside (low + 2 <= high), got {(low, high)!r}")
 
     def decode(self, ctx: DecodeContext) -> None:
-        check_sibling(ctx.rule)
         static = ctx.device.type == "cuda" if self.static_shapes is None else self.static_shapes
         decode_trees(ctx, self.name, self.total_tokens, AdaptiveSchedule(self, ctx, static=static),
                      EagleBuilder(self.total_tokens))

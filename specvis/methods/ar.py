@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..options import Options
 from .base import DecodeContext
 from .ordered import reveal_rounds
 from .round import Verdict
 
 
 @dataclass(frozen=True)
-class AR:
+class AR(Options):
     """x_i ~ p(. | c, x_<i), one cached target forward per token. The target's law samples itself
     (``laws.DiscreteLaw`` or ``laws.ContinuousLaw``), so the same rounds decode token ids and
     continuous tokens. A model that reveals its tokens in its own order (MAR) runs its own sampler

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..options import Options, option
 from ..sampling import uniform
 from .ar import sample_prefix
 from .base import DecodeContext
@@ -70,57 +71,23 @@ from .round import Verdict
 RATIOS = ("paper", "coupled", "trajectory")
 
 
-@dataclass
-class CSpDStats:
-    """What a CSpD decode reports (``Stats.extra``): ``acceptance_rate`` (accepted / (accepted + rejected)
-    draft tokens inside the grid: the paper's alpha), ``resamples``, ``resample_tries`` (mean tries per
-    resample), ``resample_fallbacks`` and ``prefill_tokens``."""
-
-    acceptance_rate: float
-    resamples: float
-    resample_tries: float
-    resample_fallbacks: float
-    prefill_tokens: float
-
-
-def _pick(t: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
-    """t (B, m, ...) -> t[b, index[b]] (B, ...)."""
-    if t is None:
-        return None
-    idx = index.reshape(-1, 1, *([1] * (t.ndim - 2))).expand(-1, 1, *t.shape[2:])
-    return t.gather(1, idx).squeeze(1)
-
-
-def _pick_law(law: ContinuousLaw, index: torch.Tensor) -> ContinuousLaw:
-    """The law at position ``index[b]`` of each row (B, m, D) -> (B, D)."""
-    return ContinuousLaw(_pick(law.z, index), _pick(law.z_uncond, index), law.head)
-
-
 @dataclass(frozen=True)
-class CSpD:
+class CSpD(Options):
     """Continuous speculative decoding: gamma draft tokens per target forward (see the module docstring)."""
 
-    gamma: int = 8
-    prefill: float = 0.05
-    align: bool = True
-    ratio: str = "paper"  # "paper" (Eq. 5), "coupled" (exact, Eq. 5 without Sigma), "trajectory" (exact)
-    max_resample_tries: int = 100
+    gamma: int = option(8, low=1, stream=True, help="draft tokens per round")
+    prefill: float = option(0.05, low=0, high=1, help="fraction of the tokens sampled by the target alone first")
+    align: bool = option(True, help="trajectory alignment: the target scores each draft on the draft's own noise")
+    ratio: str = option("paper", choices=RATIOS, help="acceptance ratio: paper (Eq. 5), coupled (exact, Eq. 5 "
+                                                      "without Sigma) or trajectory (exact)")
+    max_resample_tries: int = option(100, low=1, help="residual proposals per rejected token before the last one is "
+                                                      "taken (TV error <= 1 / (tries + 1))")
     name = "cspd"
     acceptance = None
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.gamma, int) or isinstance(self.gamma, bool) or self.gamma < 1:
-            raise ValueError(f"CSpD.gamma must be an integer >= 1, got {self.gamma!r}")
-        if isinstance(self.prefill, bool) or not isinstance(self.prefill, (int, float)) or not 0.0 <= self.prefill <= 1.0:
-            raise ValueError(f"CSpD.prefill must be a fraction in [0, 1], got {self.prefill!r}")
-        if not isinstance(self.align, bool):
-            raise ValueError(f"CSpD.align must be True or False, got {self.align!r}")
-        if self.ratio not in RATIOS:
-            raise ValueError(f"CSpD.ratio must be one of {', '.join(RATIOS)}, got {self.ratio!r}")
+    def check(self) -> None:
         if self.ratio == "trajectory" and not self.align:
             raise ValueError("CSpD.align=False has no meaning with ratio='trajectory' (the target is always scored on the draft's own path)")
-        if not isinstance(self.max_resample_tries, int) or isinstance(self.max_resample_tries, bool) or self.max_resample_tries < 1:
-            raise ValueError(f"CSpD.max_resample_tries must be an integer >= 1, got {self.max_resample_tries!r}")
 
     @property
     def lossless(self) -> bool:

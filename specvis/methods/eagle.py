@@ -18,20 +18,16 @@ the same builder at per-row depths and widths.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from ..accept import Exact
+from ..accept import AcceptanceRule, rule_option
+from ..options import option
 from .base import DecodeContext
 from .round import Tree
 from .trees import (FixedSchedule, TreeMethod, TreeRound, TreeSchedule, catch_up, cfg_rows, decode_trees,
                     log_draft)
-
-
-def _check_int(owner: str, name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{owner}.{name} must be an integer >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -39,26 +35,15 @@ class EagleTree(TreeMethod):
     """EAGLE-2 dynamic tree: ``depth`` draft levels, ``top_k`` children per expanded node,
     ``total_tokens`` tokens per target forward (root included). Needs ``drafter=`` (an EagleDrafter)."""
 
-    depth: int = 5
-    top_k: int = 10
-    total_tokens: int = 60
-    acceptance: object = field(default_factory=Exact)
+    depth: int = option(5, low=1, stream=True, help="draft levels per tree")
+    top_k: int = option(10, low=1, flag="tree-top-k", help="children per expanded node, and nodes expanded per level "
+                                                           "(--top-k is the sampling top-k)")
+    total_tokens: int = option(60, low=2, help="tokens per target forward, the root included (the tree's size)")
+    acceptance: AcceptanceRule = rule_option()
     name = "eagle"
 
-    def __post_init__(self) -> None:
-        _check_int("EagleTree", "depth", self.depth, 1)
-        _check_int("EagleTree", "top_k", self.top_k, 1)
-        _check_int("EagleTree", "total_tokens", self.total_tokens, 2)
-
     def decode(self, ctx: DecodeContext) -> None:
-        check_sibling(ctx.rule)
         decode_trees(ctx, self.name, self.total_tokens, FixedSchedule(self.depth, self.top_k), EagleBuilder(self.total_tokens))
-
-
-def check_sibling(rule) -> None:
-    """Deterministic candidates are verified with the rule's sibling walk."""
-    if not hasattr(rule, "sibling"):
-        raise ValueError(f"acceptance rule {getattr(rule, 'name', rule)!r} has no sibling rule for draft trees")
 
 
 class EagleBuilder:

@@ -39,11 +39,12 @@ lower-row rejection carries what that rejection revealed: both bias the top row 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from ..accept import Exact, normalise
+from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option
+from ..options import option
 from ..sampling import exponential, sample, uniform
 from .base import DecodeContext
 from .round import Verdict
@@ -59,36 +60,30 @@ def _at(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class PJD:
+class PJD(RuleMethod):
     """Parallel Jacobi decoding (module docstring): per-row Jacobi ``window`` (tokens a row feeds, its
     last committed token included), next row after ``lag`` image tokens of the row above, the top row
     verified by ``acceptance`` with residual, lower rows accept-prefix, ``keep_threshold`` (1: always
     refine), Row-Causal Mask ``rcm``, re-draft ``coupling``. Lossy; batched with per-sample rows."""
 
-    window: int = 8
-    lag: int = 8
-    keep_threshold: float = 0.5
-    rcm: bool = True
-    coupling: str = "none"
-    acceptance: object = field(default_factory=Exact)
+    window: int = option(8, low=2, stream=True, help="tokens a row feeds per forward, its last committed one "
+                                                     "included (official window_size 8)")
+    lag: int = option(8, low=1, stream=True, help="image tokens of the row above before the next row starts "
+                                                  "(official long_size 9 entries = 8 tokens)")
+    keep_threshold: float = option(0.5, low=0.0, high=1.0, help="keep a draft tested after the first rejection "
+                                                                 "whose acceptance probability exceeds this "
+                                                                 "(official 0.5; 1: never, always refine)")
+    rcm: bool = option(True, help="Row-Causal Mask: drafts of other rows are never attended")
+    coupling: str = option("none", choices=COUPLINGS, help="couple each re-draft with the position's previous "
+                                                           "draft: none (official) or gumbel")
+    acceptance: AcceptanceRule = rule_option()
     name = "pjd"
-    lossless = False
+    walk = "chain"
     pad = MAX_ROWS
 
-    def __post_init__(self) -> None:
-        for key, low in (("window", 2), ("lag", 1)):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"PJD.{key} must be an integer >= {low}, got {v!r}")
-        t = self.keep_threshold
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
-            raise ValueError(f"PJD.keep_threshold must be a number in [0, 1] (1: never keep), got {t!r}")
-        if not isinstance(self.rcm, bool):
-            raise ValueError(f"PJD.rcm must be a bool, got {self.rcm!r}")
-        if self.coupling not in COUPLINGS:
-            raise ValueError(f"PJD.coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
-        if not hasattr(self.acceptance, "lossless"):
-            raise ValueError(f"PJD.acceptance must be an acceptance rule, got {self.acceptance!r}")
+    @property
+    def lossless(self) -> bool:
+        return False
 
     def decode(self, ctx: DecodeContext) -> None:
         K, gen, rule = self.window, ctx.generator, ctx.rule
@@ -127,7 +122,7 @@ class PJD:
             soft = None if law.soft is None else rows.chain_laws(block, law.soft)[:, :, :g].reshape(-1, g, V)
             m = torch.where(open_, v - 1, torch.zeros_like(v))  # drafts fed
             kw = {} if soft is None else {"soft": soft}
-            alpha, residual = rule(P[:, :, :g].reshape(-1, g, V), Q.reshape(-1, g, V), D.reshape(-1, g), **kw)
+            alpha, residual = rule.chain(P[:, :, :g].reshape(-1, g, V), Q.reshape(-1, g, V), D.reshape(-1, g), **kw)
             alpha, residual = alpha.view(B, H, g), residual.view(B, H, g, V)
             ok = (uniform((B, H, g), P, gen) < alpha) & (kk < m[..., None])
             a = ok.long().cumprod(-1).sum(-1)  # accepted drafts

@@ -8,31 +8,25 @@ slowest one, their caches are rolled back per row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from ..accept import Exact
+from ..accept import AcceptanceRule, RuleMethod, rule_option
+from ..options import option
 from ..sampling import sample
 from .base import DecodeContext
 from .round import Chain, Verdict
 
 
 @dataclass(frozen=True)
-class Speculative:
+class Speculative(RuleMethod):
     """gamma draft tokens per target forward; ``acceptance`` is any rule of ``specvis.accept``."""
 
-    gamma: int = 4
-    acceptance: object = field(default_factory=Exact)
+    gamma: int = option(4, low=1, stream=True, help="draft tokens per round, drawn one by one from the draft model")
+    acceptance: AcceptanceRule = rule_option()
     name = "speculative"
-
-    def __post_init__(self) -> None:
-        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
-            raise ValueError(f"Speculative.gamma must be an integer >= 1, got {self.gamma}")
-
-    @property
-    def lossless(self) -> bool:
-        return self.acceptance.lossless
+    walk = "chain"
 
     @property
     def pad(self) -> int:

@@ -49,11 +49,13 @@ and one per depth below the deepest level; one target forward per round.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
-from ..accept import Exact, without
+from ..accept import AcceptanceRule, rule_option, without
+from ..options import option
 from ..sampling import sample
 from .base import DecodeContext
 from .round import Tree
@@ -173,31 +175,28 @@ class StaticTree(TreeMethod):
     Needs ``drafter=`` (an EagleDrafter). ``acceptance=Lantern(budget="relative", lam=...)`` is LANTERN++
     (its bound: ``BoundLantern.sibling_q``); rules without ``sibling_q`` (GSD) are refused."""
 
-    tree: str | tuple[tuple[int, ...], ...] = "mc_sim_7b_63"
-    acceptance: object = field(default_factory=Exact)
+    tree: str | tuple[tuple[int, ...], ...] = option(
+        "mc_sim_7b_63", choices=tuple(PRESETS), low=0,
+        help="the topology: a preset of the official LANTERN code, or paths split by '/' with a path's ranks joined "
+             "by '.' (0/1/0.0: [0], [1], [0, 0])")
+    acceptance: AcceptanceRule = rule_option()
     name = "static-tree"
+    walk = "sampled-tree"  # children drawn without replacement: the rule's sibling_q(p, q, x)
 
-    def __post_init__(self) -> None:
-        paths = tree_paths(self.tree)
-        if not isinstance(self.tree, str):
-            object.__setattr__(self, "tree", tuple(tuple(p) for p in self.tree))
-        object.__setattr__(self, "_paths", paths)
+    def check(self) -> None:
+        tree_paths(self.tree)  # parents and elder siblings present, no path twice
 
-    @property
+    @cached_property
     def paths(self) -> tuple[tuple[int, ...], ...]:
-        return self._paths
+        return tree_paths(self.tree)
 
     @property
     def total_tokens(self) -> int:
         """Tokens per target forward: the root and every node of the topology."""
-        return len(self._paths) + 1
+        return len(self.paths) + 1
 
     def decode(self, ctx: DecodeContext) -> None:
-        rule = ctx.rule
-        if not hasattr(rule, "sibling_q"):
-            raise ValueError(f"acceptance rule {getattr(rule, 'name', rule)!r} is not supported with StaticTree: "
-                             "it has no sibling_q(p, q, x) rule for children sampled without replacement (use exact or lantern)")
-        topo = Topology(self._paths, ctx.device)
+        topo = Topology(self.paths, ctx.device)
         decode_trees(ctx, self.name, self.total_tokens, FixedSchedule(topo.D, topo.K), StaticBuilder(topo))
 
 

@@ -36,6 +36,7 @@ from typing import Protocol
 
 import torch
 
+from ..accept import RuleMethod
 from ..sampling import rows_at
 from .base import DecodeContext
 from .round import Tree, Verdict
@@ -87,12 +88,11 @@ class TreeBuilder(Protocol):
     def build(self, ctx: DecodeContext, state: TreeRound) -> Tree: ...
 
 
-class TreeMethod:
-    """What every tree method shares: losslessness follows the rule; cache room for a whole tree."""
+class TreeMethod(RuleMethod):
+    """What every tree method shares: losslessness follows the rule (``RuleMethod``); cache room for a
+    whole tree."""
 
-    @property
-    def lossless(self) -> bool:
-        return self.acceptance.lossless
+    walk = "tree"  # deterministic candidates: the rule's sibling(p, x)
 
     @property
     def pad(self) -> int:

@@ -35,25 +35,22 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import sample
+from ..options import Options, option
 from .base import DecodeContext
 from .round import Verdict
 from .rows2d import MAX_ROWS, Rows
 
 
 @dataclass(frozen=True)
-class ZipAR:
+class ZipAR(Options):
     """ZipAR's next-set decoding: row r + 1 starts once row r has ``window`` image tokens; one token per
     active row per target forward (module docstring). Lossy; batched with per-sample rows."""
 
-    window: int = 8
+    window: int = option(8, low=1, stream=True, help="image tokens of the row above before the next row "
+                                                     "starts (official LlamaGen default 8; Lumina's 16 entries = 15)")
     name = "zipar"
     lossless = False
     acceptance = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"ZipAR.window must be an integer >= 1 (image tokens of the row above), got {self.window!r}")
-
     pad = MAX_ROWS
 
     def decode(self, ctx: DecodeContext) -> None:

@@ -1,0 +1,216 @@
+"""The house's gauges (issue 51), read off the source with ``ast``; every failure lists each violation
+as file:line.
+
+- Imports point down: no import cycle among specvis's modules, counting imports inside functions
+  (they run too) and the package ``__init__`` a submodule import runs first. The layers, top to
+  bottom: cli, demo > sample > bench > zoo, families > pipeline > tune > generate > methods, cost >
+  rules (accept, lantern, gsd), registry's tables, sampling, models, diffusion > options, checks, io.
+- No ``hasattr(`` nor ``getattr(x, "name", default)`` probing of models, rules or methods in
+  specvis/methods/, specvis/generate.py and specvis/pipeline.py: capabilities are declared.
+- No method file over 300 lines; README.md at most 200 lines.
+
+Checks that another seam of the reshape must still fix are marked xfail (not strict) with the seam's
+name; the lead removes a mark when its seam lands.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "specvis"
+
+SEAM5 = "Seam 5 (families: one Family base, one Pipeline)"
+DOCS = "docs helper (README of at most 200 lines)"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def imports(name: str) -> dict[str, int]:
+    """Modules of specvis that importing ``name`` runs, with the line of each (first) import: every
+    ``import``/``from`` statement of the file, at module level or inside functions, and each subpackage
+    ``__init__`` above an imported module (the root package excepted: it is the facade over every layer)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES]
+            targets = subs + ([base] if len(subs) < len(node.names) else [])
+        else:
+            continue
+        for target in targets:
+            if not target.startswith("specvis"):
+                continue
+            while target not in MODULES:
+                target = target.rpartition(".")[0]
+            parts = target.split(".")
+            for i in range(2, len(parts)):  # subpackages above the target run their __init__ first
+                parent = ".".join(parts[:i])
+                if not name.startswith(parent + ".") and parent != name:
+                    out.setdefault(parent, node.lineno)
+            if target != name:
+                out.setdefault(target, node.lineno)
+    return out
+
+
+GRAPH = {name: imports(name) for name in MODULES}
+
+
+def cycles() -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def describe(component: list[str]) -> str:
+    edges = [f"{MODULES[a].relative_to(ROOT)}:{line} imports {b}" for a in component
+             for b, line in GRAPH[a].items() if b in component]
+    return f"cycle among {', '.join(component)}: " + "; ".join(edges)
+
+
+# cycles that a seam still in progress removes (its modules; a cycle inside them is that seam's)
+PENDING_CYCLES = {frozenset({"specvis.families", "specvis.families.llamagen_t2i"}): SEAM5}
+
+
+def test_no_import_cycles():
+    """Catches an upward import anywhere in specvis (a function-local one included), e.g. the
+    method-choosing code importing ``generate`` from below it, as methods/auto.py did (30 cycles)."""
+    bad = [describe(c) for c in cycles() if frozenset(c) not in PENDING_CYCLES]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.xfail(reason=f"{SEAM5}: families/llamagen_t2i.py imports its package's detect", strict=False)
+def test_no_import_cycles_pending():
+    bad = [describe(c) for c in cycles()]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_graph_sees_function_local_and_package_imports():
+    """The parser's own check: an import inside a function counts, and so does the package ``__init__``
+    a submodule import runs (bench.runner reads ``__version__`` from the root; the pipeline imports
+    the tuner inside the module)."""
+    assert "specvis.tune" in GRAPH["specvis.pipeline"] and "specvis.registry" in GRAPH["specvis.generate"]
+    local = [n for n in ast.walk(ast.parse(MODULES["specvis.zoo"].read_text()))
+             if isinstance(n, ast.FunctionDef) and any(isinstance(i, ast.ImportFrom) for i in ast.walk(n))]
+    assert local and "specvis.families" in GRAPH["specvis.zoo"]  # zoo imports families inside functions
+    assert "specvis.bench" in GRAPH["specvis.cli"] or "specvis.bench.runner" in GRAPH["specvis.cli"]
+
+
+@pytest.mark.parametrize("low,above", [
+    ("specvis.options", set(MODULES)),  # imports nothing of specvis
+    ("specvis.checks", set(MODULES)),
+    ("specvis.tune", {"specvis.pipeline", "specvis.zoo", "specvis.families", "specvis.bench", "specvis.sample",
+                      "specvis.cli", "specvis.demo"}),
+    ("specvis.cost", {"specvis.tune", "specvis.generate", "specvis.pipeline", "specvis.bench", "specvis.zoo"}),
+    ("specvis.registry", {"specvis.generate", "specvis.tune", "specvis.pipeline", "specvis.cli"}),
+])
+def test_low_modules_import_nothing_above_them(low, above):
+    """The bottom of the house stays at the bottom: ``options`` (the declarations every method and rule
+    uses) and ``checks`` import nothing of specvis; the tuner, the cost curve and the registry nothing
+    of the layers above them (subpackages included)."""
+    reached, todo = set(), [low]
+    while todo:
+        for m in GRAPH[todo.pop()]:
+            if m not in reached:
+                reached.add(m)
+                todo.append(m)
+    bad = sorted(m for m in reached if any(m == a or m.startswith(a + ".") for a in above) and m != low)
+    assert not bad, f"{low} reaches {', '.join(bad)}"
+
+
+# ---------------------------------------------------------------- probing
+PROBED = [*sorted((PKG / "methods").glob("*.py")), PKG / "generate.py", PKG / "pipeline.py"]
+PROBE_OWNERS = {  # files whose remaining probes another seam removes
+    "generate.py": f"{SEAM5} (check_conditions)", "pipeline.py": SEAM5,
+}
+
+
+def probes(path: Path, root: Path = ROOT) -> list[str]:
+    """Each ``hasattr(...)`` and each ``getattr(obj, name, default)`` call in ``path``, as file:line: code."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+                node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) + len(node.keywords) >= 3)):
+            out.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(out, key=lambda s: int(s.split(":")[1]))
+
+
+def _param(path: Path, owners: dict[str, str]):
+    key = str(path.relative_to(PKG))
+    marks = [pytest.mark.xfail(reason=owners[key], strict=False)] if key in owners else []
+    return pytest.param(path, marks=marks, id=key)
+
+
+@pytest.mark.parametrize("path", [_param(p, PROBE_OWNERS) for p in PROBED])
+def test_no_probing(path):
+    """Capabilities of models, rules and methods are declared (``AcceptanceRule.needs``/``walks``, a
+    method's ``walk``), never probed: catches ``hasattr(rule, "sibling")`` and its kind."""
+    found = probes(path)
+    assert not found, "\n".join(found)
+
+
+def test_the_probe_finder_finds_probes(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("def f(m, name):\n    a = hasattr(m, 'x')\n    b = getattr(m, 'y', None)\n    return getattr(m, name)\n")
+    assert probes(src, tmp_path) == ["x.py:2: hasattr(m, 'x')", "x.py:3: getattr(m, 'y', None)"]
+
+
+# ---------------------------------------------------------------- sizes
+SIZE_OWNERS: dict[str, str] = {}  # files another seam brings under the limit
+
+
+@pytest.mark.parametrize("path", [_param(p, SIZE_OWNERS) for p in sorted((PKG / "methods").glob("*.py"))])
+def test_method_files_are_small(path):
+    n = len(path.read_text().splitlines())
+    assert n <= 300, f"{path.relative_to(ROOT)}:{n}: {n} lines (at most 300)"
+
+
+@pytest.mark.xfail(reason=DOCS, strict=False)
+def test_readme_is_short():
+    n = len((ROOT / "README.md").read_text().splitlines())
+    assert n <= 200, f"README.md:{n}: {n} lines (at most 200)"
