@@ -113,17 +113,26 @@ def test_zipar_two_rows_without_row_end_are_exact_by_the_harness(target):
     assert check_method(target, sv.ZipAR(window=1), sv.Sampling(temperature=0.9, cfg_scale=2.0)) > P_MIN
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("zipar:window=0", "ZipAR.window must be an integer >= 1"),
-    ("pjd:window=1", "PJD.window must be an integer >= 2"),
-    ("pjd:lag=0", "PJD.lag must be an integer >= 1"),
-    ("pjd:coupling=maximal", "PJD.coupling must be one of none, gumbel"),
-    ("pjd:keep_threshold=2", "PJD.keep_threshold must be a finite number in [0, 1]"),
+@pytest.mark.parametrize("make,message", [
+    (lambda: sv.ZipAR(window=0), "ZipAR.window must be an integer >= 1, got 0"),
+    (lambda: sv.PJD(window=1), "PJD.window must be an integer >= 2, got 1"),
+    (lambda: sv.PJD(lag=0), "PJD.lag must be an integer >= 1, got 0"),
+    (lambda: sv.PJD(coupling="maximal"), "PJD.coupling must be one of none, gumbel, got 'maximal'"),
+    (lambda: sv.PJD(keep_threshold=2), "PJD.keep_threshold must be a finite number in [0, 1], got 2"),
+    (lambda: sv.PJD(rcm=1), "PJD.rcm must be"),
 ])
-def test_bad_fields_are_one_line_errors(spec, message):
+def test_bad_fields_are_one_line_errors(make, message):
+    with pytest.raises(ValueError) as err:
+        make()
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("spec,needle", [("zipar:window=0", "window"), ("pjd:lag=x", "lag"),
+                                         ("pjd:gamma=3", "method pjd has no option 'gamma'")])
+def test_bad_specs_are_one_line_errors(spec, needle):
     with pytest.raises(ValueError) as err:
         build_method(*parse_method_spec(spec))
-    assert message in str(err.value) and "\n" not in str(err.value)
+    assert needle in str(err.value) and "\n" not in str(err.value)
 
 
 def test_registry_names_the_methods():

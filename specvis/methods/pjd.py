@@ -66,9 +66,9 @@ class PJD(RuleMethod):
     verified by ``acceptance`` with residual, lower rows accept-prefix, ``keep_threshold`` (1: always
     refine), Row-Causal Mask ``rcm``, re-draft ``coupling``. Lossy; batched with per-sample rows."""
 
-    window: int = option(8, low=2, stream=True, help="tokens a row feeds per forward, its last committed one "
+    window: int = option(8, low=2, help="tokens a row feeds per forward, its last committed one "
                                                      "included (official window_size 8)")
-    lag: int = option(8, low=1, stream=True, help="image tokens of the row above before the next row starts "
+    lag: int = option(8, low=1, help="image tokens of the row above before the next row starts "
                                                   "(official long_size 9 entries = 8 tokens)")
     keep_threshold: float = option(0.5, low=0.0, high=1.0, help="keep a draft tested after the first rejection "
                                                                  "whose acceptance probability exceeds this "
