@@ -4,9 +4,10 @@
 OUT.json (about a minute on one core).
 
 Setting: the harness's tiny random decoders (tests/exactness.py ``tiny_prompt_model``, sharpened so that
-a token's law depends on the whole prefix and on position), 3 image rows x 2 columns over 3 codes, in two
-layouts: Emu3/Lumina-shaped (one forced row end per row; codes through the text table) and Janus-shaped
-(no row end). Each has 3 harness prompts with CFG 2.0; 3^6 = 729 grids, whose exact law under the
+a token's law depends on the whole prefix and on position), 6 image tokens over 3 codes: 3 rows x 2
+columns Emu3/Lumina-shaped (one forced row end per row; codes through the text table) and Janus-shaped
+(no row end), and 2 rows x 3 columns with row ends (a PJD lower row drafts only while the row above has
+at least 2 tokens more, so it needs 3 columns). Each has 3 harness prompts with CFG 2.0; 3^6 = 729 grids, whose exact law under the
 sampling is enumerated by the harness (teacher-forced, ``exact_law``). At T = 1 each method draws
 ``samples`` grids (evenly over the prompts, batches mixing them, as the harness does) and the table gives
 the mean over prompts of TV(empirical, exact); AR's own row is the sampling-noise floor at the same
@@ -34,15 +35,20 @@ import specvis as sv  # noqa: E402
 METHODS = [
     ("ar", sv.AR()),
     ("zipar window=1", sv.ZipAR(window=1)),
-    ("zipar window=2 (= width)", sv.ZipAR(window=2)),
+    ("zipar window=2", sv.ZipAR(window=2)),
     ("pjd default (window 8, lag 8 -> width, keep 0.5)", sv.PJD()),
-    ("pjd lag=2 keep_threshold=1 (no overlap, SJD)", sv.PJD(lag=2, keep_threshold=1.0)),
+    ("pjd lag=1 (default window, keep 0.5)", sv.PJD(lag=1)),
+    ("pjd lag=3 keep_threshold=1 (no overlap: SJD)", sv.PJD(lag=3, keep_threshold=1.0)),
     ("pjd window=2 lag=1", sv.PJD(window=2, lag=1)),
     ("pjd window=2 lag=1 keep_threshold=1", sv.PJD(window=2, lag=1, keep_threshold=1.0)),
     ("pjd window=2 lag=1 rcm=false", sv.PJD(window=2, lag=1, rcm=False)),
     ("pjd window=2 lag=1 coupling=gumbel", sv.PJD(window=2, lag=1, coupling="gumbel")),
+    ("pjd window=3 lag=1", sv.PJD(window=3, lag=1)),
+    ("pjd window=3 lag=1 keep_threshold=1", sv.PJD(window=3, lag=1, keep_threshold=1.0)),
 ]
-MODELS = {"row end (Emu3/Lumina shape)": dict(row_end=1, janus=False), "no row end (Janus shape)": dict(row_end=0, janus=True)}
+MODELS = {"row end (Emu3/Lumina shape), 3x2": dict(row_end=1, janus=False, height=3, width=2),
+          "no row end (Janus shape), 3x2": dict(row_end=0, janus=True, height=3, width=2),
+          "row end (Emu3/Lumina shape), 2x3": dict(row_end=1, janus=False, height=2, width=3)}
 
 
 def tv_t1(model, method, samples: int) -> tuple[float, float]:
@@ -71,7 +77,7 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = []
     for label, kw in MODELS.items():
-        model = tiny_prompt_model(0, vocab=3, height=3, width=2, **kw)
+        model = tiny_prompt_model(0, vocab=3, **kw)
         for name, method in METHODS:
             tv, fwd = tv_t1(model, method, args.samples)
             rows.append({"model": label, "method": name, "tv_t1": tv, "forwards_t1_batch3": fwd,
