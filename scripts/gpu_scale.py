@@ -69,7 +69,9 @@ sys.path.insert(0, str(ROOT))
 
 import specvis as sv  # noqa: E402
 from specvis.bench.report import dumps  # noqa: E402
-from specvis.families import chameleon, janus, load_tensors  # noqa: E402
+from specvis.families import chameleon, janus  # noqa: E402
+from specvis.families.hf import decoder_route  # noqa: E402
+from specvis.models.loading import empty_parameters, stream_into  # noqa: E402
 from specvis.families.hf import llama_config  # noqa: E402
 from specvis.io import write_text  # noqa: E402
 from specvis.methods.base import sync  # noqa: E402
@@ -669,20 +671,16 @@ def hf_janus(plan: Plan, device: torch.device, dtype: torch.dtype, ids: dict):
 
 
 def specvis_janus(hf, ids: dict, side: int) -> PromptDecoder:
-    """specvis's Janus decoder (``families.janus.make_decoder`` on the transformers config) holding the
-    transformers model's weights, renamed as ``families.janus`` reads a checkpoint."""
+    """specvis's Janus decoder (``families.janus.make_decoder`` on the transformers config, built on meta)
+    filled with the transformers model's weights through the route ``families.janus`` reads a
+    checkpoint with (its renames, the Llama layers' q/k interleave)."""
     config = hf.config.to_dict()
     dev, dt = next(hf.parameters()).device, next(hf.parameters()).dtype
-    with torch.device("meta"):
+    with empty_parameters():
         model = janus.make_decoder(config, ids, "janus-pro-1b shape", side, side)
-    model = model.to(dt).to_empty(device=dev)
-    sd = {}
-    for key, value in hf.state_dict().items():
-        for pattern, repl in janus.RENAMES:
-            key = re.sub(pattern, repl, key)
-        if key.startswith(janus.KEEP):
-            sd[key] = value
-    load_tensors(model, sd, "transformers Janus")
+    sd = hf.state_dict()  # live tensors: streamed as they are (no page dropping, unlike a mapped file)
+    stream_into(model, list(sd), lambda wanted: ((k, v) for k, v in sd.items() if wanted(k)),
+                decoder_route(janus.RENAMES, janus.KEEP, model.config), dt, dev, "transformers Janus")
     return model.eval()
 
 

@@ -52,6 +52,9 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
                    help="weights and KV cache (default: the model's, fp32); on a CPU with bf16 dot products "
                         "(AVX512-BF16, AMX) bf16 flattens the forward cost curve: docs/benchmarks/bf16-cpu.md")
+    g.add_argument("--quantize", choices=["int8"],
+                   help="weight-only int8 linear layers in the target's and draft's blocks (half the memory of bf16; "
+                        "methods stay exact for the quantized model): docs/benchmarks/scale.md")
     g.add_argument("--compile", action="store_true", help="torch.compile the cached forward (one graph per block size); CUDA only: on CPU it measured slower and is skipped")
     g.add_argument("--no-graphs", dest="graphs", action="store_false", default=None,
                    help="run rounds eagerly on CUDA (default: captured CUDA graphs; no effect on CPU)")
@@ -69,7 +72,8 @@ def _load(a: argparse.Namespace):
     num_iter = getattr(a, "num_iter", None)
     if num_iter is not None and num_iter < 1:
         raise ValueError(f"--num-iter must be >= 1, got {num_iter}")
-    pipe = load(a.model, a.device, a.dtype, a.compile, a.graphs, draft=a.draft, drafter=a.drafter)
+    pipe = load(a.model, a.device, a.dtype, a.compile, a.graphs, draft=a.draft, drafter=a.drafter,
+                **({"quantize": a.quantize} if a.quantize else {}))
     if num_iter is not None:
         if not hasattr(pipe, "num_iter"):
             raise ValueError(f"--num-iter applies to MAR models only; model {a.model} decodes one token per step")
@@ -79,8 +83,31 @@ def _load(a: argparse.Namespace):
 
 def _device_line(pipe) -> str:
     graphs = pipe.device.type == "cuda" if pipe.graphs is None else pipe.graphs
-    return (f"{pipe.device} | {str(pipe.dtype).removeprefix('torch.')} | captured rounds {'on' if graphs and pipe.device.type == 'cuda' else 'off'}"
+    why = (pipe.extras or {}).get("dtype_source")
+    quant = (pipe.extras or {}).get("quantize")
+    return (f"{pipe.device} | {str(pipe.dtype).removeprefix('torch.')}{f' ({why})' if why else ''}"
+            f"{f' | {quant} weights' if quant else ''}"
+            f" | captured rounds {'on' if graphs and pipe.device.type == 'cuda' else 'off'}"
             f" | compile {'on' if pipe.compiled else 'off'}")
+
+
+def _plan_memory(pipe, batch_size: int, methods, sampling, verbose: bool = False) -> None:
+    """Before any forward: each method's memory plan at ``batch_size`` (``Pipeline.memory``; text
+    prompts planned at ``specvis.memory.DEFAULT_PROMPT_TOKENS``, the call re-plans with its own);
+    printed with ``-v``; a plan that does not fit is the one-line error. MAR pipelines (no KV cache)
+    are not planned."""
+    from .families.mar import MARPipeline
+
+    if isinstance(pipe, MARPipeline):
+        return
+    for method in methods:
+        plan = pipe.memory(batch_size, method, sampling)
+        if verbose:
+            print(f"  {plan.describe()}")
+        if not plan.fits:
+            from .memory import MemoryPlanError
+
+            raise MemoryPlanError(plan.line())
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -237,6 +264,8 @@ def build_parser() -> Parser:
     g.add_argument("--num", type=int, help="number of images (default: one per --class, else 8)")
     g.add_argument("--seed", type=int, default=0, help="random seed of the batch (default 0)")
     g.add_argument("--out", default="out", help="output directory")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="print the memory plan (weights, KV cache, what is free, the largest batch) before generating")
     g.add_argument("--compare-ar", action="store_true",
                    help="also run plain AR on the same conditions and seed (after an untimed one-image warm-up "
                         "of each) and print the wall-clock speedup; only the method's images are written")
@@ -366,6 +395,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
         def run(m, n: int = num):
             return pipe(classes[:n], m, sampling, seed=a.seed)
+    _plan_memory(pipe, num, [method], sampling, verbose=a.verbose)  # before any forward
     ar = None
     if a.compare_ar and method.name != "ar":
         from .methods.ar import AR
@@ -457,6 +487,7 @@ def cmd_sample(a: argparse.Namespace) -> int:
         method = _method(a, pipe)
         _check_draft(pipe, [method.name])
         sampling = _sampling(a, pipe.default_sampling)
+        _plan_memory(pipe, min(a.batch_size, a.num), [method], sampling)  # before any forward
         stats = sample(pipe, method, sampling, out, num=a.num, batch_size=a.batch_size, seed=a.seed,
                        classes=a.classes, prompts=prompts, height=a.height, width=a.width, dist=dist, model=a.model,
                        progress=sys.stderr.isatty())
@@ -508,6 +539,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         _check_draft(pipe, names)
         class_names = pipe.class_names
         sampling = _sampling(a, pipe.default_sampling)
+        if min(a.batch_size, a.num) >= 1:  # (bad counts are the runner's one-line errors)
+            _plan_memory(pipe, min(a.batch_size, a.num), [method_from_spec(s, a.accept) for s in specs], sampling)
         metrics = None if a.metrics is None else [m.strip() for m in a.metrics.split(",") if m.strip() not in ("", "none")]
 
         def show(run: dict) -> None:

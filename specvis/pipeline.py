@@ -11,7 +11,8 @@ import torch
 from . import checks
 from .cpu_features import NATIVE_FLAGS, native_dot_products
 from .generate import Generation
-from .models.base import Condition, Prompts
+from .memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, MemoryPlanError, plan
+from .models.base import Captions, Condition, Prompts
 from .models.checkpoint import one_line
 from .models.weight_layout import prepare_cpu_linears
 from .registry import method_argument
@@ -149,6 +150,33 @@ class Pipeline:
     def num_classes(self) -> int:
         return self.target.num_conditions
 
+    def memory(self, batch_size: int = 1, method=None, sampling: Sampling | None = None,
+               prompt_tokens: int | None = None) -> MemoryPlan:
+        """The memory a call of ``batch_size`` samples with ``method`` (None: AR) and ``sampling``
+        (None: the pipeline's default; CFG doubles the rows) needs, against what the device has free
+        now (``specvis.memory``): ``weights_bytes``, ``kv_bytes``, ``free_bytes``, ``fits``,
+        ``max_batch_size``. ``prompt_tokens``: the longest prompt (default: the model's fixed prefix,
+        or ``DEFAULT_PROMPT_TOKENS`` for text prompts); a call plans with its own prompts."""
+        from .methods.ar import AR
+
+        sampling = sampling or self.default_sampling
+        prefix = min(self.target.max_prefix, DEFAULT_PROMPT_TOKENS) if prompt_tokens is None else int(prompt_tokens)
+        return plan(self.target, self.draft, self.drafter, self._resident(), batch_size=batch_size,
+                    cfg=sampling.uses_cfg, prefix=prefix, method_slots=(AR() if method is None else method).pad)
+
+    def _resident(self) -> tuple:
+        """Modules besides the cached models that hold memory (the tokenizer)."""
+        return (self.tokenizer,)
+
+    def check_memory(self, condition: Condition, method, sampling: Sampling) -> MemoryPlan:
+        """The plan of a call about to run; a ``MemoryPlanError`` (one line: bytes needed, bytes free,
+        the largest batch that fits) when it does not fit. Runs before any forward."""
+        widths = [prefix_width(c, self.target) for c in (condition.cond, condition.uncond) if c is not None]
+        p = self.memory(condition.batch, method, sampling, prompt_tokens=max(widths))
+        if not p.fits:
+            raise MemoryPlanError(p.line())
+        return p
+
     @property
     def codebook(self) -> torch.Tensor:
         return self.tokenizer.codebook
@@ -172,6 +200,7 @@ class Pipeline:
         check_class_call(self.name, classes, prompts, negative_prompts, height, width)
         method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
         conditions = torch.as_tensor(checks.class_ids(classes, self.num_classes), dtype=torch.long, device=self.device)
+        self.check_memory(Condition(conditions), method, sampling)
         out = run(self.target, conditions, method, sampling, seed,  # sv.Auto() resolved first (specvis.tune)
                   draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs, progress=progress)
         if decode:
@@ -235,6 +264,9 @@ class TextPipeline(Pipeline):
             return -1
         return int((self.extras.get("prompt_classes") or {}).get(prompt.strip().lower(), -1))
 
+    def _resident(self) -> tuple:
+        return (self.vq,)
+
     def to(self, device: str | torch.device) -> "TextPipeline":
         super().to(device)
         if self.vq is not None:
@@ -262,7 +294,7 @@ class TextPipeline(Pipeline):
         """The family's VQ image decoder (``decode(codes, height, width)``, ``codebook``), on the pipeline's device."""
         if self.vq is None:
             try:
-                vq = self.family.load_vq(self.directory)
+                vq = self.family.load_vq(self.directory, device=self.device)  # fp32, streamed onto the device
             except ValueError:
                 raise
             except (ImportError, OSError, RuntimeError, KeyError) as exc:
@@ -344,6 +376,7 @@ class TextPipeline(Pipeline):
             raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
         method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
         cond = self.conditions(prompts, negative_prompts, sampling, height, width, positive_suffix)
+        self.check_memory(cond, method, sampling)
         out = run(self.target, cond, method, sampling, seed, draft=self.draft, drafter=self.drafter,
                   codebook=self.codebook if "codebook" in _rule_needs(method) else None, graphs=self.graphs,
                   progress=progress)
@@ -388,3 +421,13 @@ def _rule_needs(method) -> frozenset[str]:
     """The tables the method's acceptance rule declares it needs (``AcceptanceRule.needs``): the text
     pipelines load their VQ codebook only for a rule that needs it."""
     return frozenset() if method.acceptance is None else method.acceptance.needs
+
+
+def prefix_width(rows, model) -> int:
+    """Prefix tokens a call's rows take in the cache: the widest prompt or caption, else (class ids)
+    the model's fixed prefix."""
+    if isinstance(rows, Prompts):
+        return int(rows.ids.shape[1])
+    if isinstance(rows, Captions):
+        return int(rows.embeddings.shape[1])
+    return int(model.max_prefix)

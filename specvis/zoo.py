@@ -15,24 +15,38 @@ import torch
 from . import checks
 from .models.continuous import ContinuousAR, ContinuousARConfig
 from .models.drafter import EagleDrafter
+from .models.checkpoint import stored_dtype
 from .models.llamagen import LlamaGen, LlamaGenConfig
+from .models.loading import requested_dtype, resolve
+from .models.quantize import check_quantize, quantize_linears
 from .pipeline import ContinuousPipeline, LatentPalette, PaletteTokenizer, Pipeline
 from .sampling import Sampling
 
 ASSETS = Path(__file__).parent / "assets"
+DTYPE_LABELS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def _random_tiny() -> Pipeline:
+def _random_tiny(device: torch.device = torch.device("cpu"), dtype: torch.dtype | None = None) -> Pipeline:
     torch.manual_seed(0)
     base = dict(vocab_size=64, num_classes=4, block_size=64, multiple_of=32)
     target = LlamaGen(LlamaGenConfig(dim=64, n_layer=2, n_head=4, initializer_range=0.2, **base)).eval()
     draft = LlamaGen(LlamaGenConfig(dim=32, n_layer=1, n_head=2, initializer_range=0.2, **base)).eval()
     drafter = EagleDrafter.from_target(target, seed=1).eval()
-    return Pipeline("random-tiny", target, PaletteTokenizer(64).eval(), draft=draft, drafter=drafter,
-                    class_names=[f"class{i}" for i in range(4)])
+    return _built(Pipeline("random-tiny", target, PaletteTokenizer(64).eval(), draft=draft, drafter=drafter,
+                           class_names=[f"class{i}" for i in range(4)]), device, dtype)
 
 
-def _random_tiny_continuous() -> ContinuousPipeline:
+def _built(pipe, device: torch.device, dtype: torch.dtype | None):
+    """A pipeline of seeded random models built in memory (no checkpoint): fp32 unless asked."""
+    dt = requested_dtype(dtype) or torch.float32
+    pipe.extras["dtype_source"] = "requested" if dtype is not None else "fp32: random models built in memory"
+    for m in (pipe.target, pipe.draft, pipe.drafter):
+        if m is not None:
+            m.to(device=device, dtype=dt)
+    return pipe.to(device)
+
+
+def _random_tiny_continuous(device: torch.device = torch.device("cpu"), dtype: torch.dtype | None = None) -> ContinuousPipeline:
     """A random target (MAR's zero-initialised head output replaced by a random one) and, as its draft, a
     copy with every weight perturbed by 1e-4 of its spread: random heads amplify differences along the
     denoising run so much that independent ones, or a 1% perturbation, are never accepted."""
@@ -45,28 +59,35 @@ def _random_tiny_continuous() -> ContinuousPipeline:
     with torch.no_grad():
         for p, q in zip(draft.parameters(), target.parameters()):
             p.copy_(q + 1e-4 * q.std().clamp_min(1e-3) * torch.randn_like(q))
-    return ContinuousPipeline("random-tiny-continuous", target, LatentPalette(), draft=draft,
-                              class_names=[f"class{i}" for i in range(4)])
+    return _built(ContinuousPipeline("random-tiny-continuous", target, LatentPalette(), draft=draft,
+                                     class_names=[f"class{i}" for i in range(4)]), device, dtype)
 
 
-def _emoji_continuous(root: Path, meta: dict, vq) -> ContinuousPipeline | None:
+def _bundle_dtype(model_dir: Path, device: torch.device, dtype) -> tuple[torch.dtype, str]:
+    """(dtype, why) of an embedded bundle whose target is ``model_dir`` (``models.loading.resolve``)."""
+    return resolve(dtype, stored_dtype(model_dir), device)
+
+
+def _emoji_continuous(root: Path, meta: dict, vq, device: torch.device = torch.device("cpu"), dtype=None) -> ContinuousPipeline | None:
     """The bundle's ContinuousAR target + draft over VQ pre-quantisation latents, when shipped."""
     if not (root / "continuous_target").exists():
         return None
+    dt, why = _bundle_dtype(root / "continuous_target", device, dtype)
     draft = root / "continuous_draft"
     return ContinuousPipeline(
         "emoji-continuous",
-        ContinuousAR.from_pretrained(root / "continuous_target"),
+        ContinuousAR.from_pretrained(root / "continuous_target", device=device, dtype=dt),
         vq,
-        draft=ContinuousAR.from_pretrained(draft) if draft.exists() else None,
+        draft=ContinuousAR.from_pretrained(draft, device=device, dtype=dt) if draft.exists() else None,
         class_names=meta["class_names"],
         default_sampling=Sampling(**meta.get("continuous_sampling", {"cfg_scale": 3.0})),
-        extras={"meta": meta, "root": root},
+        extras={"meta": meta, "root": root, "dtype_source": why},
     )
 
 
-def _emoji_parts():
-    """(root, bundle.json, VQ) of the installed emoji bundle: what both of its pipelines start from."""
+def _emoji_parts(device: torch.device = torch.device("cpu")):
+    """(root, bundle.json, VQ) of the installed emoji bundle: what both of its pipelines start from.
+    The VQ (the tokenizer) is fp32 whatever the models' dtype."""
     root = ASSETS / "emoji"
     meta_path = root / "bundle.json"
     if not meta_path.exists():
@@ -74,35 +95,35 @@ def _emoji_parts():
                          "use --model random-tiny")
     from .models.vq import VQModel
 
-    return root, json.loads(meta_path.read_text()), VQModel.from_pretrained(root / "vq")
+    return root, json.loads(meta_path.read_text()), VQModel.from_pretrained(root / "vq", device=device)
 
 
-def _emoji() -> Pipeline:
-    root, meta, vq = _emoji_parts()
-    target = LlamaGen.from_pretrained(root / "target")
-    pipe = Pipeline(
+def _emoji(device: torch.device = torch.device("cpu"), dtype=None) -> Pipeline:
+    root, meta, vq = _emoji_parts(device)
+    dt, why = _bundle_dtype(root / "target", device, dtype)
+    target = LlamaGen.from_pretrained(root / "target", device=device, dtype=dt)
+    return Pipeline(
         "emoji",
         target,
         vq,
-        draft=LlamaGen.from_pretrained(root / "draft") if (root / "draft").exists() else None,
+        draft=LlamaGen.from_pretrained(root / "draft", device=device, dtype=dt) if (root / "draft").exists() else None,
         drafter=EagleDrafter.from_pretrained(root / "drafter", target) if (root / "drafter").exists() else None,
         class_names=meta["class_names"],
         default_sampling=Sampling(**meta.get("default_sampling", {})),
-        extras={"meta": meta, "root": root},
-        continuous=_emoji_continuous(root, meta, vq),
+        extras={"meta": meta, "root": root, "dtype_source": why},
+        continuous=_emoji_continuous(root, meta, vq, device, dtype),
     )
-    return pipe.to("cpu")
 
 
-def _emoji_continuous_only() -> ContinuousPipeline:
+def _emoji_continuous_only(device: torch.device = torch.device("cpu"), dtype=None) -> ContinuousPipeline:
     """The continuous models alone: the discrete target, draft and drafter are not loaded."""
-    pipe = _emoji_continuous(*_emoji_parts())
+    pipe = _emoji_continuous(*_emoji_parts(device), device, dtype)
     if pipe is None:
         raise ValueError("the emoji bundle ships no continuous-token models (specvis/assets/emoji/continuous_target missing)")
-    return pipe.to("cpu")
+    return pipe
 
 
-def _emoji_t2i():
+def _emoji_t2i(device: torch.device = torch.device("cpu"), dtype=None):
     """The text-to-image emoji target + draft (Janus-Pro checkpoints) and their EAGLE head; prompts are
     emoji short names. The emoji bundle's classifier scores what a prompt asks for (``prompts.json``)."""
     from .families import load_pipeline
@@ -111,7 +132,8 @@ def _emoji_t2i():
     if not (root / "bundle.json").exists():
         raise ValueError("the emoji-t2i bundle is not installed (specvis/assets/emoji_t2i/bundle.json missing)")
     drafter = root / "drafter"
-    pipe = load_pipeline(root / "target", draft=root / "draft", drafter=drafter if drafter.exists() else None)
+    pipe = load_pipeline(root / "target", draft=root / "draft", drafter=drafter if drafter.exists() else None,
+                         device=device, dtype=dtype)
     pipe.name = "emoji-t2i"
     table = json.loads((root / "prompts.json").read_text())
     pipe.extras.update(root=ASSETS / "emoji", prompt_classes={k: v["class"] for k, v in table.items()},
@@ -119,17 +141,17 @@ def _emoji_t2i():
     return pipe
 
 
-def _emoji_mar():
+def _emoji_mar(device: torch.device = torch.device("cpu"), dtype=None):
     """The emoji MAR target + CSpD draft (official ``checkpoint-last.pth`` layout) over the emoji VQ's
     normalised latents, decoded by the VQ (``SphereLatentDecoder``)."""
     from .families import mar
 
-    root, meta, vq = _emoji_parts()
+    root, meta, vq = _emoji_parts(device)
     if not (root / "mar_target").exists():
         raise ValueError("the emoji bundle ships no MAR models (specvis/assets/emoji/mar_target missing)")
     draft = root / "mar_draft"
     pipe = mar.load_pipeline("emoji-mar", root / "mar_target", draft=draft if draft.exists() else None,
-                             vae=mar.SphereLatentDecoder(vq))
+                             vae=mar.SphereLatentDecoder(vq), device=device, dtype=dtype)
     pipe.name = "emoji-mar"
     pipe.class_names = meta["class_names"]
     pipe.default_sampling = Sampling(**meta.get("mar_sampling", {"cfg_scale": 3.0, "temperature": 1.0}))
@@ -181,10 +203,16 @@ def threads_for(n_params: int, device, threads: int | str | None = None) -> tupl
 
 def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
          compile: bool | str = False, graphs: bool | None = None, draft: str | None = None,
-         drafter: str | None = None, threads: int | None = None) -> Pipeline:
+         drafter: str | None = None, threads: int | None = None, quantize: str | None = None) -> Pipeline:
     """Load a bundle by name, offline, or a real checkpoint: a directory or Hugging Face Hub id
     (``specvis.families``; ``draft``: a smaller checkpoint of the same family; ``drafter``: an EAGLE
-    head directory trained for it, ``specvis train-drafter --model``). ``dtype``,
+    head directory trained for it, ``specvis train-drafter --model``). Weights are loaded at their
+    own cost, straight into ``device`` and ``dtype`` (``models.loading``). ``dtype`` None: the
+    checkpoint's stored dtype on CUDA; on a CPU that dtype where the CPU has dot products in it
+    (``cpu_features``), else fp32 (``models.loading.default_dtype``); ``pipe.extras["dtype"]`` and
+    ``pipe.extras["dtype_source"]`` say which ran and why. ``quantize="int8"``: weight-only int8
+    linear layers in the blocks of the target and the draft model (``models.quantize``; quantized as
+    they stream in from checkpoint directories); ``pipe.extras["quantize"]`` records it.
     ``compile``, ``graphs``: see ``Pipeline.configure``.
 
     ``threads``: torch's intra-op CPU threads (``torch.set_num_threads``, process-wide). Default
@@ -196,16 +224,19 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
     name = checks.model_name(name)
     device = checks.device(device)  # a device this machine lacks fails before loading
     threads_for(0, "cuda", threads)  # a bad threads= / SPECVIS_THREADS fails before loading
+    requested_dtype(dtype)  # a bad dtype fails before loading
+    check_quantize(quantize)
+    dev = torch.device(device)
     if name in BUNDLES:
         if draft is not None:
             raise ValueError(f"draft= is for checkpoint directories; bundle {name!r} ships its own draft")
         if drafter is not None:
             raise ValueError(f"drafter= is for checkpoint directories; bundle {name!r} ships its own drafter")
-        pipe = BUNDLES[name][1]()
+        pipe = BUNDLES[name][1](dev, dtype)
     elif Path(name).is_dir() or "/" in str(name):
         from .families import load_pipeline
 
-        pipe = load_pipeline(name, draft=draft, drafter=drafter)
+        pipe = load_pipeline(name, draft=draft, drafter=drafter, device=dev, dtype=dtype, quantize=quantize)
     else:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(BUNDLES)}, a checkpoint directory or a Hub id")
     n, source = threads_for(sum(p.numel() for p in pipe.target.parameters()), device, threads)
@@ -213,6 +244,12 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
         torch.set_num_threads(n)
         pipe.extras["threads"] = n
         pipe.extras["threads_source"] = source
+    if quantize:  # bundles and their own-format families: after loading (checkpoint dirs: while loading)
+        for m in (pipe.target, pipe.draft):
+            if m is not None:
+                quantize_linears(m)
+        pipe.extras["quantize"] = quantize
+    pipe.extras["dtype"] = DTYPE_LABELS.get(pipe.dtype, str(pipe.dtype))
     return pipe.to(device).configure(dtype, compile, graphs)
 
 

@@ -35,6 +35,7 @@ its inference class's: tests/fixtures/lumina_mgpt).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -42,7 +43,8 @@ from torch import nn
 
 from ..models.base import Layout
 from ..models.decoder import MappedEmbedding, PromptDecoder
-from .hf import llama_config, read_tensors
+from ..models.loading import Piece, Route, rename_with
+from .hf import decoder_route, llama_config, rows_of
 
 NAME = "chameleon"
 PROMPT_PROCESSOR = "AutoTokenizer"  # prompts need only the tokenizer (no image processor in these releases)
@@ -148,6 +150,8 @@ def per_head_norm(key: str, tensor: torch.Tensor, n_head: int, n_kv_head: int, h
 
 
 def build(directory: Path, config: dict, height: int | None = None, width: int | None = None):
+    """(decoder, route): the model (``models.loading.skeleton`` builds it on meta) and where each
+    checkpoint tensor goes; the head is the image-vocabulary rows of ``lm_head``."""
     where = str(directory)
     cfg = llama_config(config, where)
     cfg.qk_norm, cfg.swin_norm = True, bool(config.get("swin_norm", False))
@@ -155,19 +159,30 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     lumina = is_lumina(config)
     H, W = native_grid(config, directory) if height is None else (height, width)
     row_end = [special(config, ROW_END, where)] if lumina else []
-    sd = read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
-    sd = {k: per_head_norm(k, v, cfg.n_head, cfg.n_kv_head, cfg.head_dim, where) for k, v in sd.items()}
-    if "lm_head.weight" not in sd:
-        raise ValueError(f"{where}: checkpoint lacks lm_head.weight")
     head = nn.Linear(cfg.dim, len(codes), bias=False)
-    sd["head.weight"] = sd.pop("lm_head.weight")[torch.tensor(codes)]  # image-vocabulary rows only
     ids = {"eot": special(config, EOT, where), "boi": special(config, BOI, where), "lumina": lumina,
            "bos": bos_id(config), "sizes": size_tokens(config)}
     model = PromptDecoder(cfg, Layout(H, W, len(codes), row_end=len(row_end)), None, head, unconditional_rule(ids))
     model.image_embed = MappedEmbedding(model.tok_embeddings, torch.tensor(codes + row_end))
     model.chameleon_ids = ids
     model.default_sampling = LUMINA_SAMPLING if lumina else DEFAULT_SAMPLING
-    return model, sd
+    return model, norms_per_head(decoder_route(RENAMES, KEEP, cfg, {"lm_head.weight": Piece("head.weight", None, rows_of(codes))}),
+                                 cfg, where)
+
+
+def norms_per_head(route: Route, cfg, where: str) -> Route:
+    """``route`` with each query/key-norm tensor first brought to the per-head layout (``per_head_norm``:
+    Lumina-mGPT's per-shard rows expanded), then placed as the base route places it."""
+    rename = rename_with(RENAMES)
+
+    def routed(key: str):
+        pieces, name = route(key), rename(key)
+        if not pieces or QK_NORM.fullmatch(name) is None:
+            return pieces
+        expand = lambda t: per_head_norm(name, t, cfg.n_head, cfg.n_kv_head, cfg.head_dim, where)
+        return tuple(replace(p, transform=lambda t, f=p.transform: f(expand(t)) if f else expand(t)) for p in pieces)
+
+    return routed
 
 
 def bos_id(config: dict) -> int | None:
@@ -241,8 +256,8 @@ def negative(processor, count: int, height: int, width: int, model: PromptDecode
     return [row] * count
 
 
-def load_vq(directory: Path):
+def load_vq(directory: Path, device: str | torch.device = "cpu"):
     """The image decoder of this checkpoint (``decode(codes, height, width)``, ``codebook``)."""
     from ..models.chameleon_vq import load_chameleon_vq
 
-    return load_chameleon_vq(directory)
+    return load_chameleon_vq(directory, device=device)

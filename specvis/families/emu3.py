@@ -30,7 +30,8 @@ from torch import nn
 
 from ..models.base import Layout
 from ..models.decoder import MappedEmbedding, PromptDecoder
-from .hf import llama_config, read_json, read_tensors
+from ..models.loading import Piece
+from .hf import decoder_route, llama_config, read_json, rows_of
 
 NAME = "emu3"
 DEFAULT_SAMPLING = {"cfg_scale": 3.0, "top_k": 2048}  # the official generation example
@@ -100,18 +101,16 @@ def native_grid(directory: Path) -> tuple[int, int]:
 
 
 def build(directory: Path, config: dict, height: int | None = None, width: int | None = None):
+    """(decoder, route): the model (``models.loading.skeleton`` builds it on meta) and where each
+    checkpoint tensor goes; the head is the image-vocabulary rows of ``lm_head``."""
     where = str(directory)
     cfg = llama_config(config.get("text_config") or config, where)
     codes, eol = visual_ids(config, where)
     H, W = native_grid(directory) if height is None else (height, width)
-    sd = read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
-    if "lm_head.weight" not in sd:
-        raise ValueError(f"{where}: checkpoint lacks lm_head.weight")
     head = nn.Linear(cfg.dim, len(codes), bias=False)
-    sd["head.weight"] = sd.pop("lm_head.weight")[torch.tensor(codes)]  # image-vocabulary rows only
     model = PromptDecoder(cfg, Layout(H, W, len(codes), row_end=1), None, head, unconditional=None)
     model.image_embed = MappedEmbedding(model.tok_embeddings, torch.tensor(codes + [eol]))
-    return model, sd
+    return model, decoder_route(RENAMES, KEEP, cfg, {"lm_head.weight": Piece("head.weight", None, rows_of(codes))})
 
 
 def template(text: str, height: int, width: int, tokenizer) -> str:
@@ -130,8 +129,8 @@ def negative(processor, count: int, height: int, width: int, model=None) -> list
     return encode(processor, [NEGATIVE] * count, height, width)
 
 
-def load_vq(directory: Path):
+def load_vq(directory: Path, device: str | torch.device = "cpu"):
     """The image decoder of this checkpoint (``decode(codes, height, width)``, ``codebook``)."""
     from ..models.hf_vq import load_hf_vq
 
-    return load_hf_vq(directory)
+    return load_hf_vq(directory, device=device)

@@ -1,5 +1,6 @@
 """Reading a Hugging Face checkpoint directory (config.json, safetensors single or sharded with
-``model.safetensors.index.json``) into specvis's own decoder: key renaming as data, no transformers."""
+``model.safetensors.index.json``) into specvis's own decoder: key renaming as data (a route from each
+file key to the rows of our tensors it fills, ``models.loading``), no transformers."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import math
 import re
 from pathlib import Path
 
+from typing import Callable, Sequence
+
 import torch
 
 from ..models.checkpoint import one_line
-from ..models.decoder import DecoderConfig
+from ..models.decoder import DecoderConfig, interleave_rows
+from ..models.loading import Piece, Route, rename_with, safetensors_files
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -78,35 +82,75 @@ def check_text_size(config: dict, directory: Path) -> None:
 
 def weight_files(directory: Path) -> list[Path]:
     """The safetensors files of a checkpoint: the shards its index names, or model.safetensors."""
-    if (directory / INDEX).exists():
-        shards = sorted(set(read_json(directory / INDEX).get("weight_map", {}).values()))
-        missing = [s for s in shards if not (directory / s).exists()]
-        if not shards or missing:
-            raise ValueError(f"{directory}: {INDEX} names missing shards {missing[:3] or '(none listed)'}")
-        return [directory / s for s in shards]
-    if (directory / SINGLE).exists():
-        return [directory / SINGLE]
-    raise ValueError(f"{directory}: no weights ({SINGLE} or {INDEX})")
+    return safetensors_files(directory)
 
 
-def read_tensors(directory: Path, renames: list[tuple[str, str]], keep=lambda k: True) -> dict[str, torch.Tensor]:
-    """Tensors of the checkpoint whose (renamed) key passes ``keep``; each rename is (regex, replacement),
-    applied in order (e.g. a family's legacy key layout onto its current one)."""
-    from safetensors import safe_open
+def interleave(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda w: interleave_rows(w, heads)
 
-    out = {}
-    for f in weight_files(directory):
-        try:
-            with safe_open(str(f), framework="pt") as fh:
-                for key in fh.keys():
-                    name = key
-                    for pattern, repl in renames:
-                        name = re.sub(pattern, repl, name)
-                    if keep(name):
-                        out[name] = fh.get_tensor(key)
-        except Exception as exc:  # noqa: BLE001
-            raise ValueError(f"{f}: unreadable safetensors ({one_line(exc)})") from None
-    return out
+
+def head_norm(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Chameleon's per-head q/k norm affine (heads * head_dim or (heads, head_dim)), rows interleaved
+    like q and k."""
+    return lambda w: interleave_rows(w.reshape(-1), heads).view(heads, -1)
+
+
+def llama_layer_route(cfg: DecoderConfig, prefix: str = "hf_layers.") -> Callable[[str], Sequence[Piece]]:
+    """A Hugging Face Llama layer key under ``prefix`` -> where it goes in our blocks: q/k/v rows of
+    the fused ``wqkv`` (q and k rows interleaved: ``interleave_rows``), o -> wo, gate/up/down ->
+    w1/w3/w2, the two layer norms -> attention_norm / ffn_norm, Chameleon's per-head q/k norms.
+    Other keys of a layer (e.g. stored rotary tables) are skipped."""
+    q, kv = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+    attn = {"q_proj": (slice(0, q), cfg.n_head), "k_proj": (slice(q, q + kv), cfg.n_kv_head),
+            "v_proj": (slice(q + kv, q + 2 * kv), None)}
+    plain = {"self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
+             "mlp.down_proj": "feed_forward.w2", "input_layernorm": "attention_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.(.+)\.(weight|bias)$")
+
+    def route(key: str) -> Sequence[Piece]:
+        m = pattern.match(key)
+        if m is None:
+            return ()
+        dst, module, kind = f"layers.{m.group(1)}.", m.group(2), m.group(3)
+        proj = module.removeprefix("self_attn.")
+        if proj in attn:
+            rows, heads = attn[proj]
+            return (Piece(f"{dst}attention.wqkv.{kind}", rows, None if heads is None else interleave(heads)),)
+        if proj in ("q_norm", "k_norm"):
+            return (Piece(f"{dst}attention.{proj}.{kind}", None, head_norm(cfg.n_head if proj == "q_norm" else cfg.n_kv_head)),)
+        if module in plain:
+            return (Piece(f"{dst}{plain[module]}.{kind}"),)
+        return ()
+
+    return route
+
+
+def decoder_route(renames: list[tuple[str, str]], keep: tuple[str, ...], cfg: DecoderConfig,
+                  special: dict[str, Piece] | None = None) -> Route:
+    """A family's file key -> our pieces: ``renames`` (regex, replacement) applied in order; Llama
+    layers (``hf_layers.``) by ``llama_layer_route``; a renamed key in ``special`` to its piece (e.g.
+    Emu3's ``lm_head.weight`` -> the image rows of ``head.weight``); other keys starting with one of
+    ``keep`` to the tensor of that name; the rest (vision tower, VQ model) not read."""
+    rename = rename_with(renames)
+    layers = llama_layer_route(cfg)
+    special = special or {}
+
+    def route(key: str) -> Sequence[Piece] | None:
+        name = rename(key)
+        if name.startswith("hf_layers."):
+            return layers(name)
+        if name in special:
+            return (special[name],)
+        return (Piece(name),) if name.startswith(keep) else ()
+
+    return route
+
+
+def rows_of(ids: list[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Rows ``ids`` of a (vocab, dim) table (the image vocabulary of a text-vocabulary head)."""
+    index = torch.tensor(ids)
+    return lambda w: w[index]
 
 
 def llama_config(text: dict, where: str, max_positions: int | None = None) -> DecoderConfig:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from ..models.base import Layout
 from ..models.decoder import AlignedEmbedding, MLPHead, PromptDecoder
-from .hf import llama_config, read_json, read_tensors
+from .hf import decoder_route, llama_config, read_json
 
 NAME = "janus"
 DEFAULT_SAMPLING = {"cfg_scale": 5.0, "temperature": 1.0}  # the official generation script
@@ -75,12 +76,14 @@ def make_decoder(config: dict, ids: dict[str, int], where: str, height: int | No
                          MLPHead(head_in, proj, codes, act()), unconditional=("keep", (ids["bos"], ids["boi"]), ids["pad"]))
 
 
-def build(directory: Path, config: dict, height: int | None = None, width: int | None = None) -> PromptDecoder:
+def build(directory: Path, config: dict, height: int | None = None, width: int | None = None):
+    """(decoder, route): the model of this config (built by ``models.loading.skeleton``: parameters
+    on meta) and where each checkpoint tensor goes in it."""
     model = make_decoder(config, special_ids(directory), str(directory), height, width)
     scale = read_json(directory / "generation_config.json").get("guidance_scale")
     if scale is not None:  # transformers' generate reads its CFG scale there too
         model.default_sampling = {**DEFAULT_SAMPLING, "cfg_scale": float(scale)}
-    return model, read_tensors(directory, RENAMES, keep=lambda k: k.startswith(KEEP))
+    return model, decoder_route(RENAMES, KEEP, model.config)
 
 
 def encode(processor, texts: list[str], height: int, width: int, model=None) -> list[list[int]]:
@@ -95,8 +98,8 @@ def encode(processor, texts: list[str], height: int, width: int, model=None) -> 
     return [list(map(int, p)) for p in prompts]
 
 
-def load_vq(directory: Path):
+def load_vq(directory: Path, device: str | torch.device = "cpu"):
     """The image decoder of this checkpoint (``decode(codes, height, width)``, ``codebook``)."""
     from ..models.hf_vq import load_hf_vq
 
-    return load_hf_vq(directory)
+    return load_hf_vq(directory, device=device)

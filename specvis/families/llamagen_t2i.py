@@ -27,8 +27,7 @@ prompt is flan-t5 input ids (``</s>`` included), encoded the same way. Text clea
 ``clean_caption`` applied twice (ftfy, BeautifulSoup, ~40 regular expressions for URLs, HTML, ids, file
 names, sizes; ``specvis.families.llamagen_caption``, which needs ftfy and beautifulsoup4). CFG: the unconditional row is the model's ``uncond_embedding`` under the caption's mask, guided =
 u + s (c - u) on raw logits (API.md's formula); official defaults cfg 7.5, top-k 1000, temperature 1.
-The text encoder runs in the GPT's dtype (fp32 unless the pipeline is configured otherwise; the
-official script runs both in bf16).
+The text encoder is loaded in the GPT's dtype, on its device (the official script runs both in bf16).
 """
 
 from __future__ import annotations
@@ -143,25 +142,34 @@ def native_grid(directory: Path, gpt: Path) -> tuple[int, int]:
     return size // down, size // down
 
 
-def load_decoder(directory: Path, height: int | None = None, width: int | None = None):
-    """The t2i GPT of ``directory`` (``LlamaGenT2I``, fp32, eval) on its native grid."""
+def load_decoder(directory: Path, height: int | None = None, width: int | None = None, *,
+                 device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None):
+    """The t2i GPT of ``directory`` (``LlamaGenT2I``, eval) on its native grid, memory-mapped and
+    streamed into ``dtype`` (None: ``models.loading.default_dtype`` of the stored one) on ``device``."""
+    from ..models.checkpoint import read_state_dict
     from ..models.llamagen import LlamaGenT2I
+    from ..models.loading import resolve, state_dict_dtype
 
     gpt = gpt_file(directory)
     H, W = native_grid(directory, gpt)
     if (height is not None and height != H) or (width is not None and width != W):
         raise ValueError(f"{directory}: LlamaGen t2i has a fixed {H}x{W} grid (its 2D RoPE table), got {height}x{width}")
-    return LlamaGenT2I.from_checkpoint(gpt, block_size=H * W).float().eval()
+    dt, why = resolve(dtype, state_dict_dtype(read_state_dict(gpt)), device)
+    model = LlamaGenT2I.from_checkpoint(gpt, block_size=H * W, device=device, dtype=dt)
+    model.dtype_source = why
+    return model
 
 
-def load_pipeline(name, directory: Path, draft=None, drafter=None) -> "CaptionPipeline":
-    """A ``CaptionPipeline``: the target's GPT now; flan-t5 and the VQ checked now, loaded on first use."""
+def load_pipeline(name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
+                  dtype: str | torch.dtype | None = None) -> "CaptionPipeline":
+    """A ``CaptionPipeline``: the target's GPT now (and the draft's, in the target's dtype); flan-t5
+    and the VQ checked now, loaded on first use (flan-t5 in the GPT's dtype, on its device)."""
     from . import detect
     from . import llamagen_t2i as module
     from ..hub import resolve_model_dir
 
     directory = Path(directory)
-    target = load_decoder(directory)
+    target = load_decoder(directory, device=device, dtype=dtype)
     t5_dir(directory)  # flan-t5 and the VQ present, or a one-line error before any generation
     vq_file(directory)
     target.family = module
@@ -172,7 +180,7 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None) -> "CaptionPi
         if family is not module:
             raise ValueError(f"draft {draft_dir} ({family.NAME}) is not of the family of {directory} ({NAME}): "
                              "the draft must be a LlamaGen t2i checkpoint")
-        draft_model = load_decoder(draft_dir)
+        draft_model = load_decoder(draft_dir, device=device, dtype=next(target.parameters()).dtype)
         draft_model.family = module
         check_draft(draft_model, target, draft_dir, directory)
     drafter_model = None
@@ -181,7 +189,7 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None) -> "CaptionPi
 
         drafter_model = load_drafter(resolve_model_dir(str(drafter)), target)
     grid = (target.layout.height, target.layout.width)
-    extras = {"grid": grid, "family": NAME, "directory": str(directory)}
+    extras = {"grid": grid, "family": NAME, "directory": str(directory), "dtype_source": target.dtype_source}
     if draft is not None:
         extras["draft"] = _display_name(draft, draft_dir)
     return CaptionPipeline(_display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
@@ -206,11 +214,11 @@ def check_draft(draft, target, draft_dir, directory) -> None:
                          f"codes differs from {directory}'s {target.layout.height}x{target.layout.width} of {target.layout.vocab_size}")
 
 
-def load_vq(directory: Path):
+def load_vq(directory: Path, device: str | torch.device = "cpu"):
     """The t2i VQ (``VQModel.from_checkpoint``: LlamaGen's VQ file format)."""
     from ..models.vq import VQModel
 
-    return VQModel.from_checkpoint(vq_file(Path(directory)))
+    return VQModel.from_checkpoint(vq_file(Path(directory)), device=device)
 
 
 def clean_text(text: str) -> str:
@@ -223,14 +231,16 @@ class CaptionEncoder:
     as ``language/t5.py`` does: at most ``max_length`` tokens with ``</s>``, padded to ``max_length``,
     attention mask over the valid tokens, last hidden state."""
 
-    def __init__(self, directory: Path, max_length: int) -> None:
+    def __init__(self, directory: Path, max_length: int, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
         try:
             from transformers import AutoTokenizer, T5EncoderModel
         except ImportError:
             raise ValueError("text prompts need transformers: pip install specvis[hf]") from None
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
-            self.model = T5EncoderModel.from_pretrained(str(directory)).eval()
+            # transformers builds it on the meta device and streams the weights into ``dtype``
+            self.model = T5EncoderModel.from_pretrained(str(directory), dtype=dtype).to(device).eval()
         except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError ...
             raise ValueError(f"{directory}: cannot load the flan-t5 text encoder ({one_line(exc)})") from None
         self.max_length = max_length
@@ -265,7 +275,8 @@ class CaptionPipeline(TextPipeline):
     @property
     def processor(self) -> CaptionEncoder:
         if self._processor is None:
-            self._processor = CaptionEncoder(t5_dir(Path(self.directory)), self.target.config.cls_token_num)
+            self._processor = CaptionEncoder(t5_dir(Path(self.directory)), self.target.config.cls_token_num,
+                                             self.device, self.dtype)
         return self._processor
 
     def set_grid(self, height: int | None, width: int | None) -> tuple[int, int]:

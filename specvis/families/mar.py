@@ -15,6 +15,7 @@ not apply to continuous tokens and must stay unset.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,13 +48,28 @@ def find_vae(directory: Path) -> Path:
                      f"../../vae/ as in MAR's pretrained_models tree)")
 
 
-def load_decoder(directory: Path, height: int | None = None, width: int | None = None):
-    """The MAR model (EMA weights) of a directory."""
+def load_decoder(directory: Path, height: int | None = None, width: int | None = None, *,
+                 device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None):
+    """The MAR model (EMA weights) of a directory, memory-mapped and streamed into ``dtype`` (None:
+    ``models.loading.default_dtype`` of the stored one) on ``device``; ``model.dtype_source`` says why."""
+    from ..models.loading import read_torch_file, resolve, state_dict_dtype
     from ..models.mar import load_mar_checkpoint
 
     if height is not None or width is not None:
         raise ValueError("MAR has a fixed grid: height/width cannot be set")
-    return load_mar_checkpoint(Path(directory) / CHECKPOINT, ema=True)
+    path = Path(directory) / CHECKPOINT
+    stored = None
+    if dtype is None:
+        try:
+            obj = read_torch_file(path, allowed=[argparse.Namespace])
+            ema = obj.get("model_ema") if isinstance(obj, dict) else None
+            stored = state_dict_dtype(ema if isinstance(ema, dict) else obj.get("model", obj))
+        except Exception:  # noqa: BLE001 - load_mar_checkpoint reports unreadable files in one line
+            stored = None
+    dt, why = resolve(dtype, stored, device)
+    model = load_mar_checkpoint(path, ema=True, device=device, dtype=dt)
+    model.dtype_source = why
+    return model
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,11 @@ class MARPipeline:
     def device(self) -> torch.device:
         return next(self.target.parameters()).device
 
+    def memory(self, *args, **kwargs):
+        """MAR keeps no KV cache (its encoder-decoder recomputes every step): it has no memory plan."""
+        raise ValueError(f"model {self.name} (MAR) has no KV cache to plan: pipe.memory is for the "
+                         "autoregressive families")
+
     def to(self, device) -> "MARPipeline":
         self.target.to(device)
         self.vae.to(device)
@@ -213,9 +234,12 @@ class SphereLatentDecoder(torch.nn.Module):
         return self.vq.decode_continuous(z.flatten(2).transpose(1, 2))
 
 
-def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None) -> MARPipeline:
+def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None, *, device: str | torch.device = "cpu",
+                  dtype: str | torch.dtype | None = None) -> MARPipeline:
     """``sv.load(dir)`` of a MAR directory; ``draft``: a MAR directory, checkpoint file or ``MAR``;
-    ``vae``: the image decoder (``decode(latents (B, E, h, w))``; default: the KL-16 found by ``find_vae``)."""
+    ``vae``: the image decoder (``decode(latents (B, E, h, w))``; default: the KL-16 found by
+    ``find_vae``, fp32). MAR and its draft are loaded on ``device`` in ``dtype`` (None: the
+    checkpoint's default, ``models.loading.default_dtype``; the draft follows the target)."""
     from ..models.kl_vae import KLVAE
     from ..models.mar import DEFAULT_CFG
     from ..sampling import Sampling
@@ -223,23 +247,25 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None) -> 
     if drafter is not None:
         raise ValueError("MAR directories take no drafter= (EAGLE heads are for discrete tokens); give draft= for CSpD")
     directory = Path(directory)
-    model = load_decoder(directory)
+    model = load_decoder(directory, device=device, dtype=dtype)
+    dt = next(model.parameters()).dtype
     if draft is not None and not isinstance(draft, torch.nn.Module):
         draft_dir = Path(draft)
         if draft_dir.is_file():
             from ..models.mar import load_mar_checkpoint
 
-            draft = load_mar_checkpoint(draft_dir, ema=True)
+            draft = load_mar_checkpoint(draft_dir, ema=True, device=device, dtype=dt)
         elif matches_dir(draft_dir):
-            draft = load_decoder(draft_dir)
+            draft = load_decoder(draft_dir, device=device, dtype=dt)
         else:
             raise ValueError(f"draft {draft_dir}: not a MAR directory (no {CHECKPOINT}) or checkpoint file")
     if draft is not None:
         check_draft(model, draft)
-    vae = vae if vae is not None else KLVAE.from_checkpoint(find_vae(directory))
+    vae = vae if vae is not None else KLVAE.from_checkpoint(find_vae(directory), device=device)
     if vae.embed_dim != model.config.vae_embed_dim:
         raise ValueError(f"{directory}: the VAE has {vae.embed_dim} latent channels, MAR expects {model.config.vae_embed_dim}")
     cfg = DEFAULT_CFG.get(model.config.model, 1.0)
     return MARPipeline(directory.name, model, vae, default_sampling=Sampling(cfg_scale=cfg, temperature=1.0),
-                       extras={"family": NAME, "directory": str(directory), "grid": (model.seq_h, model.seq_w)},
+                       extras={"family": NAME, "directory": str(directory), "grid": (model.seq_h, model.seq_w),
+                               "dtype_source": model.dtype_source},
                        class_names=[f"class{i}" for i in range(model.num_classes)], draft=draft)

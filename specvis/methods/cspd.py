@@ -71,6 +71,32 @@ from .round import Verdict
 RATIOS = ("paper", "coupled", "trajectory")
 
 
+@dataclass
+class CSpDStats:
+    """What a CSpD decode reports (``Stats.extra``): ``acceptance_rate`` (accepted / (accepted + rejected)
+    draft tokens inside the grid: the paper's alpha), ``resamples``, ``resample_tries`` (mean tries per
+    resample), ``resample_fallbacks`` and ``prefill_tokens``."""
+
+    acceptance_rate: float
+    resamples: float
+    resample_tries: float
+    resample_fallbacks: float
+    prefill_tokens: float
+
+
+def _pick(t: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
+    """t (B, m, ...) -> t[b, index[b]] (B, ...)."""
+    if t is None:
+        return None
+    idx = index.reshape(-1, 1, *([1] * (t.ndim - 2))).expand(-1, 1, *t.shape[2:])
+    return t.gather(1, idx).squeeze(1)
+
+
+def _pick_law(law: ContinuousLaw, index: torch.Tensor) -> ContinuousLaw:
+    """The law at position ``index[b]`` of each row (B, m, D) -> (B, D)."""
+    return ContinuousLaw(_pick(law.z, index), _pick(law.z_uncond, index), law.head)
+
+
 @dataclass(frozen=True)
 class CSpD(Options):
     """Continuous speculative decoding: gamma draft tokens per target forward (see the module docstring)."""

@@ -275,6 +275,28 @@ def storage_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) else dtype
 
 
+@dataclass(frozen=True)
+class CacheGeometry:
+    """The shape of a model's KV cache for one call: ``layers`` x ``rows`` x ``heads`` (KV heads) x
+    ``slots`` x ``head_dim``, keys and values alike. A cached model reports it before allocating
+    (``cache_geometry``), so that memory is planned by the formula the allocation uses."""
+
+    layers: int
+    rows: int
+    heads: int
+    slots: int
+    head_dim: int
+
+    def nbytes(self, dtype: torch.dtype, device: torch.device | str) -> int:
+        """Bytes of the cache: layers x 2 (keys, values) x heads x head_dim x slots x rows x the size
+        of the dtype it is stored in (``storage_dtype``: fp32 on CPU for a bf16/fp16 model)."""
+        size = torch.empty(0, dtype=storage_dtype(dtype, torch.device(device))).element_size()
+        return self.layers * 2 * self.heads * self.head_dim * self.slots * self.rows * size
+
+    def allocate(self, dtype: torch.dtype, device: torch.device | str) -> "KVCache":
+        return KVCache(self.layers, self.rows, self.heads, self.slots, self.head_dim, dtype, device)
+
+
 class KVCache:
     """Static cache: keys/values of all layers in one tensor each, (layers, rows, heads, slots, dim),
     plus the committed length of every row (in slots, prefix included).

@@ -45,7 +45,8 @@ import torch
 import torch.nn as nn
 
 from .base import code_grid
-from .checkpoint import load_strict, one_line
+from .checkpoint import build_from_state_dict, one_line
+from .loading import read_torch_file
 from .conv_blocks import Decoder, Encoder
 from .vq import VQConfig, _Quantizer
 
@@ -244,23 +245,24 @@ class ChameleonVQ(nn.Module):
     # ---- loading
     @classmethod
     def from_files(cls, config_path: str | os.PathLike, ckpt_path: str | os.PathLike,
-                   grid: tuple[int, int] | None = None) -> "ChameleonVQ":
-        """Build from ``vqgan.yaml`` and load ``vqgan.ckpt`` (every tensor but ``loss.*`` must match)."""
+                   grid: tuple[int, int] | None = None, *, device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32) -> "ChameleonVQ":
+        """Build from ``vqgan.yaml`` and load ``vqgan.ckpt`` (every tensor but ``loss.*`` must match),
+        memory-mapped and streamed into ``dtype`` on ``device``."""
         cfg = ChameleonVQConfig.from_yaml(config_path)
         sd = read_vqgan_state_dict(ckpt_path)
-        model = cls(cfg, grid)
-        load_strict(model, sd, str(ckpt_path))  # one-line errors for missing, unexpected, mis-shaped
-        return model.eval()
+        # one-line errors for missing, unexpected, mis-shaped
+        return build_from_state_dict(lambda: cls(cfg, grid), sd, str(ckpt_path), dtype=dtype, device=device)
 
 
 # --------------------------------------------------------------------------- files
 
 
 def read_vqgan_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The tensors of a ``vqgan.ckpt`` (``{"state_dict": {...}, ...}`` or a bare state dict), read with
-    ``weights_only=True``, ``loss.*`` dropped. Problems raise one-line ValueErrors."""
+    """The tensors of a ``vqgan.ckpt`` (``{"state_dict": {...}, ...}`` or a bare state dict), opened with
+    ``weights_only=True`` and memory-mapped, ``loss.*`` dropped. Problems raise one-line ValueErrors."""
     try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        obj = read_torch_file(path)
     except (FileNotFoundError, IsADirectoryError):
         raise ValueError(f"VQGAN checkpoint not found: {path}") from None
     except pickle.UnpicklingError as exc:
@@ -355,15 +357,12 @@ def load_chameleon_vq(directory: str | os.PathLike, device: str | torch.device |
     with ``image_token_ids`` from its ``text_tokenizer.json`` when present (it must then list one image
     token per code). ``grid`` is the default (h, w) of ``decode`` (none: square codes)."""
     folder = find_tokenizer_dir(directory)
-    model = ChameleonVQ.from_files(folder / CONFIG_FILE, folder / CKPT_FILE, grid)
+    model = ChameleonVQ.from_files(folder / CONFIG_FILE, folder / CKPT_FILE, grid, device=device or "cpu",
+                                   dtype=dtype or torch.float32)
     vocab_file = folder / VOCAB_FILE
     if vocab_file.is_file():
         ids = image_token_ids(vocab_file)
         if len(ids) != model.codebook_size:
             raise ValueError(f"{vocab_file}: {len(ids)} image tokens for a codebook of {model.codebook_size}")
         model.image_token_ids = ids
-    if dtype is not None:
-        model = model.to(dtype)
-    if device is not None:
-        model = model.to(device)
     return model

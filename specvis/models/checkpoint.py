@@ -7,12 +7,13 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from ..io import atomic_write
+from .loading import identity_route, load_safetensors, load_state_dict_file, read_torch_file, skeleton
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -32,12 +33,12 @@ def one_line(exc: BaseException) -> str:
 
 def read_state_dict(path: str | os.PathLike, prefer: tuple[str, ...] = ("ema", "model", "state_dict"),
                     ignore: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
-    """Load a torch checkpoint safely (``weights_only``; LlamaGen's training files also carry an
-    ``argparse.Namespace``), unwrap the first of ``prefer`` present, strip ``_orig_mod.``/``module.``
+    """Open a torch checkpoint safely and memory-mapped (``torch.load(mmap=True, weights_only=True)``;
+    LlamaGen's training files also carry an ``argparse.Namespace``): no tensor data is read until a
+    tensor is used. Unwrap the first of ``prefer`` present, strip ``_orig_mod.``/``module.``
     prefixes and drop keys ending in any of ``ignore``. Unreadable files raise one-line ValueErrors."""
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        obj = read_torch_file(path, allowed=[argparse.Namespace])
     except FileNotFoundError:
         raise ValueError(f"checkpoint not found: {path}") from None
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
@@ -57,6 +58,44 @@ def read_state_dict(path: str | os.PathLike, prefer: tuple[str, ...] = ("ema", "
         if not (ignore and key.endswith(ignore)):
             out[key] = value
     return out
+
+
+def build_from_state_dict(factory: Callable[[], nn.Module], sd: dict[str, torch.Tensor], where: str, *,
+                          dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                          rename: Callable[[str], str] = lambda k: k, skip: Callable[[str], bool] = lambda k: False,
+                          finish=None, display: Callable[[str], str] = lambda n: n) -> nn.Module:
+    """``factory()`` built without initialisation and filled from ``sd`` (``read_state_dict``'s
+    memory-mapped tensors, key ``k`` into ``rename(k)``, ``skip`` keys left out), in ``dtype`` on
+    ``device``, eval mode; one-line errors for missing, unexpected or mis-shaped tensors (our names
+    spelt as the file spells them by ``display``, the inverse of ``rename``)."""
+    model = skeleton(factory)
+    load_state_dict_file(model, sd, identity_route(rename, skip), dtype, device, where, finish, display)
+    return model.eval()
+
+
+def load_pretrained(factory: Callable[[dict[str, Any]], nn.Module], directory: str | os.PathLike, *,
+                    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", finish=None) -> nn.Module:
+    """A directory written by ``save_pretrained``: ``factory(config)`` built without initialisation,
+    ``model.safetensors`` streamed into it in ``dtype`` on ``device`` (eval mode)."""
+    d = Path(directory)
+    try:
+        config = json.loads((d / CONFIG_NAME).read_text())
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"cannot read model directory {d}: {one_line(exc)}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{d / CONFIG_NAME} must hold a JSON object")
+    if not (d / WEIGHTS_NAME).is_file():
+        raise ValueError(f"cannot read model directory {d}: no {WEIGHTS_NAME}")
+    model = skeleton(lambda: factory(config))
+    load_safetensors(model, [d / WEIGHTS_NAME], identity_route(), dtype, device, str(d), finish)
+    return model.eval()
+
+
+def stored_dtype(directory: str | os.PathLike) -> torch.dtype | None:
+    """The floating dtype a ``save_pretrained`` directory stores its weights in."""
+    from .loading import safetensors_dtype
+
+    return safetensors_dtype([Path(directory) / WEIGHTS_NAME])
 
 
 def load_strict(model: nn.Module, sd: dict[str, torch.Tensor], where: str) -> None:

@@ -42,8 +42,8 @@ import torch
 from torch import nn
 
 from ..diffusion import GaussianDiffusion, make_betas, respace, transition_log_density
-from .base import KVCache, Layout
-from .checkpoint import load_strict, read_pretrained, save_pretrained
+from .base import CacheGeometry, KVCache, Layout
+from .checkpoint import load_pretrained, save_pretrained
 from .decoder import Float32Rope
 from .llamagen import LabelEmbedder, LlamaGenConfig, RMSNorm, TransformerBlock, TransformerConfig, rope_2d_table
 
@@ -274,7 +274,7 @@ class ContinuousAR(Float32Rope, nn.Module):
         self.token_dim = cfg.token_dim
         self.null_condition = cfg.num_classes
         self.num_conditions = cfg.num_classes
-        self.prefix_len = 1
+        self.prefix_len = self.max_prefix = 1
         self.cls_embedding = LabelEmbedder(cfg.num_classes, cfg.dim, cfg.class_dropout_prob)
         self.tok_proj = nn.Linear(cfg.token_dim, cfg.dim)
         self.tok_dropout = nn.Dropout(cfg.token_dropout_p)
@@ -330,11 +330,15 @@ class ContinuousAR(Float32Rope, nn.Module):
         return self.head.loss(z, x0, generator).mean()
 
     # ---- cached decoding (CachedTokenModel, z in place of logits) ----
+    def cache_geometry(self, rows: int, prefix: int, extra: int) -> CacheGeometry:
+        """The cache ``setup_cache(rows, extra)`` allocates (the class prefix is fixed: ``prefix`` unused)."""
+        cfg = self.config
+        return CacheGeometry(cfg.n_layer, rows, cfg.n_kv_head, self.prefix_len + self.layout.num_tokens + extra,
+                             cfg.dim // cfg.n_head)
+
     def setup_cache(self, rows: int, extra: int) -> None:
         p = next(self.parameters())
-        cfg = self.config
-        slots = self.prefix_len + self.layout.num_tokens + extra
-        self.cache = KVCache(cfg.n_layer, rows, cfg.n_kv_head, slots, cfg.dim // cfg.n_head, p.dtype, p.device)
+        self.cache = self.cache_geometry(rows, self.prefix_len, extra).allocate(p.dtype, p.device)
 
     def _run_cached(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None) -> torch.Tensor:
         cache = self.cache
@@ -384,8 +388,7 @@ class ContinuousAR(Float32Rope, nn.Module):
         save_pretrained(self, self.config_dict(), directory, dtype)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> ContinuousAR:
-        config, tensors = read_pretrained(directory)
-        model = cls.from_config_dict(config)
-        load_strict(model, tensors, str(directory))
-        return model.eval()
+    def from_pretrained(cls, directory: str | Path, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32) -> ContinuousAR:
+        """A ``save_pretrained`` directory, streamed into ``dtype`` on ``device`` (``models.loading``)."""
+        return load_pretrained(cls.from_config_dict, directory, dtype=dtype, device=device)

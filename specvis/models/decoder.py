@@ -5,8 +5,9 @@ rotary embeddings on interleaved pairs (x[2i], x[2i+1]), SwiGLU feed-forward. Fa
 data: the RoPE angles of a position (LlamaGen: the 2D grid table; Llama text models: theta^(-2i/d)
 times the sequence position), the condition prefix (a class embedding or a token prompt), how an
 image token is embedded and which head scores the next one. Hugging Face checkpoints keep q and k
-in the rotate-half layout (pairs (x[i], x[i + d/2])); ``import_llama_layers`` permutes their rows into
-interleaved pairs, which leaves every attention score unchanged.
+in the rotate-half layout (pairs (x[i], x[i + d/2])); loading permutes their rows into
+interleaved pairs (``interleave_rows``, routed by ``families.hf.llama_layer_route``), which leaves
+every attention score unchanged.
 
 ``CachedStack`` is the cached half of ``CachedTokenModel`` (models/base.py) shared by the families: a
 static per-row KV cache, per-row prefix lengths, tree masks, in-place commits (captured rounds).
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import KVCache
+from .base import CacheGeometry, KVCache
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -179,11 +180,16 @@ class CachedStack:
         self.cache = None
         self.prefix_lengths = torch.zeros(rows, dtype=torch.long, device=p.device)
 
+    def cache_geometry(self, rows: int, prefix: int, extra: int) -> CacheGeometry:
+        """The cache a call of ``rows`` rows, a longest prefix of ``prefix`` tokens and ``extra``
+        scratch slots allocates: prefix + stream + extra slots (``specvis.memory`` plans with it)."""
+        layers, heads, head_dim = self.cache_shape()
+        return CacheGeometry(layers, rows, heads, prefix + self.layout.stream_len + extra, head_dim)
+
     def _allocate(self, prefix: int) -> KVCache:
         rows, extra = self._plan
         p = next(self.parameters())
-        layers, heads, head_dim = self.cache_shape()
-        self.cache = KVCache(layers, rows, heads, prefix + self.layout.stream_len + extra, head_dim, p.dtype, p.device)
+        self.cache = self.cache_geometry(rows, prefix, extra).allocate(p.dtype, p.device)
         return self.cache
 
     def _run_cached(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None,
@@ -263,37 +269,6 @@ def interleave_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
     d = w.shape[0] // heads
     idx = torch.arange(d).view(2, d // 2).t().reshape(-1)  # 0, d/2, 1, d/2 + 1, ...
     return w.view(heads, d, *w.shape[1:])[:, idx].reshape(w.shape)
-
-
-def import_llama_layers(sd: dict[str, torch.Tensor], prefix: str, n_layer: int, n_head: int,
-                        n_kv_head: int) -> dict[str, torch.Tensor]:
-    """Our block keys from a Hugging Face Llama state dict under ``prefix`` (e.g. ``model.layers.``):
-    q/k/v fused into ``wqkv`` (q, k rows interleaved), o -> wo, gate/up/down -> w1/w3/w2, the two
-    layer norms -> attention_norm / ffn_norm. Missing keys raise KeyError naming the key."""
-    out = {}
-    for i in range(n_layer):
-        src, dst = f"{prefix}{i}.", f"layers.{i}."
-        a = src + "self_attn."
-        for kind in ("weight", "bias"):
-            if a + f"q_proj.{kind}" not in sd:
-                continue
-            q = interleave_rows(sd[a + f"q_proj.{kind}"], n_head)
-            k = interleave_rows(sd[a + f"k_proj.{kind}"], n_kv_head)
-            out[dst + f"attention.wqkv.{kind}"] = torch.cat([q, k, sd[a + f"v_proj.{kind}"]])
-            if a + f"o_proj.{kind}" in sd:
-                out[dst + f"attention.wo.{kind}"] = sd[a + f"o_proj.{kind}"]
-        if dst + "attention.wqkv.weight" not in out:
-            raise KeyError(a + "q_proj.weight")
-        for norm, heads in (("q_norm", n_head), ("k_norm", n_kv_head)):  # Chameleon: per-head affine, same pairing
-            for kind in ("weight", "bias"):
-                if a + f"{norm}.{kind}" in sd:
-                    w = sd[a + f"{norm}.{kind}"].reshape(heads, -1)
-                    out[dst + f"attention.{norm}.{kind}"] = interleave_rows(w.reshape(-1), heads).view(heads, -1)
-        for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
-            out[dst + f"feed_forward.{ours}.weight"] = sd[src + f"mlp.{theirs}.weight"]
-        out[dst + "attention_norm.weight"] = sd[src + "input_layernorm.weight"]
-        out[dst + "ffn_norm.weight"] = sd[src + "post_attention_layernorm.weight"]
-    return out
 
 
 # ---------------------------------------------------------------- the text-conditioned decoder

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -37,9 +38,10 @@ import torch
 from torch import nn
 
 from ..checks import config_sizes
-from .base import KVCache
+from .base import CacheGeometry, KVCache
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_tensors, one_line, read_state_dict
 from .decoder import Float32Rope, rope_1d
+from .loading import Piece
 from .llamagen import LlamaGenConfig, TransformerBlock, rope_2d_table
 
 BIN_NAME = "pytorch_model.bin"
@@ -219,12 +221,15 @@ class EagleDrafter(Float32Rope, nn.Module):
         return self.logits(f), f
 
     # ---- cached decoding ----
+    def cache_geometry(self, rows: int, prefix: int, extra: int) -> CacheGeometry:
+        """The cache ``setup_cache(rows, extra)`` allocates (no prefix: ``prefix`` unused)."""
+        blk = self.layers[0].attention
+        return CacheGeometry(len(self.layers), rows, blk.n_kv_head, self.stream_len + extra, blk.head_dim)
+
     def setup_cache(self, rows: int, extra: int) -> None:
         """Room for the whole stream plus ``extra`` uncommitted slots per row; committed length 0."""
         p = self.fc.weight
-        blk = self.layers[0].attention
-        self.cache = KVCache(len(self.layers), rows, blk.n_kv_head, self.stream_len + extra,
-                             blk.head_dim, p.dtype, p.device)
+        self.cache = self.cache_geometry(rows, 0, extra).allocate(p.dtype, p.device)
 
     @property
     def length(self) -> torch.Tensor:
@@ -321,10 +326,39 @@ class EagleDrafter(Float32Rope, nn.Module):
         atomic_write(out / WEIGHTS_NAME, lambda p: save_file(sd, p))
         write_text(out / CONFIG_NAME, json.dumps(self.config.to_json(), indent=2))
 
+    def eagle_route(self):
+        """EAGLE key -> our tensor (``load_eagle_state_dict``'s mapping, for ``models.loading``): q, k, v
+        into the rows of the fused ``wqkv`` (EAGLE heads are trained in our pair order: no
+        interleaving), Llama MLP and norm names onto ours; any other key is unexpected."""
+        a = self.layers[0].attention
+        q, kv = a.n_head * a.head_dim, a.n_kv_head * a.head_dim
+        rows = {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
+        names = {"self_attn.o_proj.weight": "attention.wo.weight", "mlp.gate_proj.weight": "feed_forward.w1.weight",
+                 "mlp.up_proj.weight": "feed_forward.w3.weight", "mlp.down_proj.weight": "feed_forward.w2.weight",
+                 "post_attention_layernorm.weight": "ffn_norm.weight",
+                 "input_layernorm.weight": "attention_norm.weight"}
+        pattern = re.compile(r"layers\.(\d+)\.(.+)$")
+
+        def route(key: str):
+            m = pattern.match(key)
+            if m is None:
+                return (Piece(key),) if key in ("embed_tokens.weight", "fc.weight", "fc.bias") else None
+            dst, rest = f"layers.{m.group(1)}.", m.group(2)
+            proj = re.fullmatch(r"self_attn\.([qkv])_proj\.weight", rest)
+            if proj:
+                return (Piece(dst + "attention.wqkv.weight", rows[proj.group(1)]),)
+            return (Piece(dst + names[rest]),) if rest in names else None
+
+        return route
+
     @classmethod
     def from_pretrained(cls, directory: str | Path, target: nn.Module | None = None, **overrides) -> EagleDrafter:
         """Load an EAGLE/LANTERN drafter directory (``config.json`` + ``model.safetensors`` or
-        ``pytorch_model.bin``); attach ``target``'s output head when given."""
+        ``pytorch_model.bin``), streamed without initialisation (``models.loading``) into the target's
+        dtype and device when ``target`` is given (fp32 on the CPU otherwise); attach ``target``'s
+        output head when given."""
+        from .loading import load_safetensors, load_state_dict_file, safetensors_keys, skeleton
+
         d = Path(directory)
         try:
             raw = json.loads((d / CONFIG_NAME).read_text())
@@ -333,28 +367,30 @@ class EagleDrafter(Float32Rope, nn.Module):
         if not isinstance(raw, dict):
             raise ValueError(f"{d / CONFIG_NAME} must hold a JSON object")
         config_sizes(raw, str(d / CONFIG_NAME))  # zero or huge sizes: one line before building
+        sd = None
         if (d / WEIGHTS_NAME).exists():
-            from safetensors.torch import load_file
-
-            try:
-                sd = load_file(str(d / WEIGHTS_NAME))
-            except Exception as exc:  # noqa: BLE001
-                raise ValueError(f"unreadable drafter weights {d / WEIGHTS_NAME}: {one_line(exc)}") from None
+            keys = set(safetensors_keys(d / WEIGHTS_NAME))
         elif (d / BIN_NAME).exists():
             sd = read_state_dict(d / BIN_NAME)
+            keys = set(sd)
         else:
             raise ValueError(f"{d}: no {WEIGHTS_NAME} or {BIN_NAME}")
         if target is not None and "block_size" not in raw and "block_size" not in overrides and raw.get("input_type") != "c2i":
             overrides["block_size"] = target.drafter_parts().block_size
         if "own_embeddings" not in raw:  # EAGLE/LANTERN files: the table is there or it is not
-            overrides.setdefault("own_embeddings", "embed_tokens.weight" in sd)
-        overrides.setdefault("fc_bias", "fc.bias" in sd)
-        overrides.setdefault("first_input_norm", "layers.0.input_layernorm.weight" in sd)
-        model = cls(DrafterConfig.from_json(raw, **overrides))
-        model.load_eagle_state_dict(sd, str(d))
+            overrides.setdefault("own_embeddings", "embed_tokens.weight" in keys)
+        overrides.setdefault("fc_bias", "fc.bias" in keys)
+        overrides.setdefault("first_input_norm", "layers.0.input_layernorm.weight" in keys)
+        config = DrafterConfig.from_json(raw, **overrides)
+        model = skeleton(lambda: cls(config))
+        p = next(target.parameters()) if target is not None else torch.empty(0)
+        where = d / (WEIGHTS_NAME if sd is None else BIN_NAME)
+        if sd is None:
+            load_safetensors(model, [where], model.eagle_route(), p.dtype, p.device, str(where))
+        else:
+            load_state_dict_file(model, sd, model.eagle_route(), p.dtype, p.device, str(where))
         if target is not None:
-            p = next(target.parameters())
-            model = model.to(device=p.device, dtype=p.dtype).attach(target)
+            model = model.attach(target)
         return model.eval()
 
 

@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import code_grid
+from .loading import Piece, load_safetensors, safetensors_files, safetensors_index, skeleton
 
 __all__ = ["HFVQDecoder", "load_hf_vq", "read_vq_state_dict", "VQ_PREFIXES"]
 
@@ -154,7 +155,8 @@ class HFVQDecoder(nn.Module):
 def load_hf_vq(path: str | Path, device: str | torch.device | None = None,
                dtype: torch.dtype | None = None, grid: tuple[int, int] | None = None) -> HFVQDecoder:
     """The VQ decoder of a transformers Janus / Emu3 checkpoint directory (``vq_config`` of its
-    config.json, the VQ tensors of its safetensors). ``grid`` is the default (h, w) of
+    config.json, the VQ tensors of its safetensors, streamed from the shards that hold them into
+    ``dtype`` (default fp32) on ``device``: ``models.loading``). ``grid`` is the default (h, w) of
     ``decode``; Janus defaults to its native ``num_patches`` square, Emu3 to none (square codes)."""
     transformers = _transformers()
     path = Path(path)
@@ -163,23 +165,14 @@ def load_hf_vq(path: str | Path, device: str | torch.device | None = None,
     model_name, config_name = _FAMILIES[family]
     vq_cls = getattr(transformers, model_name)
     vq_config = getattr(transformers, config_name).from_dict(cfg["vq_config"])
-    state = read_vq_state_dict(path)
-    with torch.device("meta"):
-        vq = vq_cls(vq_config)
-    missing = set(vq.state_dict()) - set(state)
-    unexpected = set(state) - set(vq.state_dict())
-    if missing or unexpected:
-        raise ValueError(f"{path}: VQ weights do not match {vq_cls.__name__}: "
-                         f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
-    vq.load_state_dict(state, strict=True, assign=True)
-    # non-persistent buffers are not in the checkpoint; none may be left on the meta device
-    for name, buf in vq.named_buffers():
-        if buf.is_meta:
-            raise RuntimeError(f"{vq_cls.__name__} buffer {name} was not restored from the checkpoint")
-    if dtype is not None:
-        vq = vq.to(dtype)
-    if device is not None:
-        vq = vq.to(device)
+    files = safetensors_files(path)
+    keys = safetensors_index(files)
+    prefix = next((p for p in VQ_PREFIXES if any(k.startswith(p) for k in keys)), None)
+    if prefix is None:
+        raise ValueError(f"{path}: no tensors under any of {list(VQ_PREFIXES)} in the checkpoint")
+    vq = skeleton(lambda: vq_cls(vq_config))
+    route = lambda k: (Piece(k[len(prefix):]),) if k.startswith(prefix) else ()  # noqa: E731
+    load_safetensors(vq, files, route, dtype or torch.float32, device or "cpu", f"{path} ({vq_cls.__name__})")
     if grid is None and family == "janus":
         side = int(cfg["vq_config"].get("num_patches", 0))
         grid = (side, side) if side > 0 else None

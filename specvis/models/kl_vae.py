@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from .checkpoint import load_strict, read_state_dict
+from .checkpoint import build_from_state_dict, read_state_dict
 from .conv_blocks import Decoder, Encoder
 
 __all__ = ["KLVAEConfig", "KLVAE", "MAR_LATENT_SCALE"]
@@ -131,18 +131,18 @@ class KLVAE(nn.Module):
         return asdict(self.config)
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, config: KLVAEConfig | None = None) -> "KLVAE":
+    def from_checkpoint(cls, path: str | os.PathLike, config: KLVAEConfig | None = None, *,
+                        device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "KLVAE":
         """The official file (``kl16.ckpt``: the state dict under ``model``; LDM's ``state_dict`` or a bare
         state dict also work; LDM's training-loss tensors ``loss.*`` are dropped). The config is
-        inferred from the tensors unless given; ``resolution`` 256 places the attention levels. Any
-        unreadable or mismatched file raises a one-line ValueError."""
+        inferred from the tensors unless given; ``resolution`` 256 places the attention levels. The
+        file is memory-mapped and streamed into ``dtype`` on ``device``. Any unreadable or mismatched
+        file raises a one-line ValueError."""
         sd = read_state_dict(path, prefer=("model", "state_dict"))
         sd = {k: v for k, v in sd.items() if not k.startswith("loss.")}
         if config is None:
             config = infer_config(sd, str(path))
-        model = cls(config)
-        load_strict(model, sd, str(path))
-        return model.eval()
+        return build_from_state_dict(lambda: cls(config), sd, str(path), dtype=dtype, device=device)
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """The official layout: ``{"model": state_dict}``."""

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .base import Captions, Layout
-from .checkpoint import load_strict, read_pretrained, read_state_dict, save_pretrained
+from .checkpoint import build_from_state_dict, load_pretrained, read_state_dict, save_pretrained
 from .decoder import CachedStack, DrafterParts, Float32Rope, RMSNorm, TransformerBlock, apply_rope  # noqa: F401 (re-exported)
 
 
@@ -234,8 +234,10 @@ class LlamaGen(Float32Rope, CachedStack, nn.Module):
 
     # ---- official checkpoints ----
     @classmethod
-    def from_checkpoint(cls, path: str | Path, **overrides) -> "LlamaGen":
-        """Load an official LlamaGen c2i checkpoint (``{"model": sd}``, ``{"ema": sd}`` or a bare state dict).
+    def from_checkpoint(cls, path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                        **overrides) -> "LlamaGen":
+        """Load an official LlamaGen c2i checkpoint (``{"model": sd}``, ``{"ema": sd}`` or a bare state
+        dict), memory-mapped and streamed into ``dtype`` on ``device`` (``models.loading``).
 
         The config is inferred from the weight shapes; ``n_head`` defaults to dim // 64 (all official
         sizes but GPT-3B, whose 3200-wide model has 32 heads) and ``block_size`` comes from a stored
@@ -251,7 +253,7 @@ class LlamaGen(Float32Rope, CachedStack, nn.Module):
                                  "or sv.load(its directory)") from None
             raise ValueError(f"{path}: not a LlamaGen c2i checkpoint (missing or malformed key {e})") from None
         class_dropout = overrides.pop("class_dropout_prob", 0.1)
-        return _load_official(cls, LlamaGenConfig, sd, path, shapes, overrides, 1,
+        return _load_official(cls, LlamaGenConfig, sd, path, shapes, overrides, 1, (device, dtype),
                               num_classes=table - 1 if class_dropout > 0 else table, class_dropout_prob=class_dropout)
 
     def config_dict(self) -> dict:
@@ -267,11 +269,10 @@ class LlamaGen(Float32Rope, CachedStack, nn.Module):
         save_pretrained(self, self.config_dict(), directory, dtype)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "LlamaGen":
-        config, tensors = read_pretrained(directory)
-        model = cls.from_config_dict(config)
-        load_strict(model, tensors, str(directory))
-        return model.eval()
+    def from_pretrained(cls, directory: str | Path, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32) -> "LlamaGen":
+        """A ``save_pretrained`` directory, streamed into ``dtype`` on ``device`` (``models.loading``)."""
+        return load_pretrained(cls.from_config_dict, directory, dtype=dtype, device=device)
 
 
 class LlamaGenT2I(LlamaGen):
@@ -368,7 +369,8 @@ class LlamaGenT2I(LlamaGen):
         return torch.stack(logits), torch.stack(hidden)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, **overrides) -> "LlamaGenT2I":
+    def from_checkpoint(cls, path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                        **overrides) -> "LlamaGenT2I":
         """Load an official LlamaGen t2i checkpoint (``{"model": sd}`` as released, ``{"ema": sd}`` or a
         bare state dict). Sizes come from the weight shapes (``caption_dim`` from ``cap_proj.fc1``,
         ``cls_token_num`` from ``uncond_embedding``); ``n_head`` defaults to dim // 64 (GPT-XL: 20).
@@ -385,7 +387,7 @@ class LlamaGenT2I(LlamaGen):
             raise ValueError(f"{path}: not a LlamaGen t2i checkpoint (missing or malformed key {e})") from None
         if proj_dim != shapes[1]:
             raise ValueError(f"{path}: cls_embedding.cap_proj.fc1 maps to {proj_dim}, not the model width {shapes[1]}")
-        return _load_official(cls, LlamaGenT2IConfig, sd, path, shapes, overrides, token_num,
+        return _load_official(cls, LlamaGenT2IConfig, sd, path, shapes, overrides, token_num, (device, dtype),
                               caption_dim=caption_dim, cls_token_num=token_num)
 
 
@@ -399,9 +401,9 @@ def _trunk_shapes(sd: dict[str, torch.Tensor]) -> tuple[int, int, int, int, int]
 
 
 def _load_official(cls, config_cls, sd: dict[str, torch.Tensor], path, shapes: tuple[int, int, int, int, int],
-                   overrides: dict, token_num: int, **family):
+                   overrides: dict, token_num: int, where_to: tuple, **family):
     """``cls`` with the config the trunk shapes imply, the family's fields and the caller's overrides,
-    its weights loaded strictly. ``n_head`` defaults to dim // 64 (GPT-3B, 3200 wide: 32); the grid
+    its weights streamed strictly into ``where_to`` = (device, dtype). ``n_head`` defaults to dim // 64 (GPT-3B, 3200 wide: 32); the grid
     (``block_size``) to 256, or a stored ``freqs_cis`` (not saved by the official code) minus the
     prefix tokens; the feed-forward width must follow from dim and ``multiple_of``."""
     vocab, dim, n_layer, hidden, qkv = shapes
@@ -414,6 +416,6 @@ def _load_official(cls, config_cls, sd: dict[str, torch.Tensor], path, shapes: t
                         "multiple_of": hidden, **family, **overrides})
     if cfg.ffn_hidden != hidden:
         raise ValueError(f"{path}: feed-forward width {hidden} does not follow from dim {dim}; pass multiple_of/ffn_dim_multiplier")
-    model = cls(cfg)
-    load_strict(model, {k: v for k, v in sd.items() if k != "freqs_cis"}, str(path))
-    return model.eval()
+    device, dtype = where_to
+    return build_from_state_dict(lambda: cls(cfg), sd, str(path), dtype=dtype, device=device,
+                                 skip=lambda k: k == "freqs_cis")

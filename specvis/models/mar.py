@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import check_tensors, one_line
+from .checkpoint import one_line
 from ..diffusion import StepSpec, space_timesteps
 from .continuous import DiffusionHead
 
@@ -597,9 +597,11 @@ def _load_hook(module, state_dict, prefix, local_metadata, strict, missing_keys,
 # ---------------------------------------------------------------- loading official checkpoints
 
 def _read(path: str | os.PathLike):
+    """The checkpoint object, its tensors memory-mapped (``models.loading.read_torch_file``)."""
+    from .loading import read_torch_file
+
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(str(path), map_location="cpu", weights_only=True)
+        return read_torch_file(path, allowed=[argparse.Namespace])
     except FileNotFoundError:
         raise ValueError(f"MAR checkpoint not found: {path}") from None
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
@@ -647,12 +649,14 @@ def infer_config(sd: dict[str, torch.Tensor], args=None, where: str = "") -> MAR
 
 
 def load_mar_checkpoint(path: str | os.PathLike, ema: bool = True, config: MARConfig | None = None,
-                        num_sampling_steps: StepSpec | None = None) -> MAR:
+                        num_sampling_steps: StepSpec | None = None, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32) -> MAR:
     """An official ``checkpoint-last.pth`` (dict with ``model`` and ``model_ema`` state dicts, ``args``)
     -> ``MAR`` in eval mode with the EMA weights (``ema=False``: ``model``; a file without
     ``model_ema`` falls back to ``model``), loaded strictly. The config is inferred unless given;
-    ``num_sampling_steps`` overrides the DiffLoss respacing. Errors are one-line ValueErrors naming
-    the missing / unexpected / mis-shaped key."""
+    ``num_sampling_steps`` overrides the DiffLoss respacing. The file is memory-mapped and only the
+    chosen weights are read, streamed into ``dtype`` on ``device`` (``models.loading``). Errors are
+    one-line ValueErrors naming the missing / unexpected / mis-shaped key."""
     obj = _read(path)
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected the official MAR checkpoint dict (model, model_ema), got {type(obj).__name__}")
@@ -667,7 +671,7 @@ def load_mar_checkpoint(path: str | os.PathLike, ema: bool = True, config: MARCo
         config = infer_config(sd, obj.get("args"), str(path))
     if num_sampling_steps is not None:
         config = MARConfig(**{**asdict(config), "num_sampling_steps": num_sampling_steps})
-    model = MAR(config)
-    check_tensors(model.state_dict(), sd, str(path))
-    model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
-    return model.eval()
+    from .checkpoint import build_from_state_dict
+
+    return build_from_state_dict(lambda: MAR(config), sd, str(path), dtype=dtype, device=device,
+                                 rename=from_official_key, display=to_official_key)

@@ -21,7 +21,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .checkpoint import load_strict, read_pretrained, read_state_dict, save_pretrained
+from .checkpoint import build_from_state_dict, load_pretrained, read_state_dict, save_pretrained
 from .conv_blocks import AttnBlock, Downsample, ResBlock, Upsample, group_norm, swish
 
 import torch
@@ -172,8 +172,8 @@ class _Quantizer(nn.Module):
         self.beta = cfg.commit_loss_beta
         self.embedding = nn.Embedding(cfg.codebook_size, cfg.codebook_embed_dim)
         with torch.no_grad():
-            self.embedding.weight.uniform_(-1.0 / cfg.codebook_size, 1.0 / cfg.codebook_size)
-            if self.l2_norm:
+            nn.init.uniform_(self.embedding.weight, -1.0 / cfg.codebook_size, 1.0 / cfg.codebook_size)
+            if self.l2_norm and not self.embedding.weight.is_meta:  # (meta: built to be loaded, models.loading)
                 self.embedding.weight.copy_(F.normalize(self.embedding.weight, dim=-1))
 
     def codebook(self) -> torch.Tensor:
@@ -310,18 +310,20 @@ class VQModel(nn.Module):
         save_pretrained(self, asdict(self.config), directory, dtype)
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike) -> "VQModel":
-        """Load a directory written by :meth:`save_pretrained`."""
-        raw, tensors = read_pretrained(directory)
-        unknown = sorted(set(raw) - {f.name for f in fields(VQConfig)})
-        if unknown:
-            raise ValueError(f"{directory}: unknown VQ config field {unknown[0]!r}")
-        model = cls(VQConfig(**raw))
-        load_strict(model, tensors, str(directory))
-        return model.eval()
+    def from_pretrained(cls, directory: str | os.PathLike, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32) -> "VQModel":
+        """Load a directory written by :meth:`save_pretrained` (streamed into ``dtype`` on ``device``)."""
+        def build(raw: dict) -> "VQModel":
+            unknown = sorted(set(raw) - {f.name for f in fields(VQConfig)})
+            if unknown:
+                raise ValueError(f"{directory}: unknown VQ config field {unknown[0]!r}")
+            return cls(VQConfig(**raw))
+
+        return load_pretrained(build, directory, dtype=dtype, device=device)
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, **overrides: Any) -> "VQModel":
+    def from_checkpoint(cls, path: str | os.PathLike, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32, **overrides: Any) -> "VQModel":
         """Load an official LlamaGen tokenizer file (``{"model"|"ema": state_dict}`` or a raw state_dict).
 
         Sizes are inferred from tensor shapes; ``overrides`` set VQConfig fields that shapes cannot
@@ -334,9 +336,8 @@ class VQModel(nn.Module):
             raise ValueError(f"unknown VQConfig field {bad[0]!r}")
         cfg_kwargs = _infer_config(sd, str(path))
         cfg_kwargs.update(overrides)
-        model = cls(VQConfig(**cfg_kwargs))
-        load_strict(model, sd, str(path))
-        return model.eval()
+        config = VQConfig(**cfg_kwargs)
+        return build_from_state_dict(lambda: cls(config), sd, str(path), dtype=dtype, device=device)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -76,10 +76,13 @@ class PackedLinear(nn.Linear):
 
 
 def transpose_linear_weights(module: nn.Module) -> int:
-    """Store every CPU ``nn.Linear`` weight of ``module`` as the transpose of a contiguous (in, out)
-    matrix (same values and shape, strides (1, out)); returns how many were changed. A weight shared
-    with another module (an output head tied to the token embedding) is left as it is: embedding
-    lookups read rows, which the transposed layout would scatter."""
+    """Store every float32 CPU ``nn.Linear`` weight of ``module`` as the transpose of a contiguous
+    (in, out) matrix (same values and shape, strides (1, out)); returns how many were changed. A
+    weight shared with another module (an output head tied to the token embedding) is left as it
+    is: embedding lookups read rows, which the transposed layout would scatter. bf16 and fp16
+    weights stay (out, in): oneDNN's F.linear runs slower on the transposed layout
+    (docs/benchmarks/cpu-linear.md: 37.8 against 32.2 us at one row; at a 7B layer's shape, 11008 x
+    4096, 11.7 against 7.2 ms at two rows: docs/benchmarks/cpu-linear-7b.json)."""
     owners: dict[int, int] = {}
     for sub in module.modules():
         for p in sub.parameters(recurse=False):
@@ -88,7 +91,7 @@ def transpose_linear_weights(module: nn.Module) -> int:
     for sub in module.modules():
         w = getattr(sub, "weight", None)
         if (isinstance(sub, nn.Linear) and w is not None and w.device.type == "cpu" and owners[id(w)] == 1
-                and w.dim() == 2 and w.is_contiguous() and min(w.shape) > 1):
+                and w.dtype == torch.float32 and w.dim() == 2 and w.is_contiguous() and min(w.shape) > 1):
             w.data = w.data.t().contiguous().t()
             changed += 1
     return changed

@@ -9,7 +9,7 @@ it back through ``specvis.families.janus`` (``sv.load(out)``).
 Weights, the exact inverse of specvis's importer:
 
 - the language model, generation embeddings / aligner / head: the inverse of
-  ``specvis.families.janus.RENAMES`` and of ``import_llama_layers`` (``wqkv`` split into
+  ``specvis.families.janus.RENAMES`` and of ``families.hf.llama_layer_route`` (``wqkv`` split into
   q/k/v projections, q and k rows de-interleaved from (2i, 2i+1) pairs back to rotate-half pairs);
 - the VQ (``model.vqmodel.*``): our LlamaGen ``VQModel`` under JanusVQVAE's module names
   (``conv_blocks.i`` -> ``down.i`` / ``up.i``, ``res.j`` -> ``block.j``, ``mid.0/1/2`` ->

@@ -251,7 +251,7 @@ class PromptData:
     def __init__(self, args: argparse.Namespace, out: Path) -> None:
         from specvis.families import load_pipeline
 
-        pipe = load_pipeline(args.model).to(args.device)
+        pipe = load_pipeline(args.model, device=args.device, dtype="fp32")  # trained against fp32 features
         path = out / "samples.pt"
         if path.exists() and not args.fresh:
             try:

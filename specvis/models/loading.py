@@ -1,0 +1,474 @@
+"""Loading at the cost of the weights: modules built without initialisation, tensors streamed from
+the files straight into the requested dtype and device.
+
+1. ``skeleton(factory)`` builds a module whose parameters are on the meta device (no memory, and
+   the constructors' ``nn.init`` calls do nothing); buffers the constructors compute (RoPE tables,
+   token maps, diffusion schedules) are built as usual, so nothing has to recompute them later.
+2. A source yields ``(file key, tensor)`` pairs whose data is memory-mapped: ``safetensors_tensors``
+   (``safe_open``, shard by shard: a shard is closed before the next one opens) and
+   ``torch_file_tensors`` (``torch.load(mmap=True, weights_only=True)``). After each tensor is copied,
+   the pages it touched are handed back (``drop_pages``), so the mapped file never counts as
+   resident memory beyond the tensor being copied.
+3. ``stream_into`` routes each file tensor to the rows of a destination parameter or persistent
+   buffer (``Piece``: a family's key renames, fused q/k/v rows, selected ``lm_head`` rows), allocates
+   each destination once in the target dtype and device, copies into it, and checks that every
+   destination was filled from the file exactly once (one-line ``ValueError`` otherwise).
+
+``TRACE``: when a list, the sources append ``("open", path)``, ``("read", key)``, ``("drop", key)``
+(its pages handed back) and ``("close", path)`` in reading order (tests observe shard-at-a-time
+loading through it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import mmap
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+TRACE: list[tuple[str, str]] | None = None
+"""Reading order of the sources (None: not recorded)."""
+
+
+def _trace(event: str, what: str) -> None:
+    if TRACE is not None:
+        TRACE.append((event, what))
+
+
+# ---------------------------------------------------------------- building without initialisation
+INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                  "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+
+
+@contextlib.contextmanager
+def empty_parameters():
+    """Inside: every parameter a module registers is replaced by a meta tensor of its shape (what
+    ``accelerate.init_empty_weights(include_buffers=False)`` does), and ``torch.nn.init``'s functions
+    return a meta tensor untouched (as transformers' ``no_init_weights`` does: an in-place random op
+    on a meta tensor would run torch's Python reference kernels, whose first use imports
+    ``torch._dynamo``, 6 s here). Buffers stay real. Not thread-safe (it patches
+    ``nn.Module.register_parameter`` and ``torch.nn.init``)."""
+    original = nn.Module.register_parameter
+    inits = {name: getattr(nn.init, name) for name in INIT_FUNCTIONS}
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    def skipping(init):
+        return lambda tensor, *a, **k: tensor if tensor.is_meta else init(tensor, *a, **k)
+
+    nn.Module.register_parameter = register
+    for name, init in inits.items():
+        setattr(nn.init, name, skipping(init))
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
+        for name, init in inits.items():
+            setattr(nn.init, name, init)
+
+
+def skeleton(factory: Callable[[], nn.Module]) -> nn.Module:
+    """``factory()`` built inside ``empty_parameters``: parameters on the meta device."""
+    with empty_parameters():
+        return factory()
+
+
+# ---------------------------------------------------------------- memory-mapped sources
+def _libc_madvise():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.madvise
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+_MADVISE = _libc_madvise() if hasattr(mmap, "MADV_DONTNEED") else None
+_PAGE = mmap.PAGESIZE
+
+
+def drop_pages(t: torch.Tensor) -> bool:
+    """Hand back the whole pages inside a memory-mapped CPU tensor's bytes (``madvise(MADV_DONTNEED)``).
+    Only for tensors whose data lies in a read-only file mapping that nothing else writes: the pages
+    leave this process's resident set and, if read again, fault back in from the page cache with the
+    same bytes. Returns whether anything was dropped (False where madvise is unavailable)."""
+    if _MADVISE is None or t.device.type != "cpu" or t.numel() == 0:
+        return False
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    a, b = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
+    return b > a and _MADVISE(a, b - a, mmap.MADV_DONTNEED) == 0
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def safetensors_keys(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{key: (dtype name, shape)} from a safetensors file's header (the only bytes read)."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n < 100_000_000:
+                raise ValueError(f"header length {n}")
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable safetensors ({one_line(exc)})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: unreadable safetensors (header is not a JSON object)")
+    return {k: (v.get("dtype", "?"), tuple(v.get("shape", ()))) for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict)}
+
+
+def safetensors_tensors(files: Sequence[Path], wanted: Callable[[str], bool] = lambda k: True
+                        ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(key, memory-mapped tensor) for the ``wanted`` keys of each file in order, one file open at a
+    time; each tensor's pages are dropped once the consumer has taken it (resumed the iterator)."""
+    from safetensors import safe_open
+
+    for path in files:
+        _trace("open", str(path))
+        try:
+            fh = safe_open(str(path), framework="pt")
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"{path}: unreadable safetensors ({one_line(exc)})") from None
+        with fh:
+            for key in fh.keys():
+                if not wanted(key):
+                    continue
+                _trace("read", key)
+                try:
+                    t = fh.get_tensor(key)
+                except Exception as exc:  # noqa: BLE001
+                    raise ValueError(f"{path}: unreadable tensor {key!r} ({one_line(exc)})") from None
+                yield key, t
+                if drop_pages(t):
+                    _trace("drop", key)
+                del t
+        _trace("close", str(path))
+
+
+def read_torch_file(path: str | os.PathLike, allowed: Sequence[type] = ()):
+    """``torch.load(path, mmap=True, weights_only=True)``, also unpickling the classes ``allowed``
+    (LlamaGen's and MAR's training files carry an ``argparse.Namespace``): tensors stay in the file
+    mapping until read. A file saved in torch's legacy (non-zip) format cannot be mapped and is read
+    whole."""
+    with torch.serialization.safe_globals(list(allowed)):
+        try:
+            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+
+
+def torch_file_tensors(sd: dict[str, torch.Tensor], where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(key, tensor) of a state dict read by ``read_torch_file``; each tensor's pages are dropped once
+    taken (tensors that share storage fault their pages back in from the file)."""
+    _trace("open", where)
+    for key, t in sd.items():
+        _trace("read", key)
+        yield key, t
+        if drop_pages(t):
+            _trace("drop", key)
+    _trace("close", where)
+
+
+# ---------------------------------------------------------------- routing and copying
+@dataclass(frozen=True)
+class Piece:
+    """Where a file tensor goes: rows ``rows`` (a slice of dim 0; None: the whole tensor) of the
+    model's parameter or persistent buffer ``name``, after ``transform`` (None: as stored)."""
+
+    name: str
+    rows: slice | None = None
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+Route = Callable[[str], Sequence[Piece] | None]
+"""A file key -> its pieces; ``()`` skips the key (not read), None makes it an unexpected tensor."""
+
+
+def identity_route(rename: Callable[[str], str] = lambda k: k, skip: Callable[[str], bool] = lambda k: False) -> Route:
+    """Each file key to the whole destination ``rename(key)``; ``skip`` keys are not read."""
+    return lambda key: () if skip(key) else (Piece(rename(key)),)
+
+
+def destinations(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a checkpoint must fill: parameters and persistent buffers by their module paths
+    (shared parameters once, under their first name)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for prefix, mod in model.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        for name, p in mod._parameters.items():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                out[dot + name] = p
+        for name, b in mod._buffers.items():
+            if b is not None and name not in mod._non_persistent_buffers_set:
+                out[dot + name] = b
+    return out
+
+
+def _rows_of(shape: torch.Size | tuple[int, ...]) -> int:
+    return shape[0] if len(shape) else 1
+
+
+def _span(piece: Piece, shape) -> range:
+    n = _rows_of(shape)
+    return range(n) if piece.rows is None else range(n)[piece.rows]
+
+
+def check_routes(keys: Iterable[str], route: Route, dests: dict[str, torch.Tensor], where: str,
+                 display: Callable[[str], str] = lambda n: n) -> dict[str, list[Piece]]:
+    """Route every file key before any data is read: an unexpected key or a destination the file
+    does not fill (wholly, once) is a one-line ValueError (destinations named as ``display`` spells
+    them: the file's own key names where a route renames). Returns {key: pieces} of the keys to read."""
+    plan: dict[str, list[Piece]] = {}
+    unexpected: list[str] = []
+    filled = {name: [0] * _rows_of(t.shape) for name, t in dests.items()}
+    for key in keys:
+        pieces = route(key)
+        if pieces is None or any(p.name not in dests for p in pieces):
+            unexpected.append(key)
+            continue
+        if pieces:
+            plan[key] = list(pieces)
+        for p in pieces:
+            for r in _span(p, dests[p.name].shape):
+                filled[p.name][r] += 1
+    if unexpected:
+        raise ValueError(f"{where}: checkpoint has {len(unexpected)} unexpected tensors, e.g. {unexpected[0]!r}")
+    missing = sorted(n for n, rows in filled.items() if min(rows, default=1) == 0)
+    if missing:
+        raise ValueError(f"{where}: checkpoint lacks {len(missing)} tensors, e.g. {display(missing[0])!r}")
+    twice = sorted(n for n, rows in filled.items() if max(rows, default=1) > 1)
+    if twice:
+        raise ValueError(f"{where}: checkpoint fills {display(twice[0])!r} more than once")
+    return plan
+
+
+@dataclass
+class Loaded:
+    """What ``stream_into`` did: the file keys read, in order, and the bytes now held by the
+    destinations it allocated."""
+
+    keys: list[str]
+    bytes: int
+
+
+def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[[Callable[[str], bool]], Iterable[tuple[str, torch.Tensor]]],
+                route: Route, dtype: torch.dtype, device: torch.device | str, where: str,
+                finish: Callable[[str, torch.Tensor], bool] | None = None,
+                display: Callable[[str], str] = lambda n: n) -> Loaded:
+    """Fill ``model`` (built by ``skeleton``) from a checkpoint: ``keys`` are its file keys (read from
+    headers or the index, no data), ``tensors(wanted)`` yields the ``wanted`` ones as (key, tensor).
+    Each destination is allocated once, in ``dtype`` (floating point; others keep their own) on
+    ``device``, and filled piece by piece; ``finish(name, tensor)``, when given, is called as each
+    destination is complete and returns True when it took the tensor over (it is then neither kept
+    nor installed: ``models.quantize.streaming_quantizer`` replaces the layer that owned it). Every parameter and persistent buffer must come from the file
+    (``check_routes``); then non-persistent buffers follow to ``device`` and ``dtype`` as
+    ``Module.to`` moves them. One-line ValueErrors for unexpected, missing or mis-shaped tensors."""
+    device = torch.device(device)
+    dests = destinations(model)
+    plan = check_routes(keys, route, dests, where, display)
+    remaining = {name: _rows_of(t.shape) for name, t in dests.items()}  # each row comes once (check_routes)
+    made: dict[str, torch.Tensor] = {}
+    consumed: set[str] = set()
+    order: list[str] = []
+    for key, src in tensors(lambda k: k in plan):
+        order.append(key)
+        for piece in plan[key]:
+            meta = dests[piece.name]
+            out = made.get(piece.name)
+            if out is None:
+                kind = dtype if meta.is_floating_point() else meta.dtype
+                out = made[piece.name] = torch.empty(meta.shape, dtype=kind, device=device)
+            value = src if piece.transform is None else piece.transform(src)
+            view = out if piece.rows is None else out[piece.rows]
+            if tuple(value.shape) != tuple(view.shape):
+                shown = tuple(meta.shape) if piece.rows is None else f"rows {piece.rows.start}:{piece.rows.stop} {tuple(view.shape)}"
+                raise ValueError(f"{where}: shape mismatch for {key!r}: file {tuple(value.shape)} vs model {piece.name} {shown}")
+            with torch.no_grad():
+                view.copy_(value)
+            del value
+            remaining[piece.name] -= len(_span(piece, meta.shape))
+            if remaining[piece.name] == 0 and finish is not None and finish(piece.name, out):
+                consumed.add(piece.name)
+                del made[piece.name], out  # the hook took it (e.g. quantized it): the float copy is freed
+    _install(model, {k: v for k, v in dests.items() if k not in consumed}, made)
+    model.to(device=device, dtype=dtype)  # non-persistent buffers (the parameters are already there)
+    return Loaded(order, sum(t.numel() * t.element_size() for t in made.values()))
+
+
+def _install(model: nn.Module, dests: dict[str, torch.Tensor], made: dict[str, torch.Tensor]) -> None:
+    """Put the filled tensors in place of the meta ones, in every module that holds them."""
+    by_id = {}
+    for name, meta in dests.items():
+        value = made[name]
+        by_id[id(meta)] = nn.Parameter(value, requires_grad=meta.requires_grad) if isinstance(meta, nn.Parameter) else value
+    for mod in model.modules():
+        for store in (mod._parameters, mod._buffers):
+            for k, v in store.items():
+                if v is not None and id(v) in by_id:
+                    store[k] = by_id[id(v)]
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise ValueError(f"parameter {left[0]!r} was not loaded")
+
+
+# ---------------------------------------------------------------- checkpoint files
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: the shards its index names (in order), or model.safetensors."""
+    index = directory / INDEX
+    if index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{index}: unreadable index ({one_line(exc)})") from None
+        missing = [s for s in shards if not (directory / s).exists()]
+        if not shards or missing:
+            raise ValueError(f"{directory}: {INDEX} names missing shards {missing[:3] or '(none listed)'}")
+        return [directory / s for s in shards]
+    if (directory / SINGLE).exists():
+        return [directory / SINGLE]
+    raise ValueError(f"{directory}: no weights ({SINGLE} or {INDEX})")
+
+
+def safetensors_index(files: Sequence[Path]) -> dict[str, tuple[Path, str, tuple[int, ...]]]:
+    """{key: (file, dtype name, shape)} over the files' headers."""
+    out = {}
+    for f in files:
+        for key, (dt, shape) in safetensors_keys(f).items():
+            out[key] = (f, dt, shape)
+    return out
+
+
+def load_safetensors(model: nn.Module, files: Sequence[Path], route: Route, dtype: torch.dtype,
+                     device: torch.device | str, where: str, finish=None) -> Loaded:
+    """``stream_into`` from safetensors files (only the shards holding wanted keys are opened)."""
+    index = safetensors_index(files)
+    plan_keys = list(index)
+
+    def tensors(wanted):
+        needed = [f for f in files if any(wanted(k) for k, (g, _, _) in index.items() if g == f)]
+        return safetensors_tensors(needed, wanted)
+
+    return stream_into(model, plan_keys, tensors, route, dtype, device, where, finish)
+
+
+def load_state_dict_file(model: nn.Module, sd: dict[str, torch.Tensor], route: Route, dtype: torch.dtype,
+                         device: torch.device | str, where: str, finish=None, display=lambda n: n) -> Loaded:
+    """``stream_into`` from a state dict read by ``read_torch_file`` (memory-mapped)."""
+    return stream_into(model, list(sd), lambda wanted: torch_file_tensors({k: v for k, v in sd.items() if wanted(k)}, where),
+                       route, dtype, device, where, finish, display)
+
+
+# ---------------------------------------------------------------- dtypes
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+CONFIG_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dominant_dtype(sizes: Iterable[tuple[torch.dtype, int]]) -> torch.dtype | None:
+    """The floating dtype holding the most elements (fp32, bf16 or fp16), None if there is none."""
+    count: dict[torch.dtype, int] = {}
+    for dt, n in sizes:
+        if dt in (torch.float32, torch.bfloat16, torch.float16):
+            count[dt] = count.get(dt, 0) + n
+    return max(count, key=count.get) if count else None
+
+
+def config_dtype(config: dict | None) -> torch.dtype | None:
+    """``torch_dtype`` (transformers 4) or ``dtype`` (5) of a config.json, or of its text_config."""
+    for d in (config or {}, (config or {}).get("text_config") or {}):
+        for key in ("torch_dtype", "dtype"):
+            if isinstance(d.get(key), str) and d[key] in CONFIG_DTYPES:
+                return CONFIG_DTYPES[d[key]]
+    return None
+
+
+def safetensors_dtype(files: Sequence[Path]) -> torch.dtype | None:
+    """The stored dtype of a safetensors checkpoint (the floating dtype of most of its elements)."""
+    sizes = []
+    for (dt, shape) in (v for f in files for v in safetensors_keys(f).values()):
+        n = 1
+        for s in shape:
+            n *= int(s)
+        sizes.append((SAFETENSORS_DTYPES.get(dt), n))
+    return dominant_dtype(sizes)
+
+
+def state_dict_dtype(sd: dict[str, torch.Tensor]) -> torch.dtype | None:
+    return dominant_dtype((t.dtype, t.numel()) for t in sd.values())
+
+
+def default_dtype(stored: torch.dtype | None, device: torch.device | str) -> tuple[torch.dtype, str]:
+    """The dtype a checkpoint stored in ``stored`` runs in by default on ``device``, and why: its own
+    on CUDA; on a CPU its own where the CPU has dot products in it (``cpu_features``), else fp32."""
+    from ..cpu_features import NATIVE_FLAGS, native_dot_products
+
+    name = lambda dt: {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dt]  # noqa: E731
+    if stored is None:
+        return torch.float32, "fp32: the checkpoint stores no floating tensors"
+    if torch.device(device).type != "cpu" or stored == torch.float32:
+        return stored, f"the checkpoint's own ({name(stored)})"
+    native = native_dot_products(stored)
+    if native:
+        return stored, f"the checkpoint's own ({name(stored)}): this CPU has {name(stored)} dot products"
+    flags = "/".join(sorted(NATIVE_FLAGS[stored]))
+    told = "has none of the cpuinfo flags " + flags if native is False else "cannot tell its features"
+    return torch.float32, f"fp32: the checkpoint is {name(stored)}, which this CPU would emulate ({told})"
+
+
+DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+               "fp16": torch.float16, "float16": torch.float16}
+
+
+def requested_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """A dtype argument (fp32, bf16, fp16, a torch dtype of those, or None: the default) as a torch dtype."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, torch.dtype) and dtype in DTYPE_NAMES.values():
+        return dtype
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of fp32, bf16, fp16, got {dtype!r}")
+    return DTYPE_NAMES[dtype]
+
+
+def resolve(dtype: str | torch.dtype | None, stored: torch.dtype | None, device) -> tuple[torch.dtype, str]:
+    """(dtype to load in, why): the requested one, or ``default_dtype`` of the stored one."""
+    asked = requested_dtype(dtype)
+    if asked is not None:
+        return asked, "requested"
+    return default_dtype(stored, device)
+
+
+def rename_with(renames: Sequence[tuple[str, str]]) -> Callable[[str], str]:
+    """A key rename applying (regex, replacement) pairs in order."""
+    compiled = [(re.compile(p), r) for p, r in renames]
+
+    def rename(key: str) -> str:
+        for pattern, repl in compiled:
+            key = pattern.sub(repl, key)
+        return key
+
+    return rename
