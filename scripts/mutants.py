@@ -454,6 +454,9 @@ MUTANTS = [
     Mutant("pjd: the top row's residual replaced by the target law (p, not max(0, p - q))", "specvis/methods/pjd.py",
            "nxt = sample(torch.where((a < m)[..., None], normalise(r_a, p_a), p_a), gen)",
            "nxt = sample(p_a, gen)", (ROWS2D, "-k", "harness")),
+    Mutant("pjd: a copied first draft verified against the uniform law, not its point mass", "specvis/methods/pjd.py",
+           'st["Q"] = torch.where(fresh[..., None], q0, st["Q"])',
+           'st["Q"] = torch.where(fresh[..., None], uni.expand(B, H, g, V), st["Q"])', (ROWS2D, "-k", "harness and vertical")),
 
 ]
 

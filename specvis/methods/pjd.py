@@ -19,7 +19,9 @@ d_{i-1} (``SpeculativeSampler.__call__``, sched:249-329):
   new target law at its position (Jacobi refinement), coupled with the position's previous draft by
   ``coupling`` ("gumbel": one Exp(1) race per position kept while it is in the window, as SJD's);
   positions with no law yet are drawn uniformly over the codes, with their uniform law as q (official:
-  a uniform draw with a one-hot q, sched:394-416; both are exact on the top row, uniform accepts more).
+  a uniform draw with a one-hot q, sched:394-416; both are exact on the top row, uniform accepts more),
+  or with ``init="vertical-repeat"`` (a specvis extension: SJD's spatial prior) copied from the
+  committed token above, a point-mass law.
 - ``rcm``: the Row-Causal Mask, drafts of other rows are never attended (sched:587-595; applied to every
   row, where the official offsets miss rows past the second, pjd_zipar_brief A6-1).
 
@@ -51,6 +53,7 @@ from .round import Verdict
 from .rows2d import MAX_ROWS, Rows
 
 COUPLINGS = ("none", "gumbel")
+INITS = ("random", "vertical-repeat")
 
 
 def _at(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -64,7 +67,7 @@ class PJD(RuleMethod):
     """Parallel Jacobi decoding (module docstring): per-row Jacobi ``window`` (tokens a row feeds, its
     last committed token included), next row after ``lag`` image tokens of the row above, the top row
     verified by ``acceptance`` with residual, lower rows accept-prefix, ``keep_threshold`` (1: always
-    refine), Row-Causal Mask ``rcm``, re-draft ``coupling``. Lossy; batched with per-sample rows."""
+    refine), Row-Causal Mask ``rcm``, first drafts ``init``, re-draft ``coupling``. Lossy; batched with per-sample rows."""
 
     window: int = option(8, low=2, help="tokens a row feeds per forward, its last committed one "
                                                      "included (official window_size 8)")
@@ -74,6 +77,9 @@ class PJD(RuleMethod):
                                                                  "whose acceptance probability exceeds this "
                                                                  "(official 0.5; 1: never, always refine)")
     rcm: bool = option(True, help="Row-Causal Mask: drafts of other rows are never attended")
+    init: str = option("random", choices=INITS, help="law of a position's first draft: random (uniform, "
+                                                     "official) or vertical-repeat (a copy of the committed "
+                                                     "token above, as SJD's spatial prior; uniform where none)")
     coupling: str = option("none", choices=COUPLINGS, help="couple each re-draft with the position's previous "
                                                            "draft: none (official) or gumbel")
     acceptance: AcceptanceRule = rule_option()
@@ -109,8 +115,15 @@ class PJD(RuleMethod):
             rows.begin_round()
             c, open_, top = rows.c, rows.open, rows.top
             v = torch.where(top, W - c, rows.above() - c).clamp(1, K)
-            fresh = ~st["has"] & open_[..., None]  # positions with no draft yet: uniform
+            fresh = ~st["has"] & open_[..., None]  # positions with no draft yet: uniform, or the token above
             q0 = uni.expand(B, H, g, V)
+            if self.init == "vertical-repeat":  # a committed token above: a copy (point-mass law, exact)
+                col = c[..., None] + kk
+                above = ((rows.rid - 1) * rows.S)[..., None] + col
+                idx = above.clamp(0, ctx.L - 1).flatten(1)
+                ok = (rows.rid[..., None] >= 1) & (col < W) & ctx.filled.gather(1, idx).view(above.shape)
+                point = torch.nn.functional.one_hot(ctx.tokens.gather(1, idx).view(above.shape), V).to(q0.dtype)
+                q0 = torch.where(ok[..., None], point, q0)
             if gumbel:
                 st["race"] = torch.where(fresh[..., None], exponential(st["race"], gen), st["race"])
             st["D"] = torch.where(fresh, draw(q0, st["race"]), st["D"])
