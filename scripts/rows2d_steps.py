@@ -25,7 +25,8 @@ from specvis.registry import build_method, parse_method_spec
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ["ar", "sjd:window=16:init=vertical-sample:coupling=gumbel",
          "sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd",
-         "zipar:window=4", "zipar:window=8", "pjd", "pjd:window=16:lag=4", "pjd:window=16:lag=4:coupling=gumbel:keep_threshold=1"]
+         "zipar:window=4", "zipar:window=8", "pjd", "pjd:init=vertical-repeat", "pjd:window=16:lag=4",
+         "pjd:window=16:lag=4:init=vertical-repeat", "pjd:window=16:lag=4:init=vertical-repeat:coupling=gumbel:keep_threshold=1"]
 
 
 def run(pipe, spec: str, prompts: list[str], batch: int, sampling) -> dict:
