@@ -4,8 +4,8 @@
 
 The first ``prompts`` prompts of docs/benchmarks/emoji-t2i-prompts.txt, each method at batch 1 (each
 prompt alone, seed = its index) and at batch 8 (consecutive groups of 8, seed = the group's index), at
-the model's default sampling (T = 1) and greedy. Step compression = image tokens / target forwards,
-summed over the runs (a batch-8 forward counts once, as ``Stats``). Also for the 2-D methods the share of
+the model's default sampling (T = 1) and greedy. Step compression = image tokens per sample / target
+forwards, summed over the runs (a batch-8 forward counts once, as ``Stats.step_compression``). Also for the 2-D methods the share of
 tokens committed by lower rows and the mean rows in flight (``Stats.extra``). Counts only: no wall time
 is reported (the machine is shared); the quality of these settings is not measured here.
 """
@@ -35,11 +35,11 @@ def run(pipe, spec: str, prompts: list[str], batch: int, sampling) -> dict:
     extra: dict[str, float] = {}
     for g in range(0, len(prompts), batch):
         out = pipe(prompts=prompts[g: g + batch], method=method, sampling=sampling, seed=g // batch, decode=False)
-        tokens += out.stats.tokens * len(prompts[g: g + batch])
+        tokens += out.stats.tokens  # image tokens per sample: a batch's step compression is per sample
         forwards += out.stats.target_forwards
         for k, v in out.stats.extra.items():
             extra[k] = extra.get(k, 0.0) + v
-    row = {"spec": spec, "batch": batch, "tokens": tokens, "target_forwards": forwards,
+    row = {"spec": spec, "batch": batch, "tokens_per_sample": tokens, "target_forwards": forwards,
            "step_compression": tokens / forwards}
     if "lower_tokens" in extra:
         row["lower_row_share"] = extra["lower_tokens"] / max(extra["lower_tokens"] + extra["top_tokens"], 1.0)
