@@ -165,7 +165,7 @@ class Rows:
     def block(self, v: torch.Tensor, drafts: torch.Tensor | None) -> Block:
         """The round's fed block: row r feeds its chain of ``v[b, r]`` slots (x then ``drafts[b, r, :v-1]``
         at the next columns), a finishing row its last token, a starting row (row ends) its lead tail."""
-        ctx, H, W, E, S, K, P = self.ctx, self.H, self.W, self.E, self.S, self.K, self.P
+        ctx, H, E, S, K, P = self.ctx, self.H, self.E, self.S, self.K, self.P
         B, dev = self.c.shape[0], self.c.device
         codes = ctx.layout.vocab_size
         c = self.c

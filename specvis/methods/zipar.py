@@ -32,10 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from ..sampling import sample
 from ..options import Options, option
+from ..sampling import sample
 from .base import DecodeContext
 from .round import Verdict
 from .rows2d import MAX_ROWS, Rows
