@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The committed CPU benchmarks of the emoji bundle (docs/benchmarks/). One torch thread per process,
+# The committed CPU benchmarks of the emoji bundle. One torch thread per process,
 # so the numbers do not depend on how busy the second core is. Each command resumes if interrupted.
 set -euo pipefail
 export OMP_NUM_THREADS=1
-out=docs/benchmarks
+# The runs behind the current tables (goal, t2i, cspd, mar, mar-steps) write to docs/results/data/
+# (tables: python scripts/results_tables.py); the earlier studies (main, batch1, trees, tree-sizes,
+# successors, greedy and the sweeps) rewrite their archived records in docs/results/archive/.
+out=docs/results/data
+old=docs/results/archive
 methods="ar,speculative:gamma=2,speculative:gamma=4"
 methods+=",sjd:window=8:init=random,sjd:window=8:init=horizontal-repeat,sjd:window=8:init=vertical-repeat"
 methods+=",sjd:window=8:init=horizontal-sample,sjd:window=8:init=vertical-sample,sjd:window=16:init=horizontal-sample"
@@ -13,22 +17,22 @@ methods+=",$trees,eagle:depth=5:top_k=8:total_tokens=24:accept=lantern:k=50:delt
 case "${1:-main}" in
   main)   # batch 8, 64 images: every method, quality proxy, plots
     specvis bench --model emoji --methods "$methods" --num 64 --batch-size 8 \
-      --json $out/emoji-cpu.json --md $out/emoji-cpu.md --plots $out/plots ;;
+      --json $old/emoji-cpu.json --md $old/emoji-cpu.md --plots $old/plots ;;
   batch1) # batch 1: the latency case
     specvis bench --model emoji --methods "ar,speculative:gamma=2,speculative:gamma=4,sjd:window=4:init=horizontal-sample,sjd:window=8:init=horizontal-sample,sjd:window=16:init=horizontal-sample,sjd:window=8:init=random,sjd:window=8:init=horizontal-repeat,sjd:window=8:init=vertical-repeat,sjd:window=8:init=vertical-sample" \
-      --num 8 --batch-size 1 --json $out/emoji-cpu-b1.json --md $out/emoji-cpu-b1.md ;;
+      --num 8 --batch-size 1 --json $old/emoji-cpu-b1.json --md $old/emoji-cpu-b1.md ;;
   trees)  # ADT-Tree Table I on our model: batch 1 and 8, temperature 1 and 0
     for t in 1 0; do
       specvis bench --model emoji --methods "ar,speculative:gamma=4,$trees" --num 8 --batch-size 1 --temperature $t \
-        --json $out/emoji-cpu-trees-b1-t$t.json --md $out/emoji-cpu-trees-b1-t$t.md
+        --json $old/emoji-cpu-trees-b1-t$t.json --md $old/emoji-cpu-trees-b1-t$t.md
       specvis bench --model emoji --methods "ar,speculative:gamma=4,$trees" --num 16 --batch-size 8 --temperature $t \
-        --json $out/emoji-cpu-trees-b8-t$t.json --md $out/emoji-cpu-trees-b8-t$t.md
+        --json $old/emoji-cpu-trees-b8-t$t.json --md $old/emoji-cpu-trees-b8-t$t.md
     done ;;
   tree-sizes) # tree size (total_tokens) against CPU cost: batch 1, temperature 1
     sizes=""
     for n in 12 24 40 60; do sizes+=",eagle:depth=5:top_k=8:total_tokens=$n,adt:init=horizontal:total_tokens=$n"; done
     specvis bench --model emoji --methods "ar$sizes" --num 8 --batch-size 1 \
-      --json $out/emoji-cpu-tree-sizes.json --md $out/emoji-cpu-tree-sizes.md ;;
+      --json $old/emoji-cpu-tree-sizes.json --md $old/emoji-cpu-tree-sizes.md ;;
   cspd)   # CSpD on the continuous emoji models: the paper's Table 1 (gamma 4/8/16/32, prefill 0.05) at
           # batch 1, 8 and 64; Table 4 (prefill 0/0.15 at gamma 8) and the exact ratios at batch 8;
           # then the ratio probe and the two-sample distance of each ratio's output law.
@@ -52,7 +56,7 @@ case "${1:-main}" in
   mar)    # CSpD on the emoji MAR pair (sv.load("emoji-mar")), the structure of paper 000's Table 1: gamma 4/8/16/32
           # for the paper ratio and the two exact ones, against MAR's own sampler (64 steps), batch 1 (8 images),
           # 8 or 64 (one batch each): "mar 1", "mar 8", "mar 64", one core each (CORE=); then
-          # python scripts/cspd_mar_table.py docs/benchmarks/cspd-mar.md
+          # python scripts/cspd_mar_table.py docs/results/emoji-mar-cpu.md
     specs="ar"
     for r in paper coupled trajectory; do for g in 4 8 16 32; do specs+=",cspd:gamma=$g:ratio=$r"; done; done
     num=$2; [ "$2" = 1 ] && num=8
@@ -90,23 +94,23 @@ case "${1:-main}" in
     specs+=",static-tree:tree=mc_sim_7b_63:accept=lantern:k=50:delta=0.2,eagle:depth=5:top_k=8:total_tokens=26:accept=lantern:k=50:delta=0.2"
     repeats=3; [ "${2:-1}" = 1 ] && repeats=1
     taskset -c "${CORE:-0}" specvis bench --model emoji --methods "$specs" --num 64 --batch-size "${2:-1}" --seed 777 \
-      --repeats $repeats --json $out/emoji-successors-b${2:-1}.json --md $out/emoji-successors-b${2:-1}.md ;;
+      --repeats $repeats --json $old/emoji-successors-b${2:-1}.json --md $old/emoji-successors-b${2:-1}.md ;;
   t2i)    # the text-to-image emoji bundle (emoji-t2i, Janus-Pro format): every method on the 64 prompts of
-          # docs/benchmarks/emoji-t2i-prompts.txt (training glyph names spread over the 11 classes), seed 777,
+          # docs/results/data/emoji-t2i-prompts.txt (training glyph names spread over the 11 classes), seed 777,
           # batch 1 ("t2i 1") or 8 ("t2i 8"), one timed repeat each, one core each (CORE=)
     specs="ar,speculative:gamma=2,speculative:gamma=4,sjd:window=8:init=vertical-sample:coupling=none"
     specs+=",sjd:window=16:init=vertical-sample:coupling=gumbel,eagle:depth=5:top_k=8:total_tokens=12"
     specs+=",adt:init=horizontal:total_tokens=12,static-tree:tree=chain,static-tree:tree=mc_sim_7b_63"
     specs+=",speculative:gamma=4:accept=lantern:k=50:delta=0.2,sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=8"
     specs+=",static-tree:tree=mc_sim_7b_63:accept=lantern:budget=relative:k=10:lam=5"
-    taskset -c "${CORE:-0}" specvis bench --model emoji-t2i --prompts docs/benchmarks/emoji-t2i-prompts.txt \
+    taskset -c "${CORE:-0}" specvis bench --model emoji-t2i --prompts docs/results/data/emoji-t2i-prompts.txt \
       --methods "$specs" --num 64 --batch-size "${2:-1}" --seed 777 --repeats 1 \
       --json $out/emoji-t2i-b${2:-1}.json --md $out/emoji-t2i-b${2:-1}.md ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
-      --num 16 --batch-size 8 --temperature 0 --json $out/emoji-cpu-greedy.json --md $out/emoji-cpu-greedy.md ;;
+      --num 16 --batch-size 8 --temperature 0 --json $old/emoji-cpu-greedy.json --md $old/emoji-cpu-greedy.md ;;
   sjd-ablations|lantern-grid)
-    python -m specvis.bench.sweeps "$1" --model emoji --out $out --num 16 --batch-size 8 ;;
+    python -m specvis.bench.sweeps "$1" --model emoji --out $old --num 16 --batch-size 8 ;;
   lantern-greedy) # the lantern-grid sweep at temperature 0: the paper's greedy rule on the soft law
-    python -m specvis.bench.sweeps lantern-greedy --model emoji --out $out --num 16 --batch-size 8 ;;
+    python -m specvis.bench.sweeps lantern-greedy --model emoji --out $old --num 16 --batch-size 8 ;;
 esac

@@ -19,7 +19,7 @@ same 8 prompts and the same seeds for both libraries:
   is exact, so its speed is comparable.
 - sampled (temperature 1, cfg_scale 3), batch 8, specvis methods only: speed and forward counts.
 
-Writes docs/benchmarks/families-cpu.json and .md (atomically). One torch thread.
+Writes docs/results/data/families-cpu.json and docs/results/families-cpu.md (atomically). One torch thread.
 
     OMP_NUM_THREADS=1 python scripts/bench_families.py            # the committed numbers
     OMP_NUM_THREADS=1 python scripts/bench_families.py --quick    # smoke test: 2 prompts, 1 repeat
@@ -473,7 +473,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke test: 2 prompts, 1 timed repeat")
     ap.add_argument("--repeats", type=int, default=None, help="timed passes per row (default 3; 1 with --quick)")
-    ap.add_argument("--out", default=None, help="output stem (default docs/benchmarks/families-cpu[-quick])")
+    ap.add_argument("--out", default=None, help="output stem: STEM.json and STEM.md (default docs/results/data/families-cpu[-quick].json, the page docs/results/families-cpu[-quick].md)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     transformers.utils.logging.set_verbosity_error()
@@ -481,7 +481,7 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore")
     prompts = PROMPTS[:2] if args.quick else PROMPTS
     repeats = args.repeats or (1 if args.quick else 3)
-    stem = Path(args.out) if args.out else ROOT / "docs" / "benchmarks" / ("families-cpu-quick" if args.quick else "families-cpu")
+    stem = Path(args.out) if args.out else ROOT / "docs" / "results" / "data" / ("families-cpu-quick" if args.quick else "families-cpu")
     t_start = time.perf_counter()
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "specvis": getattr(sv, "__version__", None),
            "torch_threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
@@ -520,8 +520,9 @@ def main(argv=None) -> None:
     report["findings"] = findings(report)
     stem.parent.mkdir(parents=True, exist_ok=True)
     write_text(stem.with_suffix(".json"), dumps(report) + "\n")
-    write_text(stem.with_suffix(".md"), markdown(report))
-    log(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.md')} in {report['total_s']} s")
+    md = stem.with_suffix(".md") if args.out else ROOT / "docs" / "results" / f"{stem.name}.md"  # the current page
+    write_text(md, markdown(report))
+    log(f"wrote {stem.with_suffix('.json')} and {md} in {report['total_s']} s")
     for f in report["findings"]:
         log(f"- {f}")
 

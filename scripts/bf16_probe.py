@@ -3,7 +3,7 @@ bf16 law depends on the block it is computed in (what "exact" means for a bf16 m
 cost curve of each dtype, and AR and SJD in each dtype against the faster AR, timed image by image in one
 process. One torch thread; run it alone on a core.
 
-    taskset -c 0 python scripts/bf16_probe.py --out docs/benchmarks/bf16-cpu
+    taskset -c 0 python scripts/bf16_probe.py --out docs/results/archive/bf16-cpu
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Tables of docs/benchmarks/cspd-mar.md from the committed bench reports: CSpD on the emoji MAR pair
+"""Tables of docs/results/emoji-mar-cpu.md from the committed bench reports: CSpD on the emoji MAR pair
 (``emoji-mar-b{1,8,64}.json``, the structure of paper 000's Table 1) and, beside it, CSpD on the
 ContinuousAR pair (``emoji-cspd-b{1,8,64}.json``). Quality is the batch-64 run's (64 images); its seed
 noise is the bootstrap std over those images (200 resamples of 64 with replacement) of MAR's own run.
 Rewrites the blocks between ``<!-- table:NAME -->`` markers; the prose around them is kept.
 
-    python scripts/cspd_mar_table.py docs/benchmarks/cspd-mar.md
+    python scripts/cspd_mar_table.py docs/results/emoji-mar-cpu.md
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 from specvis.bench.quality import frechet_distance
 from specvis.bench.report import key_id, load_observations, run_key, side_path
 
-BENCH = Path("docs/benchmarks")
+BENCH = Path("docs/results/data")
 BATCHES = (1, 8, 64)
 RATIO_NAMES = {"paper": "paper (Eq. 4/5)", "coupled": "coupled (exact)", "trajectory": "trajectory (exact)"}
 

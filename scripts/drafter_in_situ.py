@@ -8,7 +8,7 @@ cache restored to that call's state), three ways: repeated back to back (the cur
 after every target weight has been read once (what a target forward does between drafter rounds),
 and after a sweep over ``--sweep-mb`` MB of unrelated memory. One torch thread.
 
-    taskset -c 0 python scripts/drafter_in_situ.py --out docs/benchmarks/drafter-in-situ.md
+    taskset -c 0 python scripts/drafter_in_situ.py --out docs/results/archive/drafter-in-situ.md
 """
 from __future__ import annotations
 

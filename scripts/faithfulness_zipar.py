@@ -1,6 +1,6 @@
 """Faithfulness of ``sv.ZipAR`` to the official LlamaGen-ZipAR loop, greedily, on a tiny random LlamaGen.
 
-    python scripts/faithfulness_zipar.py PATH/TO/ZipAR [--windows 2 3 4 8] [--grid 8] [--out docs/results/zipar-faithfulness]
+    python scripts/faithfulness_zipar.py PATH/TO/ZipAR [--windows 2 3 4 8] [--grid 8] [--out docs/results/archive/zipar-faithfulness]
 
 PATH is a local checkout of ThisisBillhe/ZipAR (its ``LlamaGen-ZipAR`` tree is imported; nothing of it is
 copied here). Runs on CPU (torch only). Setting (pjd_zipar_brief D1): the official ``Transformer`` with

@@ -2,7 +2,7 @@
 emoji target (fp32) and a random LlamaGen of GPT-L shape (24 layers, dim 1024, bf16), batch 1 with
 CFG, block sizes 1..25; writes JSON (median ms over 50 replays).
 
-    python scripts/gpu_forward_cost.py --json docs/benchmarks/forward-cost-h100.json
+    python scripts/gpu_forward_cost.py --json docs/results/data/forward-cost-h100.json
 """
 
 import argparse

@@ -554,7 +554,7 @@ METHODS = {  # the lossless methods of issue 49, one configuration each (the one
                   "eagle:depth=5:top_k=8:total_tokens=12", "adt:init=horizontal:total_tokens=12"],
 }
 COMPILE_METHODS = 2  # captured + compile: AR and SJD only (every new block size and live span is a compile)
-T2I_PROMPT_IDS = ROOT / "docs" / "benchmarks" / "emoji-t2i-prompt-ids.json"
+T2I_PROMPT_IDS = ROOT / "docs" / "results" / "data" / "emoji-t2i-prompt-ids.json"
 MODES = ("graphs", "eager", "compile")
 RUN_FIELDS = ("method", "config", "acceptance", "lossless", "n_images", "wall_s", "images_per_s", "speedup",
               "mean_accepted_length", "target_forwards", "draft_forwards", "predicted_speedup", "efficiency")
@@ -620,7 +620,7 @@ def cost_curve_calls(calls: tuple | None):
 
 
 def t2i_prompts() -> list[list[int]]:
-    """The 64 emoji-t2i benchmark prompts (docs/benchmarks/emoji-t2i-prompts.txt) as the bundle's
+    """The 64 emoji-t2i benchmark prompts (docs/results/data/emoji-t2i-prompts.txt) as the bundle's
     processor encodes them, committed (the device machine needs no tokenizer; a test checks them)."""
     return json.loads(T2I_PROMPT_IDS.read_text())["ids"]
 

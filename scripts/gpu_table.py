@@ -1,8 +1,8 @@
-"""Markdown table of the committed GPU benchmarks (docs/benchmarks/emoji-<gpu>-b<B>-<mode>.json):
+"""Markdown table of the committed GPU benchmarks (docs/results/data/emoji-<gpu>-b<B>-<mode>.json):
 images/s per method in each mode (eager, captured rounds, captured + torch.compile), the speedup over
 AR in the same mode, and the mean accepted length.
 
-    python scripts/gpu_table.py h100 > docs/benchmarks/gpu-h100.md
+    python scripts/gpu_table.py h100 > docs/results/emoji-h100.md
 """
 
 import json
@@ -21,7 +21,7 @@ def label(run: dict) -> str:
 
 
 def main(gpu: str) -> None:
-    root = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+    root = Path(__file__).resolve().parent.parent / "docs" / "results" / "data"
     out = [f"# emoji bundle on {gpu.upper()}", ""]
     for batch in (1, 8, 64):
         reports = {m: json.loads(p.read_text()) for m in MODES if (p := root / f"emoji-{gpu}-b{batch}-{m}.json").exists()}

@@ -4,7 +4,7 @@
 drift and warm caches fall on both alike. The same class and seed in both modes (the tokens are equal).
 One torch thread; run it alone on the machine.
 
-    taskset -c 0 python scripts/inference_mode_ab.py --out docs/benchmarks/inference-mode-cpu.md
+    taskset -c 0 python scripts/inference_mode_ab.py --out docs/results/archive/inference-mode-cpu.md
 """
 from __future__ import annotations
 

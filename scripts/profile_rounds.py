@@ -8,7 +8,7 @@ the median time of a forward inside the decodes, per model and block size, is se
 curve ``specvis bench`` prices runs with (the same forward repeated on its own: warm caches). One
 torch thread.
 
-    taskset -c 1 python scripts/profile_rounds.py --batch-size 1 8 --out docs/benchmarks/profile-cpu.md
+    taskset -c 1 python scripts/profile_rounds.py --batch-size 1 8 --out docs/results/archive/profile-cpu.md
 """
 from __future__ import annotations
 

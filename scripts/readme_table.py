@@ -1,6 +1,7 @@
-"""Regenerate the README's performance table from a committed bench JSON (never typed by hand).
+"""Regenerate a marked markdown table from a committed bench JSON (never typed by hand); the README's
+headline table is scripts/results_tables.py's.
 
-    python scripts/readme_table.py docs/benchmarks/emoji-cpu.json README.md
+    python scripts/readme_table.py docs/results/archive/emoji-cpu.json docs/results/archive/readme-notebook.md
 
 Replaces everything between ``<!-- bench-table:start -->`` and ``<!-- bench-table:end -->`` (with
 ``--block NAME``: ``<!-- bench-table:NAME:start -->`` ... ``<!-- bench-table:NAME:end -->``) with
@@ -39,7 +40,7 @@ def render(report_path: Path, text: str, block: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("report", type=Path, help="bench JSON (e.g. docs/benchmarks/emoji-cpu.json)")
+    p.add_argument("report", type=Path, help="bench JSON (e.g. docs/results/archive/emoji-cpu.json)")
     p.add_argument("readme", type=Path, help="markdown file with the bench-table markers")
     p.add_argument("--block", help="name of the marked block (default: the unnamed one)")
     a = p.parse_args(argv)

@@ -8,15 +8,15 @@ with P the model's parameters, c the mean context (prefix + half the image), and
 forwards by block size (``target_block_sizes``, ``draft_block_sizes``, ``drafter_block_sizes``) summed
 like ``specvis.bench.report.predicted_time`` does with a measured curve. Launch latency, sampling and
 acceptance work are left out: this is the ceiling of a regime where a forward costs its bytes (large
-models, captured rounds), not what specvis does on a GPU today (docs/benchmarks/gpu-h100.md: the 4.5M
+models, captured rounds), not what specvis does on a GPU today (docs/results/emoji-h100.md: the 4.5M
 emoji model is launch-bound at ~5 ms a forward, where this model prices it at microseconds).
 
 Two model sets are priced with the SAME forward counts: the models the report ran, and Janus-Pro-sized
 ones (7B target, 1B draft, an EAGLE head of one 7B decoder layer reading the 7B image head): what these
 speedups would be IF the large models accepted like the small ones (an assumption, labelled as such).
 
-    python scripts/roofline.py docs/benchmarks/emoji-t2i-b1.json docs/benchmarks/emoji-t2i-b8.json \\
-        --out docs/benchmarks/roofline-emoji-t2i.md
+    python scripts/roofline.py docs/results/data/emoji-t2i-b1.json docs/results/data/emoji-t2i-b8.json \\
+        --out docs/results/archive/roofline-emoji-t2i.md
 """
 from __future__ import annotations
 

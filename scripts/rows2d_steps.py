@@ -1,6 +1,6 @@
 """Step compression of ZipAR and PJD against AR, SJD and GSD on ``emoji-t2i`` (counts, no timing).
 
-    python scripts/rows2d_steps.py [--prompts 16] [--out docs/results/rows2d-steps]
+    python scripts/rows2d_steps.py [--prompts 16] [--out docs/results/archive/rows2d-steps]
 
 The first ``prompts`` prompts of docs/benchmarks/emoji-t2i-prompts.txt, each method at batch 1 (each
 prompt alone, seed = its index) and at batch 8 (consecutive groups of 8, seed = the group's index), at
@@ -50,7 +50,7 @@ def run(pipe, spec: str, prompts: list[str], batch: int, sampling) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--out", default="docs/results/rows2d-steps")
+    ap.add_argument("--out", default="docs/results/archive/rows2d-steps")
     a = ap.parse_args()
     torch.set_num_threads(1)
     prompts = (ROOT / "docs/benchmarks/emoji-t2i-prompts.txt").read_text().split("\n")[: a.prompts]

@@ -1,6 +1,6 @@
 """Measured total variation of ZipAR's and PJD's output law to the target (AR) law on enumerable tiny models.
 
-``python scripts/rows2d_tv.py [--out docs/benchmarks/rows2d-tv] [--samples 30000]`` writes OUT.md and
+``python scripts/rows2d_tv.py [--out docs/results/archive/rows2d-tv] [--samples 30000]`` writes OUT.md and
 OUT.json (about a minute on one core).
 
 Setting: the harness's tiny random decoders (tests/exactness.py ``tiny_prompt_model``, sharpened so that
@@ -71,7 +71,7 @@ def greedy_diff(model, method) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="docs/benchmarks/rows2d-tv")
+    ap.add_argument("--out", default="docs/results/archive/rows2d-tv")
     ap.add_argument("--samples", type=int, default=30000)
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -189,7 +189,7 @@ def cmd_linear(a) -> None:
 def greedy_4x4(pipe) -> dict:
     """A 4x4 image (LlamaGen t2i: its native grid) with greedy AR and greedy SJD (window 16): the tokens, whether they are identical
     and, if not, where they first differ. In bf16 a near-tie can flip: a position's logits depend at
-    rounding level on the block they are computed in (docs/benchmarks/bf16-cpu.md)."""
+    rounding level on the block they are computed in (docs/results/archive/bf16-cpu.md)."""
     import torch
 
     import specvis as sv

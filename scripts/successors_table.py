@@ -1,4 +1,4 @@
-"""Tables of docs/benchmarks/successors.md from emoji-successors-b{1,8}.json (+ forward-cost-cpu.json).
+"""Tables of docs/results/archive/successors.md from emoji-successors-b{1,8}.json (+ forward-cost-cpu.json).
 
 ``python scripts/successors_table.py`` prints the markdown tables. Predicted speedup (batch 1, SJD
 only): AR's forwards against the run's forwards, both priced by the committed one-thread CPU cost
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-B = Path("docs/benchmarks")
+B = Path("docs/results/archive")
 
 
 def label(run: dict) -> str:

@@ -4,7 +4,7 @@ float32 and bf16 for a bare matmul at a decode's row counts; then the bundle tar
 (``forward_cost``) with the packed kernel off and on, alternated so that the machine's drift falls on
 both alike. One torch thread; run it alone on a core.
 
-    taskset -c 0 python scripts/weight_layout_probe.py --out docs/benchmarks/cpu-linear
+    taskset -c 0 python scripts/weight_layout_probe.py --out docs/results/archive/cpu-linear
 """
 from __future__ import annotations
 

@@ -32,13 +32,13 @@ DEFAULT_METHODS = {
 
 
 def default_method_spec(pipe=None) -> str:
-    """The spec of ``DEFAULT_METHODS`` for ``pipe`` (None: the discrete-model default)."""
-    from .families.mar import MARPipeline
-    from .pipeline import ContinuousPipeline
-
-    if isinstance(pipe, (ContinuousPipeline, MARPipeline)):
+    """The spec of ``DEFAULT_METHODS`` for ``pipe`` (None: the discrete-model default), by the tokens
+    it declares (``Pipeline.tokens``)."""
+    if pipe is None:
+        return DEFAULT_METHODS["discrete"]
+    if pipe.tokens == "continuous":
         return DEFAULT_METHODS["continuous"]
-    return DEFAULT_METHODS.get(getattr(pipe, "name", None), DEFAULT_METHODS["discrete"])
+    return DEFAULT_METHODS.get(pipe.name, DEFAULT_METHODS["discrete"])
 
 
 class Parser(argparse.ArgumentParser):
@@ -51,7 +51,7 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
                    help="weights and KV cache (default: the model's, fp32); on a CPU with bf16 dot products "
-                        "(AVX512-BF16, AMX) bf16 flattens the forward cost curve: docs/benchmarks/bf16-cpu.md")
+                        "(AVX512-BF16, AMX) bf16 flattens the forward cost curve: docs/results/archive/bf16-cpu.md")
     g.add_argument("--quantize", choices=["int8"],
                    help="weight-only int8 linear layers in the target's and draft's blocks (half the memory of bf16; "
                         "methods stay exact for the quantized model): docs/benchmarks/scale.md")
@@ -75,7 +75,7 @@ def _load(a: argparse.Namespace):
     pipe = load(a.model, a.device, a.dtype, a.compile, a.graphs, draft=a.draft, drafter=a.drafter,
                 **({"quantize": a.quantize} if a.quantize else {}))
     if num_iter is not None:
-        if not hasattr(pipe, "num_iter"):
+        if pipe.num_iter is None:  # declared by the pipelines of ordered models (MAR)
             raise ValueError(f"--num-iter applies to MAR models only; model {a.model} decodes one token per step")
         pipe.num_iter = num_iter
     return pipe
@@ -94,11 +94,9 @@ def _device_line(pipe) -> str:
 def _plan_memory(pipe, batch_size: int, methods, sampling, verbose: bool = False) -> None:
     """Before any forward: each method's memory plan at ``batch_size`` (``Pipeline.memory``; text
     prompts planned at ``specvis.memory.DEFAULT_PROMPT_TOKENS``, the call re-plans with its own);
-    printed with ``-v``; a plan that does not fit is the one-line error. MAR pipelines (no KV cache)
-    are not planned."""
-    from .families.mar import MARPipeline
-
-    if isinstance(pipe, MARPipeline):
+    printed with ``-v``; a plan that does not fit is the one-line error. Pipelines without a KV cache
+    (``Pipeline.kv_cache``: MAR) are not planned."""
+    if not pipe.kv_cache:
         return
     for method in methods:
         plan = pipe.memory(batch_size, method, sampling)
@@ -330,11 +328,9 @@ def _save_png(image, path: Path) -> None:
 
 def _check_draft(pipe, names: list[str]) -> None:
     """Text-to-image checkpoints have no draft unless ``--draft`` gives one: say so before running."""
-    from .pipeline import TextPipeline
-
-    if isinstance(pipe, TextPipeline) and pipe.draft is None and "speculative" in names:
+    if pipe.conditioning != "class" and pipe.draft is None and "speculative" in names:
         raise ValueError(f"method speculative needs a draft model: give --draft DIR (or a Hub id), a smaller "
-                         f"checkpoint of the same family as {pipe.name} ({pipe.family.NAME})")
+                         f"checkpoint of the same family as {pipe.name} ({pipe.family.name})")
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -362,9 +358,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     method = _method(a, pipe)  # without --method: the model's default (DEFAULT_METHODS)
     _check_draft(pipe, [method.name])
     sampling = _sampling(a, pipe.default_sampling)
-    from .pipeline import TextPipeline
-
-    text = isinstance(pipe, TextPipeline)
+    text = pipe.conditioning != "class"  # prompts (through the checkpoint's processor or text encoder)
     if text:
         if a.classes:
             raise ValueError(f"model {a.model} is text-to-image: give --prompt, not --class")

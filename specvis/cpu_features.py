@@ -2,7 +2,7 @@
 
 bf16 and fp16 matmuls on a CPU without dot products of that type are emulated: on an AMD EPYC
 without AVX512 (AVX2 only) the emoji target's bf16 forward measured 3.5x (one token) to 25x (33
-tokens) slower than fp32 (docs/benchmarks/bf16-cpu-avx2.md); fp16 about as slow in a one-off check.
+tokens) slower than fp32 (docs/results/archive/bf16-cpu-avx2.md); fp16 about as slow in a one-off check.
 """
 
 from __future__ import annotations

@@ -101,26 +101,22 @@ class Models:
 
 def class_choices(pipe) -> list[str]:
     """``"3: animals"`` for each class of a class-conditional pipeline ([] for text models)."""
-    from .pipeline import TextPipeline
-
-    if isinstance(pipe, TextPipeline):
+    if pipe.conditioning != "class":
         return []
-    names = list(getattr(pipe, "class_names", []) or [])
+    names = list(pipe.class_names or [])
     return [f"{i}: {names[i]}" if i < len(names) else str(i) for i in range(pipe.num_classes)]
 
 
 def parse_condition(pipe, text: str) -> dict[str, Any]:
     """The keyword arguments of ``pipe(...)`` for the page's class/prompt field: ``classes=[c]`` for a
     class-conditional model (an id, ``"id: name"`` or a class name), ``prompts=[text]`` for a text model."""
-    from .pipeline import TextPipeline
-
     text = (text or "").strip()
-    if isinstance(pipe, TextPipeline):
+    if pipe.conditioning != "class":
         if not text:
             raise ValueError(f"model {pipe.name} is text-to-image: type a text prompt")
         return {"prompts": [text]}
     n = pipe.num_classes
-    names = list(getattr(pipe, "class_names", []) or [])
+    names = list(pipe.class_names or [])
     if not text:
         raise ValueError(f"model {pipe.name} is class-conditional: give a class, 0..{n - 1}")
     head = text.split(":", 1)[0].strip()
@@ -221,7 +217,7 @@ def compare(models: Models, model: str, condition: str, method: str, options: st
     cell = max(1, big_acc.width // amap.shape[-1])
     _, _, rule = describe(chosen)
     return Result(big_ar, big_acc, heatmaps(amap[:1], cell=cell)[0], ar.stats, acc.stats, spec, rule,
-                  bool(getattr(chosen, "lossless", False)), int(amap.max()))
+                  bool(chosen.lossless), int(amap.max()))
 
 
 def figures_html(r: Result) -> str:

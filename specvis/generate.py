@@ -35,13 +35,15 @@ class Generation:
 
 
 def check_conditions(model, conditions) -> None:
-    """Class ids for class-conditional models, ``Prompts``/``Captions`` (or a ``Condition``) for text-conditioned ones."""
-    n = getattr(model, "num_conditions", None)
+    """Class ids for class-conditional models, ``Prompts``/``Captions`` (or a ``Condition``) for
+    text-conditioned ones. A model declares which: ``num_conditions`` (its class count; None for
+    text-conditioned models, ``TokenModel``)."""
+    n = model.num_conditions
     if isinstance(conditions, (Prompts, Captions, Condition)):
         if n is not None:
             raise ValueError("this model is class-conditional: give classes, not prompts")
         return
-    if n is None and getattr(model, "null_condition", 0) is None:
+    if n is None:
         raise ValueError("this model is text-conditioned: give prompts, not classes")
     if conditions.ndim != 1 or conditions.dtype not in (torch.int32, torch.int64):
         raise ValueError("conditions must be a 1-D integer tensor of class ids")

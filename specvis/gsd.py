@@ -43,7 +43,7 @@ Q(C)) or higher, so they differ. Cost of "min-tv": the cluster of every token, O
 (O(V W d) with the distance filter) instead of O(W).
 
 Bound: none stated by the paper and none follows in general (the clusters overlap, the residual is
-token level): the output's TV to p is measured (tests/test_relaxed.py, docs/benchmarks/relaxed-tv.md).
+token level): the output's TV to p is measured (tests/test_relaxed.py, docs/results/archive/relaxed-tv.md).
 What holds: with ``residual="min-tv"`` TV(O, p) = sum_y max(0, q(y) f(y) - p(y)) exactly, per position
 and conditional on everything before it; a cluster of x alone (G < 2, delta_p = 0, or max_dist = 0) is
 token for token ``Exact()``. Under greedy sampling p is a point mass, so no neighbour passes the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -13,6 +13,7 @@ from .cpu_features import NATIVE_FLAGS, native_dot_products
 from .generate import Generation
 from .memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, MemoryPlanError, plan
 from .models.base import Captions, Condition, Prompts
+from .models.decoder import CachedStack
 from .models.checkpoint import one_line
 from .models.weight_layout import prepare_cpu_linears
 from .registry import method_argument
@@ -86,10 +87,25 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+Conditioning = Literal["class", "text", "caption"]
+Tokens = Literal["discrete", "continuous"]
+
+
 @dataclass
 class Pipeline:
     """``pipe(classes, method, sampling, seed)`` -> ``Generation`` with decoded images. ``continuous``:
-    the bundle's continuous-token pipeline (``ContinuousPipeline``), where it ships one."""
+    the bundle's continuous-token pipeline (``ContinuousPipeline``), where it ships one.
+
+    What the model can do is declared, for callers (the CLI, the demo, the bench) to ask instead of
+    testing the pipeline's class: ``conditioning`` ("class": ``pipe(classes=...)``; "text": prompts
+    through the checkpoint's processor; "caption": prompts through a separate text encoder),
+    ``tokens`` ("discrete" codes in ``out.tokens``; "continuous" latents in ``out.latents``),
+    ``kv_cache`` (decodes with a KV cache: ``memory`` plans apply) and ``num_iter`` (sampler steps of
+    a model that reveals its tokens in its own order, MAR; None: one stream position per step)."""
+
+    conditioning: ClassVar[Conditioning] = "class"
+    tokens: ClassVar[Tokens] = "discrete"
+    kv_cache: ClassVar[bool] = True
 
     name: str
     target: torch.nn.Module
@@ -102,6 +118,7 @@ class Pipeline:
     continuous: "Pipeline | None" = None
     graphs: bool | None = None  # captured CUDA-graph rounds; None: on for CUDA (specvis.generate)
     compiled: bool = False
+    num_iter: int | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -114,10 +131,10 @@ class Pipeline:
         are computed in fp32 either way), ``torch.compile`` of their cached block stacks, and captured
         rounds on or off. Lossless methods stay exact for the model as run: a bf16 model samples its
         bf16 logits, which depend at rounding level on the block a forward computes them in
-        (docs/benchmarks/bf16-cpu.md).
+        (docs/results/archive/bf16-cpu.md).
 
         ``compile=True`` compiles on CUDA only: on CPU the compiled forward was measured slower
-        (docs/benchmarks/compile-cpu.md: inductor re-materialises the whole in-place KV cache on every
+        (docs/results/archive/compile-cpu.md: inductor re-materialises the whole in-place KV cache on every
         call), so it warns and stays eager; ``compile="always"`` compiles on any device. On CPU the
         linear layers run the fastest kernel for their row count (``models.weight_layout``: weights
         transposed for MKL's small calls, packed for oneDNN's wide ones; same values)."""
@@ -131,13 +148,13 @@ class Pipeline:
             if self.device.type == "cpu" and native_dot_products(dt) is False:
                 warnings.warn(f"this CPU has no {str(dt).removeprefix('torch.')} dot products (none of the cpuinfo "
                               f"flags {', '.join(sorted(NATIVE_FLAGS[dt]))}): its matmuls are emulated, measured "
-                              "3.5-25x slower than fp32 (docs/benchmarks/bf16-cpu-avx2.md); use fp32", stacklevel=2)
+                              "3.5-25x slower than fp32 (docs/results/archive/bf16-cpu-avx2.md); use fp32", stacklevel=2)
         if compile is True and self.device.type == "cpu":
             warnings.warn("torch.compile skipped on CPU, where it measured slower than eager "
-                          "(docs/benchmarks/compile-cpu.md); compile='always' forces it", stacklevel=2)
+                          "(docs/results/archive/compile-cpu.md); compile='always' forces it", stacklevel=2)
         elif compile and not self.compiled:
             for m in (self.target, self.draft):
-                if m is not None and hasattr(m, "compile_decoder"):
+                if isinstance(m, CachedStack):  # the cached block stacks compile (models.decoder)
                     m.compile_decoder()
             self.compiled = True
         if self.device.type == "cpu":  # faster matmuls (models/weight_layout.py)
@@ -221,6 +238,8 @@ class ContinuousPipeline(Pipeline):
     renders (the VQ decoder for the emoji bundle). Methods: ``sv.CSpD`` and ``sv.AR`` (target-only
     sampling); there is no codebook, so no LANTERN."""
 
+    tokens: ClassVar[Tokens] = "continuous"
+
     @property
     def codebook(self) -> None:
         return None
@@ -241,12 +260,14 @@ class TextPipeline(Pipeline):
     loaded on first use; ``decode=False`` with token-id prompts needs neither."""
 
     directory: Any = None
+    family: Any = None  # the checkpoint's ``families.base.Family``: template, suffix, processor, image decoder
     vq: Any = None  # specvis.models.hf_vq decoder, loaded on first decode (or for a LANTERN codebook)
     _processor: Any = None
 
     @property
-    def family(self):
-        return self.target.family
+    def conditioning(self) -> Conditioning:
+        """The family's: "text" (the checkpoint's processor) or "caption" (LlamaGen t2i's flan-t5)."""
+        return self.family.conditioning
 
     @property
     def num_classes(self) -> int:
@@ -275,18 +296,10 @@ class TextPipeline(Pipeline):
 
     @property
     def processor(self):
+        """The family's prompt processor (``Family.processor``: the checkpoint's transformers processor,
+        or LlamaGen t2i's flan-t5 encoder), loaded on first use."""
         if self._processor is None:
-            try:
-                import transformers
-            except ImportError:
-                raise ValueError("text prompts need the checkpoint's processor: pip install specvis[hf]") from None
-            kind = getattr(self.family, "PROMPT_PROCESSOR", "AutoProcessor")
-            try:
-                self._processor = getattr(transformers, kind).from_pretrained(str(self.directory))
-            except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError ...
-                raise ValueError(f"{self.directory}: cannot load the checkpoint's {kind} for text prompts "
-                                 f"({one_line(exc)}); token-id prompts need none, and under CFG neither do "
-                                 "token-id negative_prompts or a family whose unconditional prompt is ids") from None
+            self._processor = self.family.processor(self.directory, self.target, self.device, self.dtype)
         return self._processor
 
     @property
@@ -294,7 +307,7 @@ class TextPipeline(Pipeline):
         """The family's VQ image decoder (``decode(codes, height, width)``, ``codebook``), on the pipeline's device."""
         if self.vq is None:
             try:
-                vq = self.family.load_vq(self.directory, device=self.device)  # fp32, streamed onto the device
+                vq = self.family.image_decoder(self.directory, device=self.device)  # fp32, streamed onto the device
             except ValueError:
                 raise
             except (ImportError, OSError, RuntimeError, KeyError) as exc:
@@ -307,39 +320,40 @@ class TextPipeline(Pipeline):
         return self.decoder.codebook
 
     def _ids(self, prompts, what: str, height: int, width: int) -> list[list[int]]:
+        """Each prompt's token ids: a ``str`` through the family's official template (``Family.encode``),
+        a ``list[int]`` as given; checked against what the model reads (``Family.check_ids``)."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError(f"{what} must be a non-empty list of str or of token-id lists")
         for i, p in enumerate(prompts):
-            if isinstance(p, str):
+            if isinstance(p, str):  # empty or non-UTF-8 text: one line naming the entry
                 checks.text(p, f"{what}[{i}]", allow_empty=what != "prompts")
+            elif not (isinstance(p, (list, tuple)) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
+                raise ValueError(f"{what}: each entry must be a str or a non-empty list of token ids, got {p!r:.60}")
         texts = [p for p in prompts if isinstance(p, str)]
         encoded = iter(self.family.encode(self.processor, texts, height, width, self.target) if texts else [])
-        out = []
-        for p in prompts:
-            if isinstance(p, str):
-                out.append(next(encoded))
-            elif isinstance(p, (list, tuple)) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                out.append(list(p))
-            else:
-                raise ValueError(f"{what}: each entry must be a str or a non-empty list of token ids, got {p!r:.60}")
-        vocab = self.target.config.text_vocab_size
-        if any(not 0 <= t < vocab for p in out for t in p):
-            raise ValueError(f"{what}: token ids must be in 0..{vocab - 1}")
+        out = [next(encoded) if isinstance(p, str) else list(p) for p in prompts]
+        self.family.check_ids(self, out, what)
         return out
 
     def with_positive_suffix(self, prompts, on: bool):
-        """The text prompts with the family's official positive suffix appended (``POSITIVE_SUFFIX`` of its
-        module, "" where it has none) when ``on``; token-id prompts are whole prefixes and stay as given."""
+        """The text prompts with the family's official positive suffix appended (``Family.positive_suffix``,
+        "" where it has none) when ``on``; token-id prompts are whole prefixes and stay as given."""
         if not isinstance(on, bool):
             raise ValueError(f"positive_suffix must be True or False, got {on!r}")
-        suffix = getattr(self.family, "POSITIVE_SUFFIX", "")
+        suffix = self.family.positive_suffix
         if not on or not suffix or not isinstance(prompts, (list, tuple)):
             return prompts
         return [p + suffix if isinstance(p, str) else p for p in prompts]
 
     def set_grid(self, height: int | None, width: int | None) -> tuple[int, int]:
-        """Generate ``height x width`` image tokens (None: the native grid's) with the target and draft."""
+        """Generate ``height x width`` image tokens (None: the native grid's) with the target and draft;
+        a family with a fixed grid (``Family.fixed_grid``: LlamaGen t2i's 2D RoPE table) takes its own only."""
         native = self.grid
+        if self.family.fixed_grid:
+            if (height is not None and height != native[0]) or (width is not None and width != native[1]):
+                raise ValueError(f"model {self.name}: {self.family.name} generates its native {native[0]}x{native[1]} "
+                                 f"grid only (its 2D RoPE table), got height={height} width={width}")
+            return native
         H, W = native[0] if height is None else height, native[1] if width is None else width
         try:
             for m in (self.target, self.draft):
@@ -352,7 +366,7 @@ class TextPipeline(Pipeline):
             raise
         return H, W
 
-    def _check_lengths(self, rows: list[list[int]], what: str) -> None:
+    def check_lengths(self, rows: list[list[int]], what: str) -> None:
         """Each prefix must leave room for the image stream in every model's context (the draft's too)."""
         for model, whose in ((self.target, f"model {self.name}"), (self.draft, "the draft")):
             if model is None:
@@ -384,28 +398,30 @@ class TextPipeline(Pipeline):
             out.images = self.to_images(out.tokens)
         return out
 
+    def prefix(self, prompts, what: str = "prompts", height: int | None = None, width: int | None = None):
+        """The conditional prefix rows of ``prompts`` on the pipeline's device (``Family.prefix``:
+        ``Prompts`` of token ids, or LlamaGen t2i's ``Captions``), on the grid last set."""
+        L = self.target.layout
+        H, W = L.height if height is None else height, L.width if width is None else width
+        rows = self._ids(prompts, what, H, W)
+        self.check_lengths(rows, what)
+        return self.family.prefix(self, rows)
+
     def conditions(self, prompts, negative_prompts, sampling: Sampling, height: int | None,
                    width: int | None, positive_suffix: bool = True) -> Condition:
-        """The call's conditional rows and their CFG rows (None without CFG), on the grid it asks for."""
+        """The call's conditional rows and their CFG rows (None without CFG), on the grid it asks for:
+        the negative prompts' rows, else the family's official unconditional rows (``Family.unconditional``)."""
         if (isinstance(prompts, (list, tuple)) and isinstance(negative_prompts, (list, tuple))
                 and len(negative_prompts) != len(prompts)):
             raise ValueError(f"negative_prompts: {len(negative_prompts)} given for {len(prompts)} prompts; give one per prompt")
         H, W = self.set_grid(height, width)
-        rows = self._ids(self.with_positive_suffix(prompts, positive_suffix), "prompts", H, W)
-        self._check_lengths(rows, "prompts")
-        cond = Prompts.of(rows, self.device)
-        uncond = None
+        cond = self.prefix(self.with_positive_suffix(prompts, positive_suffix), "prompts", H, W)
         if negative_prompts is not None:
-            neg = self._ids(negative_prompts, "negative_prompts", H, W)
+            uncond = self.prefix(negative_prompts, "negative_prompts", H, W)
         elif not sampling.uses_cfg:
-            neg = None
-        elif self.target.unconditional_rule is not None:  # Janus: the prompt with its text replaced by pad
-            neg, uncond = None, self.target.unconditional(cond)
-        else:  # Emu3: the official negative prompt through the same template
-            neg = self.family.negative(self.processor, len(cond), H, W, self.target)
-        if neg is not None:
-            self._check_lengths(neg, "negative_prompts")
-            uncond = Prompts.of(neg, self.device)
+            uncond = None
+        else:
+            uncond = self.family.unconditional(self, cond, H, W)
         if uncond is not None and len(uncond) != len(cond):
             raise ValueError(f"negative_prompts: {len(uncond)} given for {len(cond)} prompts")
         return Condition(cond, uncond)
@@ -414,7 +430,7 @@ class TextPipeline(Pipeline):
     def to_images(self, tokens: torch.Tensor):
         """PIL images of codes (B, H*W) on the grid last generated (the native one before any call)."""
         L = self.target.layout
-        return to_pil(self.decoder.decode(tokens, L.height, L.width))
+        return to_pil(self.family.decode_images(self.decoder, tokens.to(self.device), L.height, L.width))
 
 
 def _rule_needs(method) -> frozenset[str]:

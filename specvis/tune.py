@@ -50,9 +50,9 @@ probe classes, margin):
 
 Candidates (all with ``Exact`` acceptance, so lossless): ``SJD`` window 4, 8, 12, 16 (init
 vertical-sample, Gumbel coupling: the CLI's default SJD, 3.34 tokens per forward at window 16 and
-batch 1 on the emoji target, docs/benchmarks/successors.md; window 12 because on a Zen 5 EPYC it ran
+batch 1 on the emoji target, docs/results/archive/successors.md; window 12 because on a Zen 5 EPYC it ran
 1.55x AR and window 16 1.45x in a probe of ten images at batch 1, in fp32, and 1.42x and 1.43x over
-the 64 images of the goal run, docs/benchmarks/goal.md); with a draft model ``Speculative``
+the 64 images of the goal run, docs/results/archive/goal.md); with a draft model ``Speculative``
 gamma 2 and 4; with an EAGLE drafter ``EagleTree`` with 24 and 60 tree tokens and ``StaticTree`` (its
 default topology). Continuous-token targets get AR (no lossless candidate).
 

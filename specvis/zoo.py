@@ -269,10 +269,8 @@ CONTINUOUS_METHODS = ("ar", "cspd")
 def pipeline_for(pipe, names: list[str]):
     """The pipeline that runs methods ``names``: cspd needs continuous-token models, so a bundle that
     ships them (``pipe.continuous``) switches to them when every method is ar or cspd."""
-    from .families.mar import MARPipeline
-
     other = sorted(set(names) - set(CONTINUOUS_METHODS))
-    if isinstance(pipe, (ContinuousPipeline, MARPipeline)):
+    if pipe.tokens == "continuous":
         if other:
             raise ValueError(f"model {pipe.name} has continuous tokens: methods {' and '.join(CONTINUOUS_METHODS)} only, got {other[0]}")
         return pipe

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from specvis.families import chameleon, detect, emu3
+from specvis.families import chameleon, detect, emu3, janus
 from specvis.models.checkpoint import WEIGHTS_NAME, load_strict
 
 
@@ -71,11 +71,12 @@ def hf_decoder(directory: Path):
     fills it."""
     directory = Path(directory)
     family, config = detect(directory)
+    module = {"janus": janus, "emu3": emu3, "chameleon": chameleon}[family.name]
     model, _ = family.build(directory, config)
-    sd = read_tensors(directory, family.RENAMES, lambda k: k.startswith(family.KEEP))
-    if family is emu3:
+    sd = read_tensors(directory, module.RENAMES, lambda k: k.startswith(module.KEEP))
+    if module is emu3:
         sd["head.weight"] = sd.pop("lm_head.weight")[torch.tensor(emu3.visual_ids(config, "")[0])]
-    elif family is chameleon:
+    elif module is chameleon:
         sd["head.weight"] = sd.pop("lm_head.weight")[torch.tensor(chameleon.image_ids(config, ""))]
     cfg = model.config
     layers = import_llama_layers(sd, "hf_layers.", cfg.n_layer, cfg.n_head, cfg.n_kv_head)

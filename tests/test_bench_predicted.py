@@ -236,7 +236,7 @@ def test_interleaved_speedup_is_the_median_of_within_round_ratios():
 
 def test_cost_curve_times_each_forward_after_warm_calls_of_its_size(pipe, monkeypatch):
     """Sizes interleave, and each round times ``TIMED_CALLS`` forwards after ``WARM_CALLS`` untimed ones
-    of their size: the first forwards after a switch of size cost more (docs/benchmarks/goal.md), and
+    of their size: the first forwards after a switch of size cost more (docs/results/archive/goal.md), and
     a curve timed right after the switch priced AR's forward above AR's whole decode step. Here, on a
     fake clock (``fake_clock``: no wall time), the first seven forwards after a switch take 20 ms and
     the others 1 ms: a curve that timed any of them in a round (the warm calls dropped or timed) would

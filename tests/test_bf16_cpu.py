@@ -1,11 +1,11 @@
 """bf16 on CPU (``sv.load(..., dtype="bf16")``, ``--dtype bf16``): where the CPU has bf16 dot products
-its forward cost curve is flatter than fp32's (docs/benchmarks/bf16-cpu.md), so this is a dtype users
+its forward cost curve is flatter than fp32's (docs/results/archive/bf16-cpu.md), so this is a dtype users
 run for speed. Every step of these methods runs with bf16 weights on the CPU (there the KV cache stays
 float32, ``storage_dtype``: a block not cast on write, or a query not cast for attention, fails here),
 and the output law passes the chi-square harness against the law enumerated from the same bf16 model.
 
 What "exact" means in bf16: the law of a position depends, at rounding level, on the block it is
-computed in (docs/benchmarks/bf16-cpu.md measures it on the emoji target); 20,000 samples cannot see
+computed in (docs/results/archive/bf16-cpu.md measures it on the emoji target); 20,000 samples cannot see
 that, and the harness checks the same things as in fp32 (a wrong residual, position or bonus token)."""
 
 import pytest

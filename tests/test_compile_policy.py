@@ -1,5 +1,5 @@
 """torch.compile policy (issue 17): ``compile=True`` compiles on CUDA only, since on CPU the compiled
-cached forward measured slower than eager (docs/benchmarks/compile-cpu.md); ``"always"`` forces it.
+cached forward measured slower than eager (docs/results/archive/compile-cpu.md); ``"always"`` forces it.
 Catches: compiling on CPU anyway (the bench would run the slower path), or "always" being ignored."""
 
 import pytest

@@ -203,7 +203,7 @@ def test_bad_coupling_names_the_field():
 def test_coupling_from_cli_and_spec():
     assert _method(build_parser().parse_args(["generate", "--method", "sjd", "--coupling", "gumbel"])) == SJD(coupling="gumbel")
     assert method_from_spec("sjd:window=8:coupling=maximal") == SJD(8, coupling="maximal")
-    assert SJD().coupling == "gumbel"  # the measured default (docs/benchmarks/successors.md)
+    assert SJD().coupling == "gumbel"  # the measured default (docs/results/archive/successors.md)
     assert method_from_spec("sjd:coupling=none") == SJD(coupling="none")  # "none" is a value here, not "default"
     assert method_from_spec("sjd:window=8:gamma=none") == SJD(8)  # elsewhere "none" still means unset
 

@@ -86,3 +86,44 @@ def test_greedy_ar_with_cfg_equals_transformers_generate(dirs, name: str, batch:
         out = pipe(prompts=PROMPTS, method=method, sampling=greedy, decode=False, height=H, width=W,
                    **({"negative_prompts": [""] * len(PROMPTS)} if name == "emu3" else {}))
         assert torch.equal(out.tokens, ref)
+
+
+def test_families_are_declared(dirs, tmp_path) -> None:
+    """Each family is one ``Family`` instance that declares what it provides (conditioning, tokens,
+    prompt processor, positive suffix, official sampling); the pipeline holds the family and the model
+    knows nothing of it. Catches Janus ignoring generation_config.json's guidance_scale, Lumina-mGPT
+    given Anole's sampling, and a family attached to the model after construction."""
+    import json
+    import shutil
+
+    from specvis.families import FAMILIES, chameleon, detect, emu3, janus, llamagen_t2i, mar
+    from specvis.families.base import Family
+
+    assert [f.name for f in FAMILIES] == ["janus", "emu3", "chameleon", "llamagen-t2i", "mar"]
+    assert all(isinstance(f, Family) for f in FAMILIES)
+    assert [(f.conditioning, f.tokens) for f in FAMILIES] == [
+        ("text", "discrete"), ("text", "discrete"), ("text", "discrete"), ("caption", "discrete"), ("class", "continuous")]
+    assert (janus.FAMILY.prompt_processor, chameleon.FAMILY.prompt_processor) == ("AutoProcessor", "AutoTokenizer")
+    assert (emu3.FAMILY.positive_suffix, janus.FAMILY.positive_suffix) == (emu3.POSITIVE_SUFFIX, "")
+    assert detect(dirs["janus"])[0] is janus.FAMILY and detect(dirs["emu3"])[0] is emu3.FAMILY
+
+    gen = json.loads((dirs["janus"] / "generation_config.json").read_text())
+    for scale, want in ((7.25, 7.25), (None, janus.DEFAULT_SAMPLING["cfg_scale"])):
+        d = tmp_path / f"janus-{scale}"
+        d.mkdir()
+        shutil.copy(dirs["janus"] / "config.json", d / "config.json")
+        (d / "generation_config.json").write_text(json.dumps({**{k: v for k, v in gen.items() if k != "guidance_scale"},
+                                                              **({"guidance_scale": scale} if scale else {})}))
+        assert janus.FAMILY.sampling(d, None) == {**janus.DEFAULT_SAMPLING, "cfg_scale": want}
+    assert chameleon.FAMILY.sampling(tmp_path, {"z_loss_weight": 1e-5}) == chameleon.LUMINA_SAMPLING
+    assert chameleon.FAMILY.sampling(tmp_path, {"model_type": "chameleon"}) == chameleon.DEFAULT_SAMPLING
+    assert llamagen_t2i.FAMILY.sampling(tmp_path, None) == llamagen_t2i.DEFAULT_SAMPLING
+    assert not mar.FAMILY.matches({"model_type": "mar"}) and not janus.FAMILY.matches_dir(dirs["janus"])
+
+    pipe = sv.load(str(dirs["janus"]))
+    assert pipe.family is janus.FAMILY and (pipe.conditioning, pipe.tokens, pipe.kv_cache) == ("text", "discrete", True)
+    assert pipe.default_sampling.cfg_scale == gen["guidance_scale"] and pipe.num_iter is None
+    assert "family" not in vars(pipe.target)
+    for name in ("janus", "emu3"):  # the declared native grid is the grid a pipeline loads at
+        family, config = detect(dirs[name])
+        assert sv.load(str(dirs[name])).grid == family.native_grid(dirs[name], config)

@@ -114,10 +114,10 @@ def test_committed_smoke_report_matches_the_script(smoke):
 
 def test_t2i_prompt_ids_are_the_bundle_encoding():
     """The committed prompt ids (the device machine needs no tokenizer) are what the emoji-t2i bundle's
-    processor makes of docs/benchmarks/emoji-t2i-prompts.txt."""
+    processor makes of docs/results/data/emoji-t2i-prompts.txt."""
     pytest.importorskip("transformers")
     pipe = sv.load("emoji-t2i")
-    texts = (ROOT / "docs" / "benchmarks" / "emoji-t2i-prompts.txt").read_text().splitlines()
+    texts = (ROOT / "docs" / "results" / "data" / "emoji-t2i-prompts.txt").read_text().splitlines()
     assert pipe.family.encode(pipe.processor, texts, 16, 16, pipe.target) == gs.t2i_prompts()
 
 

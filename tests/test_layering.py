@@ -8,9 +8,8 @@ as file:line.
 - No ``hasattr(`` nor ``getattr(x, "name", default)`` probing of models, rules or methods in
   specvis/methods/, specvis/generate.py and specvis/pipeline.py: capabilities are declared.
 - No method file over 300 lines; README.md at most 200 lines.
-
-Checks that another seam of the reshape must still fix are marked xfail (not strict) with the seam's
-name; the lead removes a mark when its seam lands.
+- The CLI, the demo and the model zoo ask a pipeline what its model can do (``conditioning``,
+  ``tokens``, ``kv_cache``, ``num_iter``), never ``isinstance`` of a pipeline class.
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "specvis"
 
-SEAM5 = "Seam 5 (families: one Family base, one Pipeline)"
-DOCS = "docs helper (README of at most 200 lines)"
 
 
 def module_name(path: Path) -> str:
@@ -113,19 +110,10 @@ def describe(component: list[str]) -> str:
     return f"cycle among {', '.join(component)}: " + "; ".join(edges)
 
 
-# cycles that a seam still in progress removes (its modules; a cycle inside them is that seam's)
-PENDING_CYCLES = {frozenset({"specvis.families", "specvis.families.llamagen_t2i"}): SEAM5}
-
-
 def test_no_import_cycles():
     """Catches an upward import anywhere in specvis (a function-local one included), e.g. the
-    method-choosing code importing ``generate`` from below it, as methods/auto.py did (30 cycles)."""
-    bad = [describe(c) for c in cycles() if frozenset(c) not in PENDING_CYCLES]
-    assert not bad, "\n".join(bad)
-
-
-@pytest.mark.xfail(reason=f"{SEAM5}: families/llamagen_t2i.py imports its package's detect", strict=False)
-def test_no_import_cycles_pending():
+    method-choosing code importing ``generate`` from below it, as methods/auto.py did (30 cycles), or a
+    family module importing its package's ``detect`` (families/llamagen_t2i.py did)."""
     bad = [describe(c) for c in cycles()]
     assert not bad, "\n".join(bad)
 
@@ -165,9 +153,6 @@ def test_low_modules_import_nothing_above_them(low, above):
 
 # ---------------------------------------------------------------- probing
 PROBED = [*sorted((PKG / "methods").glob("*.py")), PKG / "generate.py", PKG / "pipeline.py"]
-PROBE_OWNERS = {  # files whose remaining probes another seam removes
-    "generate.py": f"{SEAM5} (check_conditions)", "pipeline.py": SEAM5,
-}
 
 
 def probes(path: Path, root: Path = ROOT) -> list[str]:
@@ -180,13 +165,7 @@ def probes(path: Path, root: Path = ROOT) -> list[str]:
     return sorted(out, key=lambda s: int(s.split(":")[1]))
 
 
-def _param(path: Path, owners: dict[str, str]):
-    key = str(path.relative_to(PKG))
-    marks = [pytest.mark.xfail(reason=owners[key], strict=False)] if key in owners else []
-    return pytest.param(path, marks=marks, id=key)
-
-
-@pytest.mark.parametrize("path", [_param(p, PROBE_OWNERS) for p in PROBED])
+@pytest.mark.parametrize("path", PROBED, ids=lambda p: str(p.relative_to(PKG)))
 def test_no_probing(path):
     """Capabilities of models, rules and methods are declared (``AcceptanceRule.needs``/``walks``, a
     method's ``walk``), never probed: catches ``hasattr(rule, "sibling")`` and its kind."""
@@ -200,17 +179,49 @@ def test_the_probe_finder_finds_probes(tmp_path):
     assert probes(src, tmp_path) == ["x.py:2: hasattr(m, 'x')", "x.py:3: getattr(m, 'y', None)"]
 
 
+# ---------------------------------------------------------------- pipeline kinds
+ASKERS = [PKG / "cli.py", PKG / "demo.py", PKG / "zoo.py", PKG / "bench" / "runner.py"]
+
+
+def pipeline_isinstance(path: Path, root: Path = ROOT) -> list[str]:
+    """Each ``isinstance(x, ...)`` whose class (or one of a tuple of classes) is named ``...Pipeline``,
+    as file:line: code."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            names = [k.id if isinstance(k, ast.Name) else k.attr if isinstance(k, ast.Attribute) else "" for k in kinds]
+            if any(n.endswith("Pipeline") for n in names):
+                out.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+@pytest.mark.parametrize("path", ASKERS, ids=lambda p: str(p.relative_to(PKG)))
+def test_callers_ask_the_pipeline(path):
+    """What a model can do is declared on its pipeline (``Pipeline.conditioning``/``tokens``/
+    ``kv_cache``/``num_iter``): catches ``isinstance(pipe, TextPipeline)`` and its kind."""
+    found = pipeline_isinstance(path)
+    assert not found, "\n".join(found)
+
+
+def test_the_pipeline_isinstance_finder_finds_them(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("def f(p, m):\n    a = isinstance(p, TextPipeline)\n    b = isinstance(p, (pl.ContinuousPipeline, int))\n"
+                   "    return isinstance(m, torch.nn.Module)\n")
+    assert pipeline_isinstance(src, tmp_path) == ["x.py:2: isinstance(p, TextPipeline)",
+                                                  "x.py:3: isinstance(p, (pl.ContinuousPipeline, int))"]
+
+
 # ---------------------------------------------------------------- sizes
-SIZE_OWNERS: dict[str, str] = {}  # files another seam brings under the limit
 
 
-@pytest.mark.parametrize("path", [_param(p, SIZE_OWNERS) for p in sorted((PKG / "methods").glob("*.py"))])
+@pytest.mark.parametrize("path", sorted((PKG / "methods").glob("*.py")), ids=lambda p: str(p.relative_to(PKG)))
 def test_method_files_are_small(path):
     n = len(path.read_text().splitlines())
     assert n <= 300, f"{path.relative_to(ROOT)}:{n}: {n} lines (at most 300)"
 
 
-@pytest.mark.xfail(reason=DOCS, strict=False)
 def test_readme_is_short():
     n = len((ROOT / "README.md").read_text().splitlines())
     assert n <= 200, f"README.md:{n}: {n} lines (at most 200)"

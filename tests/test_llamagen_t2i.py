@@ -203,7 +203,7 @@ def official_greedy(sd, caps, emb_mask, cfg_scale: float, n: int) -> torch.Tenso
 def test_directory_loads_as_the_official_release(files):
     pipe = sv.load(str(files["dir"]))
     m = pipe.target
-    assert type(pipe).__name__ == "CaptionPipeline" and pipe.family.NAME == "llamagen-t2i"
+    assert pipe.conditioning == "caption" and pipe.family.name == "llamagen-t2i"
     assert (m.layout.height, m.layout.width, m.layout.vocab_size) == (GRID, GRID, CODES)
     assert (m.config.cls_token_num, m.config.caption_dim, m.config.n_head) == (T, CAPTION_DIM, 2)
     assert pipe.default_sampling == sv.Sampling(cfg_scale=7.5, top_k=1000)
@@ -213,14 +213,14 @@ def test_directory_loads_as_the_official_release(files):
 
 def test_captions_are_the_t5_states(files):
     pipe = sv.load(str(files["dir"]))
-    caps = pipe.captions(PROMPTS)
+    caps = pipe.prefix(PROMPTS)
     ref, mask = official_captions(files["dir"] / "t5-ckpt" / "flan-t5-xl", PROMPTS)
     n = mask.sum(1)
     assert caps.lengths.tolist() == n.tolist() == [len(p) + 1 for p in PROMPTS]  # characters + </s>
     for r in range(len(PROMPTS)):
         assert torch.allclose(caps.embeddings[r, : n[r]], ref[r, T - n[r]:], atol=1e-5)
     ids = pipe.processor.ids(PROMPTS[:1])  # a token-id prompt is flan-t5 input ids
-    assert torch.allclose(pipe.captions([ids[0]]).embeddings[0], caps.embeddings[0, : n[0]], atol=1e-6)
+    assert torch.allclose(pipe.prefix([ids[0]]).embeddings[0], caps.embeddings[0, : n[0]], atol=1e-6)
     assert clean_text("  A Red\n apple ") == "a red apple"
 
 
@@ -228,7 +228,7 @@ def test_cached_logits_equal_official_left_padded_forward(files):
     """Conditional and null-caption rows of ragged lengths; the cache is fed 1, 3, then 5 tokens a call."""
     pipe = sv.load(str(files["dir"]))
     m, sd = pipe.target, files["target"]
-    cond = pipe.captions(PROMPTS)
+    cond = pipe.prefix(PROMPTS)
     caps, emb_mask = official_captions(files["dir"] / "t5-ckpt" / "flan-t5-xl", PROMPTS)
     rows = Condition(cond, m.unconditional(cond)).rows(True)
     ref_rows, ref_mask = torch.cat([caps, official_uncond(sd, 2)]), torch.cat([emb_mask, emb_mask])
@@ -267,7 +267,7 @@ def test_methods_equal_official_greedy_cfg(files):
 def test_draft_uses_its_own_null_caption(files):
     """Each model fills null rows from its own uncond_embedding (the last n rows, n = the caption's length)."""
     pipe = sv.load(str(files["dir"]), draft=str(files["draft_dir"]))
-    null = pipe.target.unconditional(pipe.captions(PROMPTS))
+    null = pipe.target.unconditional(pipe.prefix(PROMPTS))
     for model, sd in ((pipe.target, files["target"]), (pipe.draft, files["draft"])):
         x = model.embed_captions(null)
         want = official_uncond(sd, 2)

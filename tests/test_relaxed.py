@@ -172,7 +172,7 @@ def test_gsd_rule_matches_loop_reference_and_is_vectorised():
                     assert torch.allclose(res[b, j], want, atol=1e-6)
     # the window: group 4 = 2 ranks each side; the (7, 6) preset: 7 below, 6 above
     assert (GSD(group=4).bind().below, GSD(group=4).bind().above) == (2, 2)
-    # one-step law of the enumeration helper (used by docs/benchmarks/relaxed-tv) vs the loop reference
+    # one-step law of the enumeration helper (used by docs/results/archive/relaxed-tv) vs the loop reference
     for residual in ("paper", "min-tv"):
         out, _ = one_step_law(GSD(group=4, delta_p=0.2, residual=residual).bind(), p[0].double(), q[0].double())
         for j in range(W):

@@ -9,7 +9,7 @@ the draft samples its next token's denoising run; then, per row:
   and the gap |x_1^p - x_1^q| between the aligned runs just before it;
 - the acceptance probability E[min(1, ratio)] of one draft token under each ratio.
 
-    python -m specvis.bench.cspd_probe --model emoji-continuous --out docs/benchmarks/emoji-cspd-probe.json
+    python -m specvis.bench.cspd_probe --model emoji-continuous --out docs/results/data/emoji-cspd-probe.json
 """
 
 from __future__ import annotations

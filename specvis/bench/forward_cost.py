@@ -3,7 +3,7 @@ wall-clock speedup of any verify-n-tokens method on a given device. ``cost_curve
 target, the draft model and the EAGLE drafter at once (``specvis bench`` predicts speedups from it).
 
     python -m specvis.bench.forward_cost --model emoji --tokens 1,3,5,9,17,33 --batch-size 1 \
-        --json docs/benchmarks/forward-cost-cpu.json
+        --json docs/results/archive/forward-cost-cpu.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Exact one-step TV of relaxed acceptance rules to the target law, by enumeration (no sampling).
 
-``python -m specvis.bench.relaxed_tv [--out docs/benchmarks/relaxed-tv]`` writes OUT.md and OUT.json.
+``python -m specvis.bench.relaxed_tv [--out docs/results/archive/relaxed-tv]`` writes OUT.md and OUT.json.
 
 Setting. Two tiny random LlamaGen models (vocabulary 16, 2x2 grid, 3 classes; target seed 5, draft seed
 13, fixed output sharpness) give, for every (class, first token x0), the target law p and the draft
@@ -158,7 +158,7 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv=None) -> None:
     a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    a.add_argument("--out", default="docs/benchmarks/relaxed-tv")
+    a.add_argument("--out", default="docs/results/archive/relaxed-tv")
     args = a.parse_args(argv)
     torch.set_num_threads(1)
     rows = run()

@@ -309,7 +309,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
                      "cfg_scale": sampling.cfg_scale},
         **({"prompts": prompts, "height": grid[0], "width": grid[1], "draft": (pipe.extras or {}).get("draft")}
            if prompts else {}),
-        **({"num_iter": pipe.num_iter} if hasattr(pipe, "num_iter") else {}),  # MAR: its sampler's steps
+        **({"num_iter": pipe.num_iter} if pipe.num_iter is not None else {}),  # MAR: its sampler's steps
         "repeats": repeats, "pass_order": "interleaved per batch", "warmup": warmup, "shards": shards, "shard_index": shard_index,
         "n_images": sum(len(c) for c, _ in work), "quality_groups": quality_groups, "runs": [],
     }

@@ -1,8 +1,8 @@
 """Paper-style sweeps on a bundle, each a set of ``run_bench`` calls (resumable JSON) plus one figure.
 
-    python -m specvis.bench.sweeps sjd-ablations --model emoji --out docs/benchmarks
-    python -m specvis.bench.sweeps lantern-grid --model emoji --out docs/benchmarks
-    python -m specvis.bench.sweeps lantern-greedy --model emoji --out docs/benchmarks
+    python -m specvis.bench.sweeps sjd-ablations --model emoji --out docs/results/archive
+    python -m specvis.bench.sweeps lantern-grid --model emoji --out docs/results/archive
+    python -m specvis.bench.sweeps lantern-greedy --model emoji --out docs/results/archive
 
 ``sjd-ablations``: SJD step compression vs window 1/4/8/16/32 (SJD Fig. 8), vs sampling top-k
 1/10/100/all (Fig. 6) and refinement on/off (App. F). ``lantern-grid``: Speculative+LANTERN and
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("sweep", choices=["sjd-ablations", "lantern-grid", "lantern-greedy"])
     p.add_argument("--model", default="emoji")
-    p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--out", default="docs/results/archive")
     p.add_argument("--num", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=8)
     a = p.parse_args(argv)

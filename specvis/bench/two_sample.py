@@ -13,7 +13,7 @@ draft-only set (a different law: the test must reject it, or it is too weak at t
 say anything about the ratios). With the bundle's classifier it adds the benchmark's quality proxy
 (``fid_proxy``) per set.
 
-    python -m specvis.bench.two_sample --model emoji-continuous --num 256 --out docs/benchmarks/cspd-two-sample.json
+    python -m specvis.bench.two_sample --model emoji-continuous --num 256 --out docs/results/data/emoji-cspd-two-sample.json
 """
 
 from __future__ import annotations

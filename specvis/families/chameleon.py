@@ -44,6 +44,7 @@ from torch import nn
 from ..models.base import Layout
 from ..models.decoder import MappedEmbedding, PromptDecoder
 from ..models.loading import Piece, Route, rename_with
+from .base import Family
 from .hf import decoder_route, llama_config, rows_of
 
 NAME = "chameleon"
@@ -165,7 +166,6 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     model = PromptDecoder(cfg, Layout(H, W, len(codes), row_end=len(row_end)), None, head, unconditional_rule(ids))
     model.image_embed = MappedEmbedding(model.tok_embeddings, torch.tensor(codes + row_end))
     model.chameleon_ids = ids
-    model.default_sampling = LUMINA_SAMPLING if lumina else DEFAULT_SAMPLING
     return model, norms_per_head(decoder_route(RENAMES, KEEP, cfg, {"lm_head.weight": Piece("head.weight", None, rows_of(codes))}),
                                  cfg, where)
 
@@ -261,3 +261,30 @@ def load_vq(directory: Path, device: str | torch.device = "cpu"):
     from ..models.chameleon_vq import load_chameleon_vq
 
     return load_chameleon_vq(directory, device=device)
+
+
+def sampling(directory: Path, config: dict) -> dict:
+    """The official defaults of the checkpoint's layout: Lumina-mGPT's or Anole's."""
+    return dict(LUMINA_SAMPLING if is_lumina(config) else DEFAULT_SAMPLING)
+
+
+class Chameleon(Family):
+    """Anole and Lumina-mGPT: prompts need only the tokenizer; CFG rows from the model's unconditional
+    rule, built from config.json's ids."""
+
+    name = NAME
+    conditioning = "text"
+    prompt_processor = PROMPT_PROCESSOR
+    default_sampling = DEFAULT_SAMPLING
+    matches = staticmethod(matches)
+    build = staticmethod(build)
+    sampling = staticmethod(sampling)
+    encode = staticmethod(encode)
+    negative = staticmethod(negative)
+    image_decoder = staticmethod(load_vq)
+
+    def native_grid(self, directory: Path, config: dict | None) -> tuple[int, int]:
+        return native_grid(config or {}, directory)
+
+
+FAMILY = Chameleon()

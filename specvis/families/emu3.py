@@ -31,6 +31,7 @@ from torch import nn
 from ..models.base import Layout
 from ..models.decoder import MappedEmbedding, PromptDecoder
 from ..models.loading import Piece
+from .base import Family
 from .hf import decoder_route, llama_config, read_json, rows_of
 
 NAME = "emu3"
@@ -134,3 +135,24 @@ def load_vq(directory: Path, device: str | torch.device = "cpu"):
     from ..models.hf_vq import load_hf_vq
 
     return load_hf_vq(directory, device=device)
+
+
+class Emu3(Family):
+    """Emu3: text prompts through the official template with its positive suffix; the official
+    negative prompt as the CFG rows."""
+
+    name = NAME
+    conditioning = "text"
+    positive_suffix = POSITIVE_SUFFIX
+    default_sampling = DEFAULT_SAMPLING
+    matches = staticmethod(matches)
+    build = staticmethod(build)
+    encode = staticmethod(encode)
+    negative = staticmethod(negative)
+    image_decoder = staticmethod(load_vq)
+
+    def native_grid(self, directory: Path, config: dict | None) -> tuple[int, int]:
+        return native_grid(directory)
+
+
+FAMILY = Emu3()

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..models.base import Layout
 from ..models.decoder import AlignedEmbedding, MLPHead, PromptDecoder
+from .base import Family
 from .hf import decoder_route, llama_config, read_json
 
 NAME = "janus"
@@ -80,10 +81,14 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     """(decoder, route): the model of this config (built by ``models.loading.skeleton``: parameters
     on meta) and where each checkpoint tensor goes in it."""
     model = make_decoder(config, special_ids(directory), str(directory), height, width)
-    scale = read_json(directory / "generation_config.json").get("guidance_scale")
-    if scale is not None:  # transformers' generate reads its CFG scale there too
-        model.default_sampling = {**DEFAULT_SAMPLING, "cfg_scale": float(scale)}
     return model, decoder_route(RENAMES, KEEP, model.config)
+
+
+def sampling(directory: Path, config: dict | None = None) -> dict:
+    """The official defaults, with generation_config.json's ``guidance_scale`` as the CFG scale where it
+    has one (transformers' generate reads its CFG scale there too)."""
+    scale = read_json(Path(directory) / "generation_config.json").get("guidance_scale")
+    return dict(DEFAULT_SAMPLING) if scale is None else {**DEFAULT_SAMPLING, "cfg_scale": float(scale)}
 
 
 def encode(processor, texts: list[str], height: int, width: int, model=None) -> list[list[int]]:
@@ -103,3 +108,23 @@ def load_vq(directory: Path, device: str | torch.device = "cpu"):
     from ..models.hf_vq import load_hf_vq
 
     return load_hf_vq(directory, device=device)
+
+
+class Janus(Family):
+    """Janus / Janus-Pro: text prompts through the processor's chat template; CFG rows from the
+    model's own unconditional rule (``make_decoder``)."""
+
+    name = NAME
+    conditioning = "text"
+    default_sampling = DEFAULT_SAMPLING
+    matches = staticmethod(matches)
+    build = staticmethod(build)
+    sampling = staticmethod(sampling)
+    encode = staticmethod(encode)
+    image_decoder = staticmethod(load_vq)
+
+    def native_grid(self, directory: Path, config: dict | None) -> tuple[int, int]:
+        return native_grid(config or {})
+
+
+FAMILY = Janus()

@@ -37,14 +37,13 @@ from pathlib import Path
 
 import torch
 
-from .. import checks
-from ..models.base import Captions, Condition
+from ..models.base import Captions
 from ..models.checkpoint import one_line
 from ..pipeline import TextPipeline
+from .base import Family, display_name
 from .hf import read_json
 from .llamagen_caption import clean_caption
 from ..sampling import Sampling
-from ..viz import to_pil
 
 NAME = "llamagen-t2i"
 DEFAULT_SAMPLING = {"cfg_scale": 7.5, "top_k": 1000, "temperature": 1.0}  # sample_t2i.py
@@ -161,27 +160,23 @@ def load_decoder(directory: Path, height: int | None = None, width: int | None =
 
 
 def load_pipeline(name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
-                  dtype: str | torch.dtype | None = None) -> "CaptionPipeline":
-    """A ``CaptionPipeline``: the target's GPT now (and the draft's, in the target's dtype); flan-t5
+                  dtype: str | torch.dtype | None = None) -> TextPipeline:
+    """A ``TextPipeline`` of captions: the target's GPT now (and the draft's, in the target's dtype); flan-t5
     and the VQ checked now, loaded on first use (flan-t5 in the GPT's dtype, on its device)."""
-    from . import detect
-    from . import llamagen_t2i as module
     from ..hub import resolve_model_dir
 
     directory = Path(directory)
     target = load_decoder(directory, device=device, dtype=dtype)
     t5_dir(directory)  # flan-t5 and the VQ present, or a one-line error before any generation
     vq_file(directory)
-    target.family = module
     draft_model = draft_dir = None
     if draft is not None:
         draft_dir = Path(resolve_model_dir(str(draft)))
-        family, _ = detect(draft_dir)
-        if family is not module:
-            raise ValueError(f"draft {draft_dir} ({family.NAME}) is not of the family of {directory} ({NAME}): "
-                             "the draft must be a LlamaGen t2i checkpoint")
+        ours, config = FAMILY.recognise(draft_dir)
+        if not ours:
+            raise ValueError(f"draft {draft_dir} (model_type {config.get('model_type')!r}) is not of the family of "
+                             f"{directory} ({NAME}): the draft must be a LlamaGen t2i checkpoint")
         draft_model = load_decoder(draft_dir, device=device, dtype=next(target.parameters()).dtype)
-        draft_model.family = module
         check_draft(draft_model, target, draft_dir, directory)
     drafter_model = None
     if drafter is not None:
@@ -191,15 +186,10 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, *, device: st
     grid = (target.layout.height, target.layout.width)
     extras = {"grid": grid, "family": NAME, "directory": str(directory), "dtype_source": target.dtype_source}
     if draft is not None:
-        extras["draft"] = _display_name(draft, draft_dir)
-    return CaptionPipeline(_display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
-                           directory=directory, default_sampling=Sampling(**DEFAULT_SAMPLING), extras=extras)
-
-
-def _display_name(name, directory: Path) -> str:
-    """A Hub id when the checkpoint came from the cache (its snapshot directory is a hash), else the
-    directory's name."""
-    return Path(directory).name if Path(str(name)).expanduser().is_dir() else str(name)
+        extras["draft"] = display_name(draft, draft_dir)
+    return TextPipeline(display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
+                        directory=directory, family=FAMILY, default_sampling=Sampling(**DEFAULT_SAMPLING),
+                        extras=extras)
 
 
 def check_draft(draft, target, draft_dir, directory) -> None:
@@ -268,61 +258,65 @@ class CaptionEncoder:
         return Captions.of([h[r, : len(row)] for r, row in enumerate(rows)])
 
 
-class CaptionPipeline(TextPipeline):
-    """``pipe(prompts=[...])`` for LlamaGen t2i: prompts (str, or flan-t5 input ids) become ``Captions``
-    through the checkpoint's flan-t5; the grid is the checkpoint's (``height``/``width`` may only name it)."""
+class LlamaGenT2IFamily(Family):
+    """LlamaGen t2i: prompts become captions, the states of its flan-t5 (``CaptionEncoder``); its own
+    file format (``.pt`` files, no config.json); a fixed grid (its 2D RoPE table). sample_t2i.py adds
+    no suffix to its prompts; the CFG rows are the negative prompts' captions or the model's null
+    caption of the same valid length (each model uses its own table)."""
 
-    @property
-    def processor(self) -> CaptionEncoder:
-        if self._processor is None:
-            self._processor = CaptionEncoder(t5_dir(Path(self.directory)), self.target.config.cls_token_num,
-                                             self.device, self.dtype)
-        return self._processor
+    name = NAME
+    conditioning = "caption"
+    fixed_grid = True
+    default_sampling = DEFAULT_SAMPLING
+    matches_dir = staticmethod(matches_dir)
+    check_draft = staticmethod(check_draft)
+    image_decoder = staticmethod(load_vq)
 
-    def set_grid(self, height: int | None, width: int | None) -> tuple[int, int]:
-        H, W = self.grid
-        if (height is not None and height != H) or (width is not None and width != W):
-            raise ValueError(f"model {self.name}: LlamaGen t2i generates its native {H}x{W} grid only "
-                             f"(its 2D RoPE table), got height={height} width={width}")
-        return H, W
+    def load(self, directory: Path, config: dict | None, height: int | None = None, width: int | None = None, *,
+             device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, quantize: str | None = None):
+        """``load_decoder``; ``quantize="int8"``: its block linears in int8 once loaded."""
+        model = load_decoder(Path(directory), height, width, device=device, dtype=dtype)
+        if quantize:
+            from ..models.quantize import quantize_linears
 
-    def captions(self, prompts, what: str = "prompts") -> Captions:
-        """``Captions`` of prompts (each a str or a list of flan-t5 input ids) on the pipeline's device."""
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) or not prompts:
-            raise ValueError(f"{what} must be a non-empty list of str or of token-id lists")
-        for i, p in enumerate(prompts):
-            if isinstance(p, str):  # empty or non-UTF-8 text: one line naming the entry
-                checks.text(p, f"{what}[{i}]", allow_empty=what != "prompts")
-            ok_ids = isinstance(p, (list, tuple)) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-            if not (isinstance(p, str) or ok_ids):
-                raise ValueError(f"{what}: each entry must be a str or a non-empty list of token ids, got {p!r:.60}")
-        enc = self.processor
-        texts = [p for p in prompts if isinstance(p, str)]
-        encoded = iter(enc.ids(texts) if texts else [])
-        rows = [next(encoded) if isinstance(p, str) else list(p) for p in prompts]
+            quantize_linears(model)
+        return model
+
+    def load_pipeline(self, name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
+                      dtype: str | torch.dtype | None = None, quantize: str | None = None) -> TextPipeline:
+        """``load_pipeline`` (``specvis.load`` quantizes the loaded models afterwards)."""
+        return load_pipeline(name, directory, draft, drafter, device=device, dtype=dtype)
+
+    def native_grid(self, directory: Path, config: dict | None) -> tuple[int, int]:
+        return native_grid(Path(directory), gpt_file(Path(directory)))
+
+    def processor(self, directory: Path, target, device: torch.device, dtype: torch.dtype) -> CaptionEncoder:
+        """The checkpoint's flan-t5 (in the GPT's dtype, on its device), captions of ``cls_token_num`` tokens."""
+        return CaptionEncoder(t5_dir(Path(directory)), target.config.cls_token_num, device, dtype)
+
+    def encode(self, processor: CaptionEncoder, texts: list[str], height: int, width: int, model=None) -> list[list[int]]:
+        """flan-t5 input ids of the cleaned texts (``CaptionEncoder.ids``)."""
+        return processor.ids(texts)
+
+    def check_ids(self, pipe, rows: list[list[int]], what: str) -> None:
+        """At most ``cls_token_num`` flan-t5 ids per row, each in flan-t5's vocabulary."""
+        enc = pipe.processor
         for i, row in enumerate(rows):
             if len(row) > enc.max_length:
                 raise ValueError(f"{what}[{i}] is {len(row)} flan-t5 tokens; the model takes at most {enc.max_length}")
             if not all(0 <= t < enc.vocab_size for t in row):
                 raise ValueError(f"{what}[{i}]: token ids must be in 0..{enc.vocab_size - 1}")
-        return enc.encode(rows, self.device, self.dtype)
 
-    def conditions(self, prompts, negative_prompts, sampling: Sampling, height: int | None,
-                   width: int | None, positive_suffix: bool = True) -> Condition:
-        """Captions of the prompts; the CFG rows are the negative prompts' or the official null caption.
-        LlamaGen's sample_t2i.py adds no suffix to its prompts: ``positive_suffix`` changes nothing."""
-        self.with_positive_suffix(prompts, positive_suffix)  # checks the flag
-        self.set_grid(height, width)
-        cond = self.captions(prompts, "prompts")
-        if negative_prompts is not None:
-            uncond = self.captions(negative_prompts, "negative_prompts")
-            if len(uncond) != len(cond):
-                raise ValueError(f"negative_prompts: {len(uncond)} given for {len(cond)} prompts; give one per prompt")
-        else:  # the official null caption, same valid length (each model uses its own table)
-            uncond = self.target.unconditional(cond) if sampling.uses_cfg else None
-        return Condition(cond, uncond)
+    def prefix(self, pipe, rows: list[list[int]]) -> Captions:
+        """``Captions`` of flan-t5 ids: the encoder's last hidden states of each row's valid tokens."""
+        return pipe.processor.encode(rows, pipe.device, pipe.dtype)
 
-    @torch.no_grad()
-    def to_images(self, tokens: torch.Tensor):
-        L = self.target.layout
-        return to_pil(self.decoder.decode(tokens.to(self.device), (L.height, L.width)))
+    def unconditional(self, pipe, cond: Captions, height: int, width: int) -> Captions:
+        """The official null caption, same valid length (each model uses its own table)."""
+        return pipe.target.unconditional(cond)
+
+    def decode_images(self, decoder, codes: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        return decoder.decode(codes, (height, width))  # VQModel.decode(codes, size)
+
+
+FAMILY = LlamaGenT2IFamily()

@@ -16,15 +16,22 @@ not apply to continuous tokens and must stay unset.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 import torch
 
+from .. import checks
+from ..generate import generate
+from ..methods.ar import AR
+from ..methods.cspd import CSpD
 from ..methods.laws import ContinuousLaw, GuidedHead
 from ..models.mar import CHECKPOINT_NAME as CHECKPOINT
 from ..models.mar import cfg_scales, mask_schedule
+from ..pipeline import Pipeline, Tokens, call_arguments, check_class_call, resolve_dtype
+from ..viz import to_pil
+from .base import Family
 
 NAME = "mar"
 VAE_NAME = "kl16.ckpt"
@@ -127,52 +134,36 @@ def check_draft(target, draft) -> None:
 
 
 @dataclass
-class MARPipeline:
+class MARPipeline(Pipeline):
     """``pipe(classes=[...], sampling=sv.Sampling(cfg_scale=..., temperature=...), seed=0, num_iter=64)``
-    -> ``Generation`` (``latents`` (B, L, C) MAR tokens, ``tokens`` None, ``images`` PIL)."""
+    -> ``Generation`` (``latents`` (B, L, C) MAR tokens, ``tokens`` None, ``images`` PIL). The image
+    decoder (``vae``) is the pipeline's ``tokenizer``."""
 
-    name: str
-    target: Any  # MAR
-    vae: Any  # KLVAE
-    num_iter: int = 64
+    tokens: ClassVar[Tokens] = "continuous"
+    kv_cache: ClassVar[bool] = False  # MAR's encoder-decoder recomputes every step: no memory plan
+    num_iter: int | None = 64
     cfg_schedule: str = "linear"
-    default_sampling: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
-    draft: Any = None
-    drafter: Any = None
-    class_names: list[str] = field(default_factory=list)
 
-    graphs = None  # MAR has no captured rounds or compiled forward (what the CLI's device line reports)
-    compiled = False
+    @property
+    def vae(self):
+        """The image decoder of MAR's latents (``decode(latents (B, E, h, w))``)."""
+        return self.tokenizer
 
     @property
     def num_classes(self) -> int:
         return self.target.num_classes
 
     @property
-    def dtype(self) -> torch.dtype:
-        return next(self.target.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.target.parameters()).device
+    def codebook(self) -> None:
+        return None
 
     def memory(self, *args, **kwargs):
         """MAR keeps no KV cache (its encoder-decoder recomputes every step): it has no memory plan."""
         raise ValueError(f"model {self.name} (MAR) has no KV cache to plan: pipe.memory is for the "
                          "autoregressive families")
 
-    def to(self, device) -> "MARPipeline":
-        self.target.to(device)
-        self.vae.to(device)
-        if self.draft is not None:
-            self.draft.to(device)
-        return self
-
     def configure(self, dtype=None, compile: bool = False, graphs: bool | None = None) -> "MARPipeline":
         if dtype is not None:
-            from ..pipeline import resolve_dtype
-
             self.target.to(dtype=resolve_dtype(dtype))
             if self.draft is not None:
                 self.draft.to(dtype=resolve_dtype(dtype))
@@ -182,12 +173,6 @@ class MARPipeline:
     def __call__(self, classes=None, method=None, sampling=None, seed: int = 0, decode: bool = True, *,
                  prompts=None, negative_prompts=None, height=None, width=None, progress=None,
                  num_iter: int | None = None, cfg_schedule: str | None = None):
-        from .. import checks
-        from ..generate import generate
-        from ..methods.ar import AR
-        from ..methods.cspd import CSpD
-        from ..pipeline import call_arguments, check_class_call
-
         check_class_call(self.name, classes, prompts, negative_prompts, height, width)
         method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
         if method is not None and not isinstance(method, (AR, CSpD)):
@@ -206,8 +191,6 @@ class MARPipeline:
         return out
 
     def _decode(self, tokens: torch.Tensor) -> list:
-        from ..viz import to_pil
-
         return to_pil(self.vae.decode(self.target.unpatchify(tokens).to(next(self.vae.parameters()).dtype)))
 
     def images_of(self, out) -> list:
@@ -269,3 +252,36 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None, *, 
                        extras={"family": NAME, "directory": str(directory), "grid": (model.seq_h, model.seq_w),
                                "dtype_source": model.dtype_source},
                        class_names=[f"class{i}" for i in range(model.num_classes)], draft=draft)
+
+
+class MARFamily(Family):
+    """MAR: class-conditional, continuous tokens revealed in its own order (``MARReveal``), its own
+    file format (``checkpoint-last.pth``) and image decoder (the KL-16 VAE)."""
+
+    name = NAME
+    conditioning = "class"
+    tokens = "continuous"
+    matches_dir = staticmethod(matches_dir)
+
+    def load(self, directory: Path, config: dict | None, height: int | None = None, width: int | None = None, *,
+             device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, quantize: str | None = None):
+        """``load_decoder``; ``quantize="int8"``: its linears in int8 once loaded."""
+        model = load_decoder(Path(directory), height, width, device=device, dtype=dtype)
+        if quantize:
+            from ..models.quantize import quantize_linears
+
+            quantize_linears(model)
+        return model
+
+    def load_pipeline(self, name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
+                      dtype: str | torch.dtype | None = None, quantize: str | None = None) -> MARPipeline:
+        """``load_pipeline`` (``specvis.load`` quantizes the loaded models afterwards)."""
+        return load_pipeline(name, directory, draft, drafter, device=device, dtype=dtype)
+
+    def image_decoder(self, directory: Path, device: str | torch.device = "cpu"):
+        from ..models.kl_vae import KLVAE
+
+        return KLVAE.from_checkpoint(find_vae(Path(directory)), device=device)
+
+
+FAMILY = MARFamily()

@@ -34,7 +34,7 @@ The law (lossy): the top row's tokens pass a speculative-sampling step against t
 everything committed; with ``keep_threshold=1``, ``coupling="none"`` and a grid whose rows never
 overlap (``lag`` >= width) this is SJD and exact. Otherwise a lower row's token is accepted against the
 law given the rows above up to their committed prefixes (and the row's own tokens keep the KV computed
-then): neither AR's law nor a bound; measured TV on tiny models in docs/benchmarks/rows2d-tv.md.
+then): neither AR's law nor a bound; measured TV on tiny models in docs/results/archive/rows2d-tv.md.
 ``keep_threshold`` keeps a draft whose old law is no longer its law, and a Gumbel race reused after a
 lower-row rejection carries what that rejection revealed: both bias the top row too.
 """

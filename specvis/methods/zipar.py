@@ -23,7 +23,7 @@ The law (not AR's): a token (r, c) is drawn from the target's law given the rows
 committed prefixes (row r - 1 up to at least column c + window - 1) and its own row's prefix; a
 committed token's KV is never recomputed, so later tokens also read states computed from partial
 contexts. Rows 0 (and 1 without row ends) are exact; a grid whose rows never overlap (window >= width)
-is AR. Measured TV to AR's law on tiny models: docs/benchmarks/rows2d-tv.md (design: docs/guide/rows2d.md). Differences from the
+is AR. Measured TV to AR's law on tiny models: docs/results/archive/rows2d-tv.md (design: docs/guide/rows2d.md). Differences from the
 official loop: the placeholder of a row start without row ends is not kept in the cache (the official
 code attends to it and to never-written zero slots, generate_zipar.py; ``methods/rows2d.py``).
 """

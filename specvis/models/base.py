@@ -246,7 +246,8 @@ class Condition:
 @runtime_checkable
 class TokenModel(Protocol):
     layout: Layout
-    null_condition: int
+    null_condition: int | None  # the class id of the unconditional row (None: text-conditioned)
+    num_conditions: int | None  # classes 0 .. num_conditions - 1 (None: text-conditioned, prompts)
 
     def logits(self, conditions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Raw teacher-forced logits (B, t+1, V) after the condition and each of the t tokens."""

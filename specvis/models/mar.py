@@ -333,6 +333,7 @@ class MAR(nn.Module):
         self.token_embed_dim = C = cfg.token_embed_dim
         self.buffer_size = cfg.buffer_size
         self.num_classes = cfg.class_num
+        self.num_conditions = cfg.class_num  # class-conditional (``TokenModel.num_conditions``)
         E, Dd = cfg.encoder_embed_dim, cfg.decoder_embed_dim
         L = self.seq_len + cfg.buffer_size
 

@@ -7,13 +7,13 @@ at rounding level only, as any two matmul kernels do):
 - ``transpose_linear_weights``: W stored as the transpose of a contiguous (in, out) matrix (strides
   (1, out)), so that MKL's x W^T is a plain row-major product: 1.05-1.12x on the small-row calls of a
   decode where weights stream at L3 speed, 1.3-1.7x where memory was slow
-  (docs/benchmarks/weight-layout-cpu*.md).
+  (docs/results/archive/weight-layout-cpu*.md).
 - ``PackedLinear``: oneDNN over a copy of W packed once in its blocked layout
   (``torch.ops.mkldnn._reorder_linear_weight``) for float32 calls of ``PACKED_MIN_ROWS`` rows or
   more and every bf16 call. MKL runs AVX2-class kernels on this repository's AMD EPYC (Zen 5, AVX-512)
   and oneDNN AVX-512 ones: one thread, 256 -> 768 products over 24 distinct weights took 162 against
   85 us at 34 rows (a 17-token verify with CFG), 962 against 428 at 272 (17 tokens at batch 8), and
-  bf16 44 against 57-61 at 34 rows, 20 against 32-38 at one or two (docs/benchmarks/cpu-linear.md).
+  bf16 44 against 57-61 at 34 rows, 20 against 32-38 at one or two (docs/results/archive/cpu-linear.md).
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def transpose_linear_weights(module: nn.Module) -> int:
     weight shared with another module (an output head tied to the token embedding) is left as it
     is: embedding lookups read rows, which the transposed layout would scatter. bf16 and fp16
     weights stay (out, in): oneDNN's F.linear runs slower on the transposed layout
-    (docs/benchmarks/cpu-linear.md: 37.8 against 32.2 us at one row; at a 7B layer's shape, 11008 x
+    (docs/results/archive/cpu-linear.md: 37.8 against 32.2 us at one row; at a 7B layer's shape, 11008 x
     4096, 11.7 against 7.2 ms at two rows: docs/benchmarks/cpu-linear-7b.json)."""
     owners: dict[int, int] = {}
     for sub in module.modules():
