@@ -2,7 +2,7 @@
 
     python scripts/rows2d_steps.py [--prompts 16] [--out docs/results/archive/rows2d-steps]
 
-The first ``prompts`` prompts of docs/benchmarks/emoji-t2i-prompts.txt, each method at batch 1 (each
+The first ``prompts`` prompts of docs/results/data/emoji-t2i-prompts.txt, each method at batch 1 (each
 prompt alone, seed = its index) and at batch 8 (consecutive groups of 8, seed = the group's index), at
 the model's default sampling (T = 1) and greedy. Step compression = image tokens per sample / target
 forwards, summed over the runs (a batch-8 forward counts once, as ``Stats.step_compression``). Also for the 2-D methods the share of
@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--out", default="docs/results/archive/rows2d-steps")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    prompts = (ROOT / "docs/benchmarks/emoji-t2i-prompts.txt").read_text().split("\n")[: a.prompts]
+    prompts = (ROOT / "docs/results/data/emoji-t2i-prompts.txt").read_text().split("\n")[: a.prompts]
     pipe = sv.load("emoji-t2i")
     rows = []
     for label, sampling in (("T=1", pipe.default_sampling), ("greedy", sv.Sampling(temperature=0.0, cfg_scale=pipe.default_sampling.cfg_scale))):
