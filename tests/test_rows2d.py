@@ -209,3 +209,22 @@ def test_cli_generate_and_bench_take_the_2d_methods(tmp_path):
     runs = json.loads(j.read_text())["runs"]
     assert [r["method"] for r in runs] == ["ar", "zipar", "pjd"] and not runs[1]["lossless"]
     assert runs[1]["config"] == {"window": 4} and runs[1]["step_compression"] > 1.0
+
+
+@pytest.mark.parametrize("name", ["llamagen", "row-end"])
+def test_same_output_with_live_spans(layouts, name):
+    """Live attention spans (a bucket of 3 slots, every forward checked to attend nothing past its span)
+    give the tokens, forwards and accept maps of whole-cache attention: the rows' out-of-order cache
+    stays inside the bound the spans assume."""
+    from test_live_attention import live
+
+    m = layouts[name]
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    for method in (sv.ZipAR(window=2), sv.PJD(window=4, lag=2, init="vertical-repeat")):
+        outs = []
+        for bucket in (0, 3):
+            with live(bucket):
+                outs.append(_run(m, method, [0, 1, 2, 1], sampling, seed=5))
+        assert torch.equal(outs[0].tokens, outs[1].tokens)
+        assert outs[0].stats.target_forwards == outs[1].stats.target_forwards
+        assert torch.equal(outs[0].stats.accept_map, outs[1].stats.accept_map)

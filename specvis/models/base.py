@@ -406,7 +406,7 @@ class KVCache:
         Attention reads as many slots as the mask has. ``query_pos`` (rows, n), with positions tracked
         (``track_positions``): a committed slot is seen only by the queries at larger stream positions."""
         if CHECK_LIVE and live is not None and live < self.slots:
-            full = self.attention_mask(n, tree_mask)
+            full = self.attention_mask(n, tree_mask, None, query_pos)
             if bool(full[..., live:].any()):
                 raise AssertionError(f"a slot past the live span {live} is attended "
                                      f"(lengths {self.length.tolist()}, block {n}, bound {self.bound})")
