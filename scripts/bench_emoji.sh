@@ -106,6 +106,15 @@ case "${1:-main}" in
     taskset -c "${CORE:-0}" specvis bench --model emoji-t2i --prompts docs/results/data/emoji-t2i-prompts.txt \
       --methods "$specs" --num 64 --batch-size "${2:-1}" --seed 777 --repeats 1 \
       --json $out/emoji-t2i-b${2:-1}.json --md $out/emoji-t2i-b${2:-1}.md ;;
+  t2i-2d) # issue 48: ZipAR and PJD against AR, SJD (gumbel, w16) and GSD on the 64 emoji-t2i prompts, seed 777,
+          # batch 1 or 8 ("t2i-2d 1", "t2i-2d 8"), the model's sampling (T = 1) or greedy ("t2i-2d 1 0"),
+          # one timed repeat, one core (CORE=); the archived count-only study: scripts/rows2d_steps.py
+    specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel,sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=8"
+    specs+=",zipar:window=4,zipar:window=8,pjd,pjd:init=vertical-repeat,pjd:window=16:lag=4:init=vertical-repeat"
+    t=${3:-1}
+    taskset -c "${CORE:-0}" specvis bench --model emoji-t2i --prompts docs/results/data/emoji-t2i-prompts.txt \
+      --methods "$specs" --num 64 --batch-size "${2:-1}" --seed 777 --repeats 1 --temperature "$t" \
+      --json $old/emoji-t2i-2d-b${2:-1}-t$t.json --md $old/emoji-t2i-2d-b${2:-1}-t$t.md ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
       --num 16 --batch-size 8 --temperature 0 --json $old/emoji-cpu-greedy.json --md $old/emoji-cpu-greedy.md ;;

@@ -24,6 +24,7 @@ ORACLE = "tests/test_oracle.py"
 EXACT = "tests/test_exactness.py"
 PROMPT = "tests/test_prompt_core.py"
 HOSTILE = "tests/test_hostile_inputs.py"
+ROWS2D = "tests/test_rows2d.py"
 
 
 @dataclass(frozen=True)
@@ -462,6 +463,38 @@ MUTANTS = [
            "        if pipe.num_iter is None:", "        if False:", ("tests/test_emoji_mar.py", "-k", "num_iter")),
     Mutant("generate: classes accepted by a text-conditioned model", "specvis/generate.py",
            "    if n is None:\n        raise", "    if False:\n        raise", ("tests/test_prompt_core.py", "-k", "interchangeable")),
+    # 2-D methods (rows in flight): the position-aware cache and the row schedule (tests/test_rows2d.py)
+    Mutant("rows2d: cached slots seen whatever their stream position (lower rows visible above)", "specvis/models/base.py",
+           "committed = committed & (self.pos[:, None, : ids.shape[0]] < query_pos[:, :, None])",
+           "committed = committed & (self.pos[:, None, : ids.shape[0]] < query_pos[:, :, None] + 10**6)",
+           (ROWS2D, "-k", "rows_zero_and_one")),
+    Mutant("rows2d: the next row starts one token late", "specvis/methods/rows2d.py",
+           "can = ~self.started & (self.rid > 0) & prev_started & (up >= self.lag)",
+           "can = ~self.started & (self.rid > 0) & prev_started & (up > self.lag)", (ROWS2D, "-k", "formula")),
+    Mutant("rows2d: row 1 starts on a placeholder from row -1 (no row end)", "specvis/methods/rows2d.py",
+           "can &= (self.rid >= 2) | (up >= self.W)", "can &= (self.rid >= 1) | (up >= self.W)",
+           (ROWS2D, "-k", "formula or rows_zero_and_one")),
+    Mutant("rows2d: a row keeps one chain slot too many (an unverified draft cached)", "specvis/methods/rows2d.py",
+           "keep_chain = torch.cat([kx[..., None], (k[1:] < n[..., None])], 2)",
+           "keep_chain = torch.cat([kx[..., None], (k[1:] <= n[..., None])], 2)", (ROWS2D, "-k", "never_overlap")),
+    Mutant("rows2d: a row's lead fed as the first row-end id, not the last", "specvis/methods/rows2d.py",
+           "x = torch.where(lead, torch.full_like(c, codes + E - 1), tok_at(px))",
+           "x = torch.where(lead, torch.full_like(c, codes), tok_at(px))", (ROWS2D, "-k", "never_overlap")),
+    Mutant("rows2d: no Row-Causal Mask (drafts of rows above attended)", "specvis/methods/rows2d.py",
+           "        if self.rcm:\n", "        if False:\n", (ROWS2D, "-k", "mask")),
+    Mutant("pjd: lower rows commit a residual or bonus token", "specvis/methods/pjd.py",
+           "n = torch.where(open_, torch.where(top, a + 1, a), torch.zeros_like(a))",
+           "n = torch.where(open_, a + 1, torch.zeros_like(a))", (ROWS2D, "-k", "lower_rows")),
+    Mutant("pjd: the top row's rejected draft committed instead of its residual", "specvis/methods/pjd.py",
+           "values = torch.where(at_a, nxt[..., None], torch.cat([D, D[..., :1]], 2))",
+           "values = torch.cat([D, D[..., :1]], 2)", (ROWS2D, "-k", "harness or never_overlap")),
+    Mutant("pjd: the top row's residual replaced by the target law (p, not max(0, p - q))", "specvis/methods/pjd.py",
+           "nxt = sample(torch.where((a < m)[..., None], normalise(r_a, p_a), p_a), gen)",
+           "nxt = sample(p_a, gen)", (ROWS2D, "-k", "harness")),
+    Mutant("pjd: a copied first draft verified against the uniform law, not its point mass", "specvis/methods/pjd.py",
+           'st["Q"] = torch.where(fresh[..., None], q0, st["Q"])',
+           'st["Q"] = torch.where(fresh[..., None], uni.expand(B, H, g, V), st["Q"])', (ROWS2D, "-k", "harness and vertical")),
+
 ]
 
 

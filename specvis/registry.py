@@ -27,6 +27,8 @@ METHODS = {  # CLI name -> "module:Class"
     "adt": "specvis.methods.adt:ADTTree",
     "static-tree": "specvis.methods.static_tree:StaticTree",
     "cspd": "specvis.methods.cspd:CSpD",
+    "zipar": "specvis.methods.zipar:ZipAR",
+    "pjd": "specvis.methods.pjd:PJD",
     "auto": "specvis.methods.auto:Auto",
 }
 

@@ -6,8 +6,10 @@ from .auto import Auto
 from .base import Stats
 from .cspd import CSpD
 from .eagle import EagleTree
+from .pjd import PJD
 from .sjd import SJD, Jacobi
 from .speculative import Speculative
 from .static_tree import StaticTree
+from .zipar import ZipAR
 
-__all__ = ["ADTTree", "AR", "Auto", "CSpD", "EagleTree", "SJD", "Jacobi", "Speculative", "StaticTree", "Stats"]
+__all__ = ["ADTTree", "AR", "Auto", "CSpD", "EagleTree", "PJD", "SJD", "Jacobi", "Speculative", "StaticTree", "Stats", "ZipAR"]

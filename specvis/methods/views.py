@@ -103,6 +103,10 @@ class GuidedModel:
     def keep_block(self, index: torch.Tensor, count: torch.Tensor) -> None:
         self.model.keep_block(self._rows(index), self._rows(count))
 
+    def track_positions(self) -> None:
+        """Position-aware caching from now on (``KVCache.track_positions``; 2-D methods, after the prefill)."""
+        self.model.track_positions()
+
 
 class GuidedContinuous(GuidedModel):
     """The view of a continuous-token model (``ContinuousAR``): the same rows, cache and counters as

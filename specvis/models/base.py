@@ -327,6 +327,7 @@ class KVCache:
         self.pin: int | None = None
         self.overflow = False
         self.spans: dict[int, list[int]] = {}  # tokens n -> [forwards, sum of their live spans] (bench pricing)
+        self.pos: torch.Tensor | None = None  # (rows, slots) stream position of each slot (``track_positions``)
 
     @property
     def rows(self) -> int:
@@ -382,19 +383,37 @@ class KVCache:
         self.k[layer][rows, :, slots] = k.transpose(1, 2).to(self.k.dtype)
         self.v[layer][rows, :, slots] = v.transpose(1, 2).to(self.v.dtype)
 
-    def attention_mask(self, n: int, tree_mask: torch.Tensor | None, live: int | None = None) -> torch.Tensor:
+    def track_positions(self) -> None:
+        """Position-aware caching (several image rows in flight, ``methods/rows2d.py``): from now on every
+        slot remembers the stream position of the token written there (slots written so far, the condition
+        prefix, hold -1), and a forward given its queries' positions attends to a committed slot only if
+        the slot's position is smaller than the query's. Committed slots need then not be a prefix of the
+        stream: a lower image row's tokens may be cached before the row above is complete, in any slot
+        order, and stay invisible to queries at earlier positions (official ZipAR/PJD: the KV cache holds
+        each row's committed prefix, attention is causal in raster order; pjd_zipar_brief C1)."""
+        self.pos = torch.full((self.rows, self.slots), -1, dtype=torch.long, device=self.length.device)
+
+    def write_positions(self, slots: torch.Tensor, positions: torch.Tensor) -> None:
+        """Record the stream ``positions`` (rows, n) of a block written at ``slots`` (rows, n)."""
+        self.pos.scatter_(1, slots.clamp_max(self.slots - 1), positions)
+
+    def attention_mask(self, n: int, tree_mask: torch.Tensor | None, live: int | None = None,
+                       query_pos: torch.Tensor | None = None) -> torch.Tensor:
         """Boolean mask (rows, 1, n, live) over the first ``live`` slots (default: all) for a block of n
         tokens: the committed slots, plus in the uncommitted region ``[length, length + W)`` slot
         ``length + i`` where ``tree_mask[r, j, i]`` (rows, n, W), W >= n (a block written at offset
         W - n, after blocks of the same round it may see); ``tree_mask`` None: W = n, causal.
-        Attention reads as many slots as the mask has."""
+        Attention reads as many slots as the mask has. ``query_pos`` (rows, n), with positions tracked
+        (``track_positions``): a committed slot is seen only by the queries at larger stream positions."""
         if CHECK_LIVE and live is not None and live < self.slots:
-            full = self.attention_mask(n, tree_mask)
+            full = self.attention_mask(n, tree_mask, None, query_pos)
             if bool(full[..., live:].any()):
                 raise AssertionError(f"a slot past the live span {live} is attended "
                                      f"(lengths {self.length.tolist()}, block {n}, bound {self.bound})")
         ids = self.slot_ids if live is None else self.slot_ids[:live]
         committed = ids[None, None, :] < self.length[:, None, None]  # (rows, 1, S)
+        if query_pos is not None and self.pos is not None:  # (rows, n, S): raster-causal over what is cached
+            committed = committed & (self.pos[:, None, : ids.shape[0]] < query_pos[:, :, None])
         offset = ids[None, :] - self.length[:, None]  # (rows, S) index inside the block
         width = n if tree_mask is None else tree_mask.shape[-1]
         in_block = (offset >= 0) & (offset < width)
@@ -415,4 +434,6 @@ class KVCache:
         rows = self.row_ids[:, None]
         for t in (self.k, self.v):
             t[:, rows, :, dst] = t[:, rows, :, src]
+        if self.pos is not None:
+            self.pos[rows, dst] = self.pos[rows, src]
         self.length += count  # in place: a captured round sees the same tensor

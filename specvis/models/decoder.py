@@ -192,18 +192,25 @@ class CachedStack:
         self.cache = self.cache_geometry(rows, prefix, extra).allocate(p.dtype, p.device)
         return self.cache
 
-    def _run_cached(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None):
+    def _run_cached(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None,
+                    positions: torch.Tensor | None = None):
         cache = self.cache
         if cache is None:
             raise RuntimeError("call setup_cache(rows, extra) before cached decoding")
-        return self._stack(x, rope, tree_mask, cache.live(x.shape[1]))  # host bookkeeping stays outside
+        if cache.pos is None:
+            positions = None
+        return self._stack(x, rope, tree_mask, cache.live(x.shape[1]), positions)  # host bookkeeping stays outside
 
-    def _stack(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None, live: int):
-        """The cached block stack over the first ``live`` cache slots (``KVCache.live``)."""
+    def _stack(self, x: torch.Tensor, rope: torch.Tensor, tree_mask: torch.Tensor | None, live: int,
+               positions: torch.Tensor | None = None):
+        """The cached block stack over the first ``live`` cache slots (``KVCache.live``); ``positions``:
+        the block's stream positions when the cache tracks them (``KVCache.track_positions``)."""
         cache = self.cache
         n = x.shape[1]
         slots = cache.block_slots(n)
-        mask = cache.attention_mask(n, tree_mask, live)
+        mask = cache.attention_mask(n, tree_mask, live, positions)
+        if positions is not None:
+            cache.write_positions(slots, positions)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, mask, cache, i, slots)
         h = self.norm(x)
@@ -233,7 +240,11 @@ class CachedStack:
         return self.prefix_lengths[:, None] + positions.clamp(0, self.layout.stream_len - 1)
 
     def _forward_embedded(self, x: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None):
-        return self._run_cached(x, self.rope_at(self.stream_rope_index(positions)), tree_mask)
+        return self._run_cached(x, self.rope_at(self.stream_rope_index(positions)), tree_mask, positions)
+
+    def track_positions(self) -> None:
+        """Position-aware caching from now on (``KVCache.track_positions``): call after the prefill."""
+        self.cache.track_positions()
 
     def set_committed(self, n_fed: torch.Tensor) -> None:
         self.cache.length.copy_(n_fed + self.prefix_lengths)  # in place (captured rounds)

@@ -1,0 +1,169 @@
+"""PJD, Parallel Jacobi Decoding (Liao et al., CVPR 2026): Jacobi windows on several image rows at once.
+
+As the official code runs it (boyaliao/PJD ``scheduler/jacobi_iteration_lumina_mgpt.py``, line numbers
++-3 from the reconstruction in pjd_zipar_brief A1): every active row r feeds a chain
+``[x_r, d_1, .., d_{v-1}]`` (its last committed token, then drafts of its next columns) and all rows go
+through one target forward (sched:426-561). Windows (sched:1230-1242): the top row (every row above
+complete) feeds v = min(tokens left in the row, ``window``); a lower row v = min(c_above - c_r,
+``window``), so it never drafts past the column under the row above's last committed token. Row
+r + 1 starts once row r has ``lag`` image tokens (``long_size`` = 9 entries = 8 image tokens,
+sched:923, 1248-1259; ``window_size`` = 8, sched:921). Verification, draft d_i against the law after
+d_{i-1} (``SpeculativeSampler.__call__``, sched:249-329):
+
+- top row: the acceptance rule (``acceptance``: Exact min(1, p/q) as official, sched:301; LANTERN or
+  GSD pluggable as for SJD), at the first rejection a draw from the rule's residual, a bonus token when
+  every draft passes: the row commits accepted + 1 (sched:280, 305-314);
+- lower rows: the same test, no residual and no bonus: the accepted drafts only (sched:286-287, 316-317);
+- after the first rejection, a later draft whose acceptance probability exceeds ``keep_threshold``
+  (official 0.5, sched:320-323) stays a draft with its old law; every other re-draft is drawn from the
+  new target law at its position (Jacobi refinement), coupled with the position's previous draft by
+  ``coupling`` ("gumbel": one Exp(1) race per position kept while it is in the window, as SJD's);
+  positions with no law yet are drawn uniformly over the codes, with their uniform law as q (official:
+  a uniform draw with a one-hot q, sched:394-416; both are exact on the top row, uniform accepts more),
+  or with ``init="vertical-repeat"`` (a specvis extension: SJD's spatial prior) copied from the
+  committed token above, a point-mass law.
+- ``rcm``: the Row-Causal Mask, drafts of other rows are never attended (sched:587-595; applied to every
+  row, where the official offsets miss rows past the second, pjd_zipar_brief A6-1).
+
+Per-sample rows (official: batch 1, commits the minimum over the batch, sched:721); the cache keeps each
+row's committed prefix, positions and row ends handled by ``methods/rows2d.py`` on every family
+(row-end layouts: the row end is forced, never drafted; no row end: the placeholder start of ZipAR's
+official LlamaGen code, since PJD's LlamaGen code is not released).
+
+The law (lossy): the top row's tokens pass a speculative-sampling step against the target's law given
+everything committed; with ``keep_threshold=1``, ``coupling="none"`` and a grid whose rows never
+overlap (``lag`` >= width) this is SJD and exact. Otherwise a lower row's token is accepted against the
+law given the rows above up to their committed prefixes (and the row's own tokens keep the KV computed
+then): neither AR's law nor a bound; measured TV on tiny models in docs/results/archive/rows2d-tv.md.
+``keep_threshold`` keeps a draft whose old law is no longer its law, and a Gumbel race reused after a
+lower-row rejection carries what that rejection revealed: both bias the top row too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option
+from ..options import option
+from ..sampling import exponential, sample, uniform
+from .base import DecodeContext
+from .round import Verdict
+from .rows2d import MAX_ROWS, Rows
+
+COUPLINGS = ("none", "gumbel")
+INITS = ("random", "vertical-repeat")
+
+
+def _at(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """x[b, r, j[b, r, ...]] along dim 2 for x (B, H, K, ...) and j (B, H, n): (B, H, n, ...)."""
+    idx = j.reshape(*j.shape, *([1] * (x.dim() - 3))).expand(*j.shape, *x.shape[3:])
+    return x.gather(2, idx)
+
+
+@dataclass(frozen=True)
+class PJD(RuleMethod):
+    """Parallel Jacobi decoding (module docstring): per-row Jacobi ``window`` (tokens a row feeds, its
+    last committed token included), next row after ``lag`` image tokens of the row above, the top row
+    verified by ``acceptance`` with residual, lower rows accept-prefix, ``keep_threshold`` (1: always
+    refine), Row-Causal Mask ``rcm``, first drafts ``init``, re-draft ``coupling``. Lossy; batched with per-sample rows."""
+
+    window: int = option(8, low=2, help="tokens a row feeds per forward, its last committed one "
+                                                     "included (official window_size 8)")
+    lag: int = option(8, low=1, help="image tokens of the row above before the next row starts "
+                                                  "(official long_size 9 entries = 8 tokens)")
+    keep_threshold: float = option(0.5, low=0.0, high=1.0, help="keep a draft tested after the first rejection "
+                                                                 "whose acceptance probability exceeds this "
+                                                                 "(official 0.5; 1: never, always refine)")
+    rcm: bool = option(True, help="Row-Causal Mask: drafts of other rows are never attended")
+    init: str = option("random", choices=INITS, help="law of a position's first draft: random (uniform, "
+                                                     "official) or vertical-repeat (a copy of the committed "
+                                                     "token above, as SJD's spatial prior; uniform where none)")
+    coupling: str = option("none", choices=COUPLINGS, help="couple each re-draft with the position's previous "
+                                                           "draft: none (official) or gumbel")
+    acceptance: AcceptanceRule = rule_option()
+    name = "pjd"
+    walk = "chain"
+    pad = MAX_ROWS
+
+    @property
+    def lossless(self) -> bool:
+        return False
+
+    def decode(self, ctx: DecodeContext) -> None:
+        K, gen, rule = self.window, ctx.generator, ctx.rule
+        g = K - 1
+        rows = Rows(ctx, lag=self.lag, chain=K, rcm=self.rcm)
+        B, H, W, V, dev = ctx.n.shape[0], rows.H, rows.W, ctx.V, ctx.device
+        uni = torch.zeros(V, device=dev)
+        uni[: ctx.layout.vocab_size] = 1.0 / ctx.layout.vocab_size
+        gumbel = self.coupling == "gumbel"
+        st = {"D": torch.zeros(B, H, g, dtype=torch.long, device=dev),  # drafts of columns c .. c + g - 1
+              "Q": torch.zeros(B, H, g, V, device=dev),  # the law each was drawn from
+              "has": torch.zeros(B, H, g, dtype=torch.bool, device=dev),
+              "race": torch.ones(B, H, g, V, dtype=torch.float64, device=dev) if gumbel else None}
+        kk = torch.arange(g, device=dev)
+
+        def draw(q: torch.Tensor, race: torch.Tensor | None) -> torch.Tensor:
+            return torch.argmax(q / race, dim=-1) if gumbel else sample(q, gen)
+
+        ctx.accept(Verdict.sampled(ctx.target.prefill().sample(gen)))
+        rows.start()
+
+        def round_() -> None:
+            rows.begin_round()
+            c, open_, top = rows.c, rows.open, rows.top
+            v = torch.where(top, W - c, rows.above() - c).clamp(1, K)
+            fresh = ~st["has"] & open_[..., None]  # positions with no draft yet: uniform, or the token above
+            q0 = uni.expand(B, H, g, V)
+            if self.init == "vertical-repeat":  # a committed token above: a copy (point-mass law, exact)
+                col = c[..., None] + kk
+                above = ((rows.rid - 1) * rows.S)[..., None] + col
+                idx = above.clamp(0, ctx.L - 1).flatten(1)
+                ok = (rows.rid[..., None] >= 1) & (col < W) & ctx.filled.gather(1, idx).view(above.shape)
+                point = torch.nn.functional.one_hot(ctx.tokens.gather(1, idx).view(above.shape), V).to(q0.dtype)
+                q0 = torch.where(ok[..., None], point, q0)
+            if gumbel:
+                st["race"] = torch.where(fresh[..., None], exponential(st["race"], gen), st["race"])
+            st["D"] = torch.where(fresh, draw(q0, st["race"]), st["D"])
+            st["Q"] = torch.where(fresh[..., None], q0, st["Q"])
+            D, Q = st["D"], st["Q"]
+            block = rows.block(v, D)
+            law = ctx.target.forward(block.tokens, block.positions, block.mask)
+            P = rows.chain_laws(block, law.probs)  # (B, H, K, V): the law of column c + k
+            soft = None if law.soft is None else rows.chain_laws(block, law.soft)[:, :, :g].reshape(-1, g, V)
+            m = torch.where(open_, v - 1, torch.zeros_like(v))  # drafts fed
+            kw = {} if soft is None else {"soft": soft}
+            alpha, residual = rule.chain(P[:, :, :g].reshape(-1, g, V), Q.reshape(-1, g, V), D.reshape(-1, g), **kw)
+            alpha, residual = alpha.view(B, H, g), residual.view(B, H, g, V)
+            ok = (uniform((B, H, g), P, gen) < alpha) & (kk < m[..., None])
+            a = ok.long().cumprod(-1).sum(-1)  # accepted drafts
+            p_a = _at(P, a[..., None])[:, :, 0]
+            r_a = _at(residual, a.clamp_max(g - 1)[..., None])[:, :, 0]
+            nxt = sample(torch.where((a < m)[..., None], normalise(r_a, p_a), p_a), gen)  # residual or bonus
+            n = torch.where(open_, torch.where(top, a + 1, a), torch.zeros_like(a))
+            at_a = top[..., None] & (torch.arange(K, device=dev) == a[..., None])  # the top row's residual/bonus
+            values = torch.where(at_a, nxt[..., None], torch.cat([D, D[..., :1]], 2))
+            rows.commit(block, n, values)
+            # the next window: slot k holds column c + n + k, i.e. old chain column j = n + k
+            j = n[..., None] + kk
+            refined = j < v[..., None]  # a law of this round
+            had = (j < g) & _at(st["has"], j.clamp_max(g - 1))
+            old_d, old_q = _at(D, j.clamp_max(g - 1)), _at(Q, j.clamp_max(g - 1))
+            keep = ~refined & had  # fed no more since drawn: untested, still distributed as its q
+            if self.keep_threshold < 1.0:  # tested after the first rejection, likely enough: kept (official)
+                tested_late = refined & (j > a[..., None]) & (j < m[..., None]) & had
+                keep |= tested_late & (_at(alpha, j.clamp_max(g - 1)) > self.keep_threshold)
+            p_j = _at(P, j.clamp_max(K - 1))
+            redraw = refined & ~keep
+            race = None
+            if gumbel:  # E_m follows its position; a new position gets a fresh one
+                race = torch.where(had[..., None], _at(st["race"], j.clamp_max(g - 1)), exponential(st["race"], gen))
+                st["race"] = race
+            st["D"] = torch.where(keep, old_d, draw(p_j, race))
+            st["Q"] = torch.where(keep[..., None], old_q, p_j)
+            st["has"] = (keep | redraw) & rows.open[..., None]
+
+        ctx.run(round_, capture=False)
+        ctx.record(rows.stats())
