@@ -151,14 +151,15 @@ class DecodeContext:
 
     def commit(self, block: torch.Tensor, count: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
         """Append ``block[r, :count[r]]`` to row r (or write it at stream positions ``at[r]``), all by one
-        target forward. Finished rows ignore it. Returns the per-row count actually committed. The
-        buffer only: ``accept`` also updates the target cache."""
+        target forward. Finished rows ignore it; entries beyond a row's count go to the first padding
+        column (so an unused ``at`` entry never overwrites a position the same row commits). Returns the
+        per-row count actually committed. The buffer only: ``accept`` also updates the target cache."""
         active = self.n < self.L
         count = torch.where(active, torch.minimum(count, self.L - self.n), torch.zeros_like(count))
         m = block.shape[1]
         j = torch.arange(m, device=self.device)
-        idx = (self.n[:, None] + j if at is None else at).clamp_max(self.tokens.shape[1] - 1)
         write = j[None, :] < count[:, None]
+        idx = torch.where(write, (self.n[:, None] + j if at is None else at).clamp_max(self.tokens.shape[1] - 1), self.L)
         images = (write & (self.forced[idx] < 0)).sum(1, keepdim=True)  # image tokens of this block
         if self.latents is None:
             self.tokens.scatter_(1, idx, torch.where(write, block, self.tokens.gather(1, idx)))

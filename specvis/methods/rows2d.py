@@ -248,7 +248,6 @@ class Rows:
         parts_ok = [block.due_tail[..., None].expand(-1, -1, E), k < n[..., None], last_tail[..., None].expand(-1, -1, E)]
         flat = lambda ts: torch.cat(ts, 2).reshape(B, -1)
         _, count, (tok, at) = _compact(flat(parts_ok), flat(parts_tok), flat(parts_pos))
-        at = torch.where(torch.arange(at.shape[1], device=dev)[None] < count[:, None], at, ctx.L)  # unused: scratch
         ctx.commit(tok, count, at)
         # the cache keeps: each row's first n chain slots (x only if real and uncached), its tail with x
         kx = block.keepable_x & (n >= 1) | block.finishing
