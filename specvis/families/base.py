@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -236,3 +236,23 @@ def display_name(name: str | Path, directory: Path) -> str:
     """How reports name a checkpoint: its Hub id when it came from the cache (the snapshot directory is
     a commit hash), else the directory's name."""
     return Path(directory).name if Path(str(name)).expanduser().is_dir() else str(name)
+
+
+class OwnFormatFamily(Family):
+    """A family with its own file format and model class (LlamaGen t2i, MAR): ``read_model`` and
+    ``read_pipeline`` are its module's loaders (``specvis.load`` quantizes a pipeline's models afterwards)."""
+
+    read_model: ClassVar[Callable[..., Any]]
+    read_pipeline: ClassVar[Callable[..., Any]]
+
+    def load(self, directory: Path, config: dict | None, height: int | None = None, width: int | None = None, *,
+             device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, quantize: str | None = None):
+        """``read_model``; ``quantize="int8"``: its linears in int8 once loaded."""
+        model = self.read_model(Path(directory), height, width, device=device, dtype=dtype)
+        if quantize:
+            quantize_linears(model)
+        return model
+
+    def load_pipeline(self, name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
+                      dtype: str | torch.dtype | None = None, quantize: str | None = None):
+        return self.read_pipeline(name, directory, draft, drafter, device=device, dtype=dtype)

@@ -40,7 +40,7 @@ import torch
 from ..models.base import Captions
 from ..models.checkpoint import one_line
 from ..pipeline import TextPipeline
-from .base import Family, display_name
+from .base import OwnFormatFamily, display_name
 from .hf import read_json
 from .llamagen_caption import clean_caption
 from ..sampling import Sampling
@@ -258,7 +258,7 @@ class CaptionEncoder:
         return Captions.of([h[r, : len(row)] for r, row in enumerate(rows)])
 
 
-class LlamaGenT2IFamily(Family):
+class LlamaGenT2IFamily(OwnFormatFamily):
     """LlamaGen t2i: prompts become captions, the states of its flan-t5 (``CaptionEncoder``); its own
     file format (``.pt`` files, no config.json); a fixed grid (its 2D RoPE table). sample_t2i.py adds
     no suffix to its prompts; the CFG rows are the negative prompts' captions or the model's null
@@ -272,20 +272,8 @@ class LlamaGenT2IFamily(Family):
     check_draft = staticmethod(check_draft)
     image_decoder = staticmethod(load_vq)
 
-    def load(self, directory: Path, config: dict | None, height: int | None = None, width: int | None = None, *,
-             device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, quantize: str | None = None):
-        """``load_decoder``; ``quantize="int8"``: its block linears in int8 once loaded."""
-        model = load_decoder(Path(directory), height, width, device=device, dtype=dtype)
-        if quantize:
-            from ..models.quantize import quantize_linears
-
-            quantize_linears(model)
-        return model
-
-    def load_pipeline(self, name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
-                      dtype: str | torch.dtype | None = None, quantize: str | None = None) -> TextPipeline:
-        """``load_pipeline`` (``specvis.load`` quantizes the loaded models afterwards)."""
-        return load_pipeline(name, directory, draft, drafter, device=device, dtype=dtype)
+    read_model = staticmethod(load_decoder)
+    read_pipeline = staticmethod(load_pipeline)
 
     def native_grid(self, directory: Path, config: dict | None) -> tuple[int, int]:
         return native_grid(Path(directory), gpt_file(Path(directory)))

@@ -31,7 +31,7 @@ from ..models.mar import CHECKPOINT_NAME as CHECKPOINT
 from ..models.mar import cfg_scales, mask_schedule
 from ..pipeline import Pipeline, Tokens, call_arguments, check_class_call, resolve_dtype
 from ..viz import to_pil
-from .base import Family
+from .base import OwnFormatFamily
 
 NAME = "mar"
 VAE_NAME = "kl16.ckpt"
@@ -254,7 +254,7 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None, *, 
                        class_names=[f"class{i}" for i in range(model.num_classes)], draft=draft)
 
 
-class MARFamily(Family):
+class MARFamily(OwnFormatFamily):
     """MAR: class-conditional, continuous tokens revealed in its own order (``MARReveal``), its own
     file format (``checkpoint-last.pth``) and image decoder (the KL-16 VAE)."""
 
@@ -263,20 +263,8 @@ class MARFamily(Family):
     tokens = "continuous"
     matches_dir = staticmethod(matches_dir)
 
-    def load(self, directory: Path, config: dict | None, height: int | None = None, width: int | None = None, *,
-             device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, quantize: str | None = None):
-        """``load_decoder``; ``quantize="int8"``: its linears in int8 once loaded."""
-        model = load_decoder(Path(directory), height, width, device=device, dtype=dtype)
-        if quantize:
-            from ..models.quantize import quantize_linears
-
-            quantize_linears(model)
-        return model
-
-    def load_pipeline(self, name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
-                      dtype: str | torch.dtype | None = None, quantize: str | None = None) -> MARPipeline:
-        """``load_pipeline`` (``specvis.load`` quantizes the loaded models afterwards)."""
-        return load_pipeline(name, directory, draft, drafter, device=device, dtype=dtype)
+    read_model = staticmethod(load_decoder)
+    read_pipeline = staticmethod(load_pipeline)
 
     def image_decoder(self, directory: Path, device: str | torch.device = "cpu"):
         from ..models.kl_vae import KLVAE
