@@ -172,12 +172,16 @@ def test_available_memory_leaves_out_the_mapped_weights(monkeypatch):
     assert free > 0 and weight_layout.available_memory_bytes() == 0
 
 
-def test_fp32_and_quantized_loads_copy(janus_bf16, monkeypatch):
-    """Nothing stays mapped where the load converts (bf16 file, fp32 load) or quantizes (each float
-    weight is freed as its int8 copy is made)."""
+def test_converting_and_quantized_loads_copy(janus_bf16, monkeypatch):
+    """Nothing stays mapped where the load converts (bf16 file loaded in fp32 or fp16, fp32 file in
+    bf16: every floating tensor then in the dtype asked) or quantizes (each float weight is freed as
+    its int8 copy is made). Catches: a file tensor of another dtype left in the mapping as the weight."""
     trace: list[tuple[str, str]] = []
     monkeypatch.setattr(loading, "TRACE", trace)
-    load_decoder(janus_bf16, dtype="fp32")
+    for d, dtype in ((janus_bf16, torch.float32), (janus_bf16, torch.float16), (janus_bf16.parent / "fp32", torch.bfloat16)):
+        model = load_decoder(d, dtype=dtype)
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            assert t.dtype == expected_dtype(name, t, dtype), (name, t.dtype)
     load_decoder(janus_bf16, dtype="bf16", quantize="int8")
     assert [e for e, _ in trace if e == "keep"] == []
     assert json.loads((janus_bf16 / "config.json").read_text())  # the directory is intact
