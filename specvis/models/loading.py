@@ -35,6 +35,7 @@ import json
 import mmap
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -105,6 +106,7 @@ def _libc_madvise():
 
 _MADVISE = _libc_madvise() if hasattr(mmap, "MADV_DONTNEED") else None
 _PAGE = mmap.PAGESIZE
+_LINUX = sys.platform.startswith("linux")  # the MADV_POPULATE_* numbers are Linux's
 MADV_POPULATE_READ = 22
 """Linux 5.14's madvise advice that faults a range in (page tables filled from the page cache, the
 file read where it is not cached) in one call; older kernels answer EINVAL."""
@@ -126,7 +128,7 @@ def prefault(t: torch.Tensor) -> torch.Tensor:
     ``MADV_POPULATE_WRITE`` call instead of one page fault a page during the copy: 1.27 against 1.49
     s (medians of 5) for a 1.5B load copying 0.6 GiB on a busy 2-core VM (docs/benchmarks/scale.md).
     Older kernels refuse the advice and the copy faults the pages as before."""
-    if _MADVISE is not None and t.device.type == "cpu" and t.numel() * t.element_size() >= 1 << 20:
+    if _MADVISE is not None and _LINUX and t.device.type == "cpu" and t.numel() * t.element_size() >= 1 << 20:
         _MADVISE(*_page_range(t), MADV_POPULATE_WRITE)
     return t
 
@@ -164,7 +166,7 @@ def populate(t: torch.Tensor) -> None:
     if t.numel() == 0:
         return
     start, length = _page_range(t)
-    if _MADVISE is not None and hasattr(mmap, "MADV_WILLNEED"):
+    if _MADVISE is not None and _LINUX:
         _MADVISE(start, length, mmap.MADV_WILLNEED)  # readahead of the whole range, where not cached
         if _MADVISE(start, length, MADV_POPULATE_READ) == 0:
             return
