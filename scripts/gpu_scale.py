@@ -679,7 +679,7 @@ def specvis_janus(hf, ids: dict, side: int) -> PromptDecoder:
     with empty_parameters():
         model = janus.make_decoder(config, ids, "janus-pro-1b shape", side, side)
     sd = hf.state_dict()  # live tensors: streamed as they are (no page dropping, unlike a mapped file)
-    stream_into(model, list(sd), lambda wanted: ((k, v) for k, v in sd.items() if wanted(k)),
+    stream_into(model, list(sd), lambda wanted, kept: ((k, v) for k, v in sd.items() if wanted(k)),
                 decoder_route(janus.RENAMES, janus.KEEP, model.config), dt, dev, "transformers Janus")
     return model.eval()
 

@@ -86,7 +86,16 @@ def weight_files(directory: Path) -> list[Path]:
 
 
 def interleave(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda w: interleave_rows(w, heads)
+    """``interleave_rows`` as a view, (heads, d/2, 2, ...) for d rows a head: row (h, i, j) is the
+    file's row h d + j d/2 + i (``models.loading.stream_into`` copies it into place without a
+    temporary)."""
+    def view(w: torch.Tensor) -> torch.Tensor:
+        if w.dim() == 0 or w.shape[0] % (2 * heads):
+            return w  # not a q/k projection of these heads: stream_into reports the shape mismatch
+        d = w.shape[0] // heads
+        return w.view(heads, 2, d // 2, *w.shape[1:]).transpose(1, 2)
+
+    return view
 
 
 def head_norm(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -13,10 +13,17 @@ the files straight into the requested dtype and device.
    buffer (``Piece``: a family's key renames, fused q/k/v rows, selected ``lm_head`` rows), allocates
    each destination once in the target dtype and device, copies into it, and checks that every
    destination was filled from the file exactly once (one-line ``ValueError`` otherwise).
+4. On the CPU a file tensor that already is its whole destination (same 16-bit dtype, same shape,
+   no rows or transform) is not copied: the weight stays in the file's private mapping
+   (``MAP_PRIVATE``: a write copies the page, the file never changes), its pages read in once at
+   load (``populate``). Fresh anonymous memory is what a copy costs: on a 2-core VM, touching 2.85
+   GiB of it took 2.2-6.2 s, mapping the same bytes from the page cache 0.05-0.07 s
+   (docs/benchmarks/scale.md). Mapped pages count in the resident set (``RssFile``) like copied ones;
+   ``models.weight_layout.available_memory_bytes`` does not count them as free.
 
 ``TRACE``: when a list, the sources append ``("open", path)``, ``("read", key)``, ``("drop", key)``
-(its pages handed back) and ``("close", path)`` in reading order (tests observe shard-at-a-time
-loading through it).
+(its pages handed back), ``("keep", key)`` (left in the mapping as the weight itself) and
+``("close", path)`` in reading order (tests observe shard-at-a-time loading through it).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import json
 import mmap
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -98,6 +106,73 @@ def _libc_madvise():
 
 _MADVISE = _libc_madvise() if hasattr(mmap, "MADV_DONTNEED") else None
 _PAGE = mmap.PAGESIZE
+_LINUX = sys.platform.startswith("linux")  # the MADV_POPULATE_* numbers are Linux's
+MADV_POPULATE_READ = 22
+"""Linux 5.14's madvise advice that faults a range in (page tables filled from the page cache, the
+file read where it is not cached) in one call; older kernels answer EINVAL."""
+
+
+def _page_range(t: torch.Tensor) -> tuple[int, int]:
+    """(first, length) of the pages that overlap ``t``'s bytes."""
+    start = t.data_ptr() // _PAGE * _PAGE
+    end = -(-(t.data_ptr() + t.numel() * t.element_size()) // _PAGE) * _PAGE
+    return start, end - start
+
+
+MADV_POPULATE_WRITE = 23
+"""Linux 5.14's advice that faults a writable range in (fresh pages zeroed) in one call."""
+
+
+def prefault(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (a fresh CPU tensor of 1 MiB or more) with its pages faulted in by one
+    ``MADV_POPULATE_WRITE`` call instead of one page fault a page during the copy: 1.27 against 1.49
+    s (medians of 5) for a 1.5B load copying 0.6 GiB on a busy 2-core VM (docs/benchmarks/scale.md).
+    Older kernels refuse the advice and the copy faults the pages as before."""
+    if _MADVISE is not None and _LINUX and t.device.type == "cpu" and t.numel() * t.element_size() >= 1 << 20:
+        _MADVISE(*_page_range(t), MADV_POPULATE_WRITE)
+    return t
+
+
+MAPPED_FILES: set[str] = set()
+"""Files whose mapping holds weights of a loaded model (``stream_into`` kept a tensor of theirs)."""
+
+
+def mapped_weight_bytes() -> int:
+    """Resident bytes of this process's mappings of ``MAPPED_FILES`` (``Rss`` in /proc/self/smaps): the
+    page cache counts them as reclaimable (``MemAvailable``), but they are the loaded weights. 0
+    where smaps cannot be read."""
+    if not MAPPED_FILES:
+        return 0
+    try:
+        with open("/proc/self/smaps") as f:
+            text = f.read()
+    except OSError:
+        return 0
+    total = 0
+    for path in MAPPED_FILES:  # each mapping of the file: its header line ends with the path, then "Rss: N kB"
+        at = text.find(" " + path + "\n")
+        while at >= 0:
+            rss = text.find("\nRss:", at)
+            if rss >= 0:
+                total += int(text[rss + 5: text.find("kB", rss)]) * 1024
+            at = text.find(" " + path + "\n", at + 1)
+    return total
+
+
+def populate(t: torch.Tensor) -> None:
+    """Make a memory-mapped CPU tensor's pages resident now (``MADV_POPULATE_READ``; where the
+    kernel has none, one read per page), so that a load ends with its weights in memory and the
+    first forward does not pay for reading the file."""
+    if t.numel() == 0:
+        return
+    start, length = _page_range(t)
+    if _MADVISE is not None and _LINUX:
+        _MADVISE(start, length, mmap.MADV_WILLNEED)  # readahead of the whole range, where not cached
+        if _MADVISE(start, length, MADV_POPULATE_READ) == 0:
+            return
+    flat = t.reshape(-1).view(torch.uint8) if t.element_size() == 1 else t.reshape(-1)
+    step = max(1, _PAGE // t.element_size())
+    float(flat[::step].float().sum())  # touches one element per page
 
 
 def drop_pages(t: torch.Tensor) -> bool:
@@ -134,10 +209,11 @@ def safetensors_keys(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             if k != "__metadata__" and isinstance(v, dict)}
 
 
-def safetensors_tensors(files: Sequence[Path], wanted: Callable[[str], bool] = lambda k: True
-                        ) -> Iterator[tuple[str, torch.Tensor]]:
+def safetensors_tensors(files: Sequence[Path], wanted: Callable[[str], bool] = lambda k: True,
+                        kept: Callable[[str], bool] = lambda k: False) -> Iterator[tuple[str, torch.Tensor]]:
     """(key, memory-mapped tensor) for the ``wanted`` keys of each file in order, one file open at a
-    time; each tensor's pages are dropped once the consumer has taken it (resumed the iterator)."""
+    time; each tensor's pages are dropped once the consumer has taken it (resumed the iterator),
+    unless the consumer ``kept`` it as a weight (the mapping outlives the closed file handle)."""
     from safetensors import safe_open
 
     for path in files:
@@ -156,8 +232,7 @@ def safetensors_tensors(files: Sequence[Path], wanted: Callable[[str], bool] = l
                 except Exception as exc:  # noqa: BLE001
                     raise ValueError(f"{path}: unreadable tensor {key!r} ({one_line(exc)})") from None
                 yield key, t
-                if drop_pages(t):
-                    _trace("drop", key)
+                _hand_back(key, t, kept, path)
                 del t
         _trace("close", str(path))
 
@@ -176,23 +251,36 @@ def read_torch_file(path: str | os.PathLike, allowed: Sequence[type] = ()):
             return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
-def torch_file_tensors(sd: dict[str, torch.Tensor], where: str) -> Iterator[tuple[str, torch.Tensor]]:
+def torch_file_tensors(sd: dict[str, torch.Tensor], where: str, kept: Callable[[str], bool] = lambda k: False
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
     """(key, tensor) of a state dict read by ``read_torch_file``; each tensor's pages are dropped once
-    taken (tensors that share storage fault their pages back in from the file)."""
+    taken, unless ``kept`` (tensors that share storage fault their pages back in from the file)."""
     _trace("open", where)
     for key, t in sd.items():
         _trace("read", key)
         yield key, t
-        if drop_pages(t):
-            _trace("drop", key)
+        _hand_back(key, t, kept, where)
     _trace("close", where)
+
+
+def _hand_back(key: str, t: torch.Tensor, kept: Callable[[str], bool], path: str | os.PathLike) -> None:
+    """After the consumer took ``t`` (read from file ``path``): note that it was kept (its file joins
+    ``MAPPED_FILES``), or drop its pages."""
+    if kept(key):
+        if os.path.isfile(path):
+            MAPPED_FILES.add(os.path.realpath(path))
+        _trace("keep", key)
+    elif drop_pages(t):
+        _trace("drop", key)
 
 
 # ---------------------------------------------------------------- routing and copying
 @dataclass(frozen=True)
 class Piece:
     """Where a file tensor goes: rows ``rows`` (a slice of dim 0; None: the whole tensor) of the
-    model's parameter or persistent buffer ``name``, after ``transform`` (None: as stored)."""
+    model's parameter or persistent buffer ``name``, after ``transform`` (None: as stored). A
+    transform may return a view whose leading dims split the rows (e.g. (heads, d/2, 2, in) for d
+    rows a head): it is copied straight into the destination rows, with no temporary copy."""
 
     name: str
     rows: slice | None = None
@@ -225,6 +313,17 @@ def destinations(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _flat_shape(value: torch.Tensor, dims: int) -> tuple[int, ...]:
+    """``value``'s shape with its leading dims merged so that ``dims`` remain (as it is if it has fewer)."""
+    lead = value.dim() - dims
+    if lead <= 0:
+        return tuple(value.shape)
+    rows = 1
+    for n in value.shape[:lead + 1]:
+        rows *= n
+    return (rows, *value.shape[lead + 1:])
+
+
 def _rows_of(shape: torch.Size | tuple[int, ...]) -> int:
     return shape[0] if len(shape) else 1
 
@@ -234,6 +333,17 @@ def _span(piece: Piece, shape) -> range:
     return range(n) if piece.rows is None else range(n)[piece.rows]
 
 
+def _coverage(runs: list[tuple[int, int]], n: int) -> tuple[bool, bool]:
+    """(some of rows 0..n-1 are in no run, some row is in two runs) for [start, stop) runs."""
+    gap = overlap = False
+    end = 0
+    for start, stop in sorted(r for r in runs if r[1] > r[0]):
+        gap |= start > end
+        overlap |= start < end
+        end = max(end, stop)
+    return gap or end < n, overlap
+
+
 def check_routes(keys: Iterable[str], route: Route, dests: dict[str, torch.Tensor], where: str,
                  display: Callable[[str], str] = lambda n: n) -> dict[str, list[Piece]]:
     """Route every file key before any data is read: an unexpected key or a destination the file
@@ -241,7 +351,7 @@ def check_routes(keys: Iterable[str], route: Route, dests: dict[str, torch.Tenso
     them: the file's own key names where a route renames). Returns {key: pieces} of the keys to read."""
     plan: dict[str, list[Piece]] = {}
     unexpected: list[str] = []
-    filled = {name: [0] * _rows_of(t.shape) for name, t in dests.items()}
+    spans: dict[str, list[tuple[int, int]]] = {name: [] for name in dests}  # [start, stop) row runs filled
     for key in keys:
         pieces = route(key)
         if pieces is None or any(p.name not in dests for p in pieces):
@@ -250,14 +360,15 @@ def check_routes(keys: Iterable[str], route: Route, dests: dict[str, torch.Tenso
         if pieces:
             plan[key] = list(pieces)
         for p in pieces:
-            for r in _span(p, dests[p.name].shape):
-                filled[p.name][r] += 1
+            r = _span(p, dests[p.name].shape)
+            spans[p.name] += [(r.start, r.stop)] if r.step == 1 else [(i, i + 1) for i in r]
     if unexpected:
         raise ValueError(f"{where}: checkpoint has {len(unexpected)} unexpected tensors, e.g. {unexpected[0]!r}")
-    missing = sorted(n for n, rows in filled.items() if min(rows, default=1) == 0)
+    cover = {name: _coverage(spans[name], _rows_of(t.shape)) for name, t in dests.items()}
+    missing = sorted(n for n, (gap, _) in cover.items() if gap)
     if missing:
         raise ValueError(f"{where}: checkpoint lacks {len(missing)} tensors, e.g. {display(missing[0])!r}")
-    twice = sorted(n for n, rows in filled.items() if max(rows, default=1) > 1)
+    twice = sorted(n for n, (_, overlap) in cover.items() if overlap)
     if twice:
         raise ValueError(f"{where}: checkpoint fills {display(twice[0])!r} more than once")
     return plan
@@ -272,7 +383,22 @@ class Loaded:
     bytes: int
 
 
-def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[[Callable[[str], bool]], Iterable[tuple[str, torch.Tensor]]],
+MAPPED_DTYPES = (torch.bfloat16, torch.float16)
+"""The dtypes whose CPU weights stay in the file mapping when the file stores them so: fp32 linear
+weights are re-laid out on the CPU (``models.weight_layout.transpose_linear_weights`` copies them),
+which would leave the mapped pages resident beside the copy."""
+
+
+def maps_in_place(piece: Piece, src: torch.Tensor, dest: torch.Tensor, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether file tensor ``src`` can be destination ``dest`` itself, left in the file mapping: on
+    the CPU, a whole destination (no rows, no transform) stored in the load dtype (a 16-bit one:
+    ``MAPPED_DTYPES``), same shape, contiguous."""
+    return (device.type == "cpu" and src.device.type == "cpu" and piece.rows is None and piece.transform is None
+            and dtype in MAPPED_DTYPES and dest.is_floating_point() and src.dtype == dtype
+            and tuple(src.shape) == tuple(dest.shape) and src.is_contiguous())
+
+
+def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[..., Iterable[tuple[str, torch.Tensor]]],
                 route: Route, dtype: torch.dtype, device: torch.device | str, where: str,
                 finish: Callable[[str, torch.Tensor], bool] | None = None,
                 display: Callable[[str], str] = lambda n: n) -> Loaded:
@@ -283,7 +409,10 @@ def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[[Callab
     destination is complete and returns True when it took the tensor over (it is then neither kept
     nor installed: ``models.quantize.streaming_quantizer`` replaces the layer that owned it). Every parameter and persistent buffer must come from the file
     (``check_routes``); then non-persistent buffers follow to ``device`` and ``dtype`` as
-    ``Module.to`` moves them. One-line ValueErrors for unexpected, missing or mis-shaped tensors."""
+    ``Module.to`` moves them. One-line ValueErrors for unexpected, missing or mis-shaped tensors.
+    ``tensors(wanted, kept)``: ``kept(key)`` tells the source that the tensor it yielded is now a
+    weight (``maps_in_place``: not copied, its pages made resident by ``populate`` and not dropped);
+    never with a ``finish`` hook (a quantized load frees each float weight)."""
     device = torch.device(device)
     dests = destinations(model)
     plan = check_routes(keys, route, dests, where, display)
@@ -291,21 +420,28 @@ def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[[Callab
     made: dict[str, torch.Tensor] = {}
     consumed: set[str] = set()
     order: list[str] = []
-    for key, src in tensors(lambda k: k in plan):
+    kept: set[str] = set()
+    for key, src in tensors(lambda k: k in plan, kept.__contains__):
         order.append(key)
-        for piece in plan[key]:
+        pieces = plan[key]
+        if finish is None and len(pieces) == 1 and maps_in_place(pieces[0], src, dests[pieces[0].name], dtype, device):
+            populate(src)
+            made[pieces[0].name] = src
+            kept.add(key)
+            continue
+        for piece in pieces:
             meta = dests[piece.name]
             out = made.get(piece.name)
             if out is None:
                 kind = dtype if meta.is_floating_point() else meta.dtype
-                out = made[piece.name] = torch.empty(meta.shape, dtype=kind, device=device)
+                out = made[piece.name] = prefault(torch.empty(meta.shape, dtype=kind, device=device))
             value = src if piece.transform is None else piece.transform(src)
             view = out if piece.rows is None else out[piece.rows]
-            if tuple(value.shape) != tuple(view.shape):
+            if _flat_shape(value, view.dim()) != tuple(view.shape):
                 shown = tuple(meta.shape) if piece.rows is None else f"rows {piece.rows.start}:{piece.rows.stop} {tuple(view.shape)}"
-                raise ValueError(f"{where}: shape mismatch for {key!r}: file {tuple(value.shape)} vs model {piece.name} {shown}")
+                raise ValueError(f"{where}: shape mismatch for {key!r}: file {tuple(src.shape)} vs model {piece.name} {shown}")
             with torch.no_grad():
-                view.copy_(value)
+                (view if value.dim() == view.dim() else view.view(value.shape)).copy_(value)
             del value
             remaining[piece.name] -= len(_span(piece, meta.shape))
             if remaining[piece.name] == 0 and finish is not None and finish(piece.name, out):
@@ -369,9 +505,9 @@ def load_safetensors(model: nn.Module, files: Sequence[Path], route: Route, dtyp
     index = safetensors_index(files)
     plan_keys = list(index)
 
-    def tensors(wanted):
+    def tensors(wanted, kept):
         needed = [f for f in files if any(wanted(k) for k, (g, _, _) in index.items() if g == f)]
-        return safetensors_tensors(needed, wanted)
+        return safetensors_tensors(needed, wanted, kept)
 
     return stream_into(model, plan_keys, tensors, route, dtype, device, where, finish)
 
@@ -379,7 +515,7 @@ def load_safetensors(model: nn.Module, files: Sequence[Path], route: Route, dtyp
 def load_state_dict_file(model: nn.Module, sd: dict[str, torch.Tensor], route: Route, dtype: torch.dtype,
                          device: torch.device | str, where: str, finish=None, display=lambda n: n) -> Loaded:
     """``stream_into`` from a state dict read by ``read_torch_file`` (memory-mapped)."""
-    return stream_into(model, list(sd), lambda wanted: torch_file_tensors({k: v for k, v in sd.items() if wanted(k)}, where),
+    return stream_into(model, list(sd), lambda wanted, kept: torch_file_tensors({k: v for k, v in sd.items() if wanted(k)}, where, kept),
                        route, dtype, device, where, finish, display)
 
 

@@ -99,12 +99,16 @@ def transpose_linear_weights(module: nn.Module) -> int:
 
 def available_memory_bytes() -> int | None:
     """Memory the kernel can still hand out without swapping (``MemAvailable`` of /proc/meminfo; free
-    pages where there is none), or None where neither is known."""
+    pages where there is none), less the weights this process keeps in file mappings
+    (``models.loading.mapped_weight_bytes``: MemAvailable counts them as reclaimable page cache), or
+    None where neither is known."""
+    from .loading import mapped_weight_bytes
+
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    return max(0, int(line.split()[1]) * 1024 - mapped_weight_bytes())
     except OSError:
         pass
     try:
