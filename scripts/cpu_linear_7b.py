@@ -1,7 +1,7 @@
 """The linear kernels at a 7B layer's shape on this CPU, one thread: what ``models.weight_layout`` and
 ``models.quantize`` choose from.
 
-    python scripts/cpu_linear_7b.py --json docs/benchmarks/cpu-linear-7b.json
+    python scripts/cpu_linear_7b.py --json docs/results/data/cpu-linear-7b.json
 
 A product x W^T with W 11008 x 4096 (a Llama-7B feed-forward weight, 90 MB in bf16), three distinct
 weights cycled (270 MB: every call streams its weight from memory, as in a decode), bf16

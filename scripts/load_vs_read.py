@@ -2,7 +2,7 @@
 and (``--rev``) an earlier commit's, interleaved.
 
     python scripts/load_vs_read.py /tmp/specvis-scale/lumina-1.5b --rev e59cf5d --repeats 5 \\
-        --json docs/benchmarks/scale-load.json
+        --json docs/results/data/scale-load.json
 
 For each repeat, for each loader in turn (``--rev``: that commit's ``specvis`` from ``git archive``,
 first on PYTHONPATH; then this tree's): ``cat DIR/*.safetensors > /dev/null`` timed (nothing dropped

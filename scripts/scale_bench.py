@@ -4,7 +4,7 @@ alone on the machine, one torch thread (it sets ``sv.load(threads=1)``), and onl
 shapes fit (about 14 GB of bf16 weights, 18 GiB available).
 
     python scripts/scale_bench.py run --families lumina,janus --sizes 0.3b,1.5b,7b \\
-        --scratch /work/scale-tmp --json docs/benchmarks/scale.json --md docs/benchmarks/scale.md
+        --scratch /work/scale-tmp --json docs/results/data/scale.json --md docs/results/data/scale-runs.md
 
 For each family and size it measures, each in a fresh process:
 
@@ -393,7 +393,7 @@ def machine() -> dict:
 
 
 def markdown(report: dict) -> str:
-    """The tables of docs/benchmarks/scale.md from the JSON (the prose there is written by hand)."""
+    """The tables of docs/results/scale-cpu.md from the JSON (the prose there is written by hand)."""
     lines = [f"Machine: {report['machine']['cpu']}, {report['machine']['cores']} cores, "
              f"{report['machine']['mem_total_gib']} GiB, torch {report['machine']['torch']}, one thread.", "",
              "| checkpoint | params | dtype | file GB | read s (again) | load s | peak RSS GiB | weights GiB | peak / (1.10 w + 1 GiB) |",

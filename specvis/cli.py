@@ -54,7 +54,7 @@ def _add_device(p: argparse.ArgumentParser) -> None:
                         "(AVX512-BF16, AMX) bf16 flattens the forward cost curve: docs/results/archive/bf16-cpu.md")
     g.add_argument("--quantize", choices=["int8"],
                    help="weight-only int8 linear layers in the target's and draft's blocks (half the memory of bf16; "
-                        "methods stay exact for the quantized model): docs/benchmarks/scale.md")
+                        "methods stay exact for the quantized model): docs/results/scale-cpu.md")
     g.add_argument("--compile", action="store_true", help="torch.compile the cached forward (one graph per block size); CUDA only: on CPU it measured slower and is skipped")
     g.add_argument("--no-graphs", dest="graphs", action="store_false", default=None,
                    help="run rounds eagerly on CUDA (default: captured CUDA graphs; no effect on CPU)")

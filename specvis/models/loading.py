@@ -18,7 +18,7 @@ the files straight into the requested dtype and device.
    (``MAP_PRIVATE``: a write copies the page, the file never changes), its pages read in once at
    load (``populate``). Fresh anonymous memory is what a copy costs: on a 2-core VM, touching 2.85
    GiB of it took 2.2-6.2 s, mapping the same bytes from the page cache 0.05-0.07 s
-   (docs/benchmarks/scale.md). Mapped pages count in the resident set (``RssFile``) like copied ones;
+   (docs/results/scale-cpu.md). Mapped pages count in the resident set (``RssFile``) like copied ones;
    ``models.weight_layout.available_memory_bytes`` does not count them as free.
 
 ``TRACE``: when a list, the sources append ``("open", path)``, ``("read", key)``, ``("drop", key)``
@@ -126,7 +126,7 @@ MADV_POPULATE_WRITE = 23
 def prefault(t: torch.Tensor) -> torch.Tensor:
     """``t`` (a fresh CPU tensor of 1 MiB or more) with its pages faulted in by one
     ``MADV_POPULATE_WRITE`` call instead of one page fault a page during the copy: 1.27 against 1.49
-    s (medians of 5) for a 1.5B load copying 0.6 GiB on a busy 2-core VM (docs/benchmarks/scale.md).
+    s (medians of 5) for a 1.5B load copying 0.6 GiB on a busy 2-core VM (docs/results/scale-cpu.md).
     Older kernels refuse the advice and the copy faults the pages as before."""
     if _MADVISE is not None and _LINUX and t.device.type == "cpu" and t.numel() * t.element_size() >= 1 << 20:
         _MADVISE(*_page_range(t), MADV_POPULATE_WRITE)

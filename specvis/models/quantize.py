@@ -10,7 +10,7 @@ same int8 layers whatever the block size: each row of a product depends on its o
 Kernel: torch's own ``aten._weight_int8pack_mm`` (one call, int8 weights read as they are stored).
 Measured on this repository's AMD EPYC (Zen 4, AVX-512 with bf16 dot products), one thread, a
 11008 x 4096 product with bf16 activations over three distinct weights
-(``scripts/cpu_linear_7b.py``, docs/benchmarks/cpu-linear-7b.json): 3.5-4.3 ms at 1-2 rows against
+(``scripts/cpu_linear_7b.py``, docs/results/data/cpu-linear-7b.json): 3.5-4.3 ms at 1-2 rows against
 7.2-8.6 ms for bf16 ``F.linear`` (half the bytes to stream) and 5.8-6.7 packed, but 48.8 ms at 34
 rows against 20.4 (packed 16.1); torchao 0.18's ``Int8WeightOnlyConfig`` took 55-56 ms at 1-2 rows,
 69.5 at 34 and 82.6 at 66 (torch's: 95.6), and dequantising to bf16 before ``F.linear`` 112-140

@@ -82,7 +82,7 @@ def transpose_linear_weights(module: nn.Module) -> int:
     is: embedding lookups read rows, which the transposed layout would scatter. bf16 and fp16
     weights stay (out, in): oneDNN's F.linear runs slower on the transposed layout
     (docs/results/archive/cpu-linear.md: 37.8 against 32.2 us at one row; at a 7B layer's shape, 11008 x
-    4096, 11.7 against 7.2 ms at two rows: docs/benchmarks/cpu-linear-7b.json)."""
+    4096, 11.7 against 7.2 ms at two rows: docs/results/data/cpu-linear-7b.json)."""
     owners: dict[int, int] = {}
     for sub in module.modules():
         for p in sub.parameters(recurse=False):
