@@ -134,7 +134,7 @@ MUTANTS = [
            "p.run(generator, x_T=q_runs.states[:, 0], noise=q_runs.noise) if align else p.run(generator)",
            "p.run(generator)", ("tests/test_cspd.py", "-k", "sigma")),
     Mutant("accept: a block given stream positions written at the rows' next positions (at ignored)",
-           "specvis/methods/base.py", "idx = (self.n[:, None] + j if at is None else at)", "idx = (self.n[:, None] + j)",
+           "specvis/methods/base.py", "(self.n[:, None] + j if at is None else at).clamp_max", "(self.n[:, None] + j).clamp_max",
            ("tests/test_cspd_mar.py", "-k", "draw_for_draw")),
     Mutant("ordered: a step reveals the order's positions from its start, not its end", "specvis/methods/ordered.py",
            "return self.order[:, self.starts[s]:self.starts[s] + self.reveals[s]]",
