@@ -117,7 +117,7 @@ case "${1:-main}" in
       --json $old/emoji-t2i-2d-b${2:-1}-t$t.json --md $old/emoji-t2i-2d-b${2:-1}-t$t.md ;;
   rows2d) # issue 48's benchmark pages (docs/results/rows2d-emoji-t2i.md, rows2d-emoji.md): AR, SJD (gumbel, w16),
           # GSD, ZipAR (window 2, 4) and PJD (three settings) on emoji-t2i or emoji ("rows2d emoji-t2i", "rows2d emoji"),
-          # seed 777, T = 1 at batch 1 (32 images) and 8 (64), greedy at batch 1 (16) and 8 (32), one timed pass,
+          # seed 777, T = 1 at batch 1 and 8 (32 images each), greedy at batch 8 (16) and 1 (8), one timed pass,
           # row warm-up, no cost curve; then python scripts/rows2d_explore.py --prompts 8,
           # python scripts/rows2d_lumina_steps.py --prompts 16 and python scripts/results_tables.py
     model=${2:-emoji-t2i}; extra=""
@@ -125,9 +125,14 @@ case "${1:-main}" in
     specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel,sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=8"
     specs+=",zipar:window=2,zipar:window=4,pjd:init=vertical-repeat,pjd:window=16:lag=4:init=vertical-repeat"
     specs+=",pjd:window=16:lag=4:init=vertical-repeat:accept=gsd:group=8"
-    for tbn in "1 1 32" "1 8 64" "0 1 16" "0 8 32"; do
+    # emoji-t2i at T = 1 also ran the settings the count sweep (scripts/rows2d_explore.py) found for the
+    # goals, resumed into the same JSON afterwards (so their images/s come from a later, differently loaded window)
+    lantern="pjd:window=16:lag=4:init=vertical-repeat:accept=lantern:k=50"
+    more=",zipar:window=1,$lantern:delta=0.2,$lantern:delta=0.05,$lantern:delta=0.1"
+    for tbn in "1 1 32" "1 8 32" "0 8 16" "0 1 8"; do
       set -- $tbn
-      specvis bench --model "$model" $extra --methods "$specs" --num $3 --batch-size $2 --seed 777 --repeats 1 \
+      all=$specs; [ "$model" = emoji-t2i ] && [ $1 = 1 ] && all+=$more
+      specvis bench --model "$model" $extra --methods "$all" --num $3 --batch-size $2 --seed 777 --repeats 1 \
         --temperature $1 --warmup row --no-cost-curve --json $out/rows2d-$model-b$2-t$1.json --md $out/rows2d-$model-b$2-t$1.md
     done ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
