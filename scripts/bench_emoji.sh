@@ -125,13 +125,13 @@ case "${1:-main}" in
     specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel,sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=8"
     specs+=",zipar:window=2,zipar:window=4,pjd:init=vertical-repeat,pjd:window=16:lag=4:init=vertical-repeat"
     specs+=",pjd:window=16:lag=4:init=vertical-repeat:accept=gsd:group=8"
-    # emoji-t2i at T = 1 also ran the settings the count sweep (scripts/rows2d_explore.py) found for the
+    # at T = 1 both models also ran the settings the count sweep (scripts/rows2d_explore.py) found for the
     # goals, resumed into the same JSON afterwards (so their images/s come from a later, differently loaded window)
     lantern="pjd:window=16:lag=4:init=vertical-repeat:accept=lantern:k=50"
     more=",zipar:window=1,$lantern:delta=0.2,$lantern:delta=0.05,$lantern:delta=0.1"
     for tbn in "1 1 32" "1 8 32" "0 8 16" "0 1 8"; do
       set -- $tbn
-      all=$specs; [ "$model" = emoji-t2i ] && [ $1 = 1 ] && all+=$more
+      all=$specs; [ $1 = 1 ] && all+=$more
       specvis bench --model "$model" $extra --methods "$all" --num $3 --batch-size $2 --seed 777 --repeats 1 \
         --temperature $1 --warmup row --no-cost-curve --json $out/rows2d-$model-b$2-t$1.json --md $out/rows2d-$model-b$2-t$1.md
     done ;;
