@@ -129,6 +129,7 @@ case "${1:-main}" in
     # goals, resumed into the same JSON afterwards (so their images/s come from a later, differently loaded window)
     lantern="pjd:window=16:lag=4:init=vertical-repeat:accept=lantern:k=50"
     more=",zipar:window=1,$lantern:delta=0.2,$lantern:delta=0.05,$lantern:delta=0.1"
+    [ "$model" = emoji-t2i ] && more+=",pjd:window=16:lag=2:init=vertical-repeat:accept=gsd:group=32:delta_p=0.5"
     for tbn in "1 1 32" "1 8 32" "0 8 16" "0 1 8"; do
       set -- $tbn
       all=$specs; [ $1 = 1 ] && all+=$more

@@ -33,7 +33,10 @@ SPECS = ["ar", "sjd:window=16:init=vertical-sample:coupling=gumbel",
          f"pjd:window=16:lag=4:{VR}:accept=gsd:group=16", f"pjd:window=16:lag=2:{VR}:accept=gsd:group=16",
          f"pjd:window=16:lag=4:{VR}:accept=lantern:k=50:delta=0.2",
          f"pjd:window=16:lag=4:{VR}:accept=lantern:k=50:delta=0.05", f"pjd:window=16:lag=4:{VR}:accept=lantern:k=50:delta=0.1",
-         f"pjd:window=16:lag=4:{VR}:accept=lantern:k=10:delta=0.1", f"pjd:window=16:lag=2:{VR}:accept=lantern:k=50:delta=0.1"]
+         f"pjd:window=16:lag=4:{VR}:accept=lantern:k=10:delta=0.1", f"pjd:window=16:lag=2:{VR}:accept=lantern:k=50:delta=0.1",
+         f"pjd:window=16:lag=2:{VR}:accept=gsd:group=16:delta_p=0.3", f"pjd:window=16:lag=4:{VR}:accept=gsd:group=8:delta_p=0.3",
+         f"pjd:window=16:lag=2:{VR}:accept=gsd:group=32", f"pjd:window=16:lag=2:{VR}:accept=gsd:group=16:delta_p=0.5",
+         f"pjd:window=16:lag=2:{VR}:accept=gsd:group=32:delta_p=0.5"]
 
 
 def main() -> None:

@@ -79,10 +79,11 @@ def joint_labels(*reports: dict) -> list[list[str]]:
 
 
 def later(run: dict) -> bool:
-    """A setting added after the first pass (scripts/bench_emoji.sh rows2d: ZipAR window 1 and PJD with
-    LANTERN, resumed into the same JSON): its images/s come from a later, differently loaded window."""
+    """A setting added after the first pass (scripts/bench_emoji.sh rows2d ``more``: ZipAR window 1, PJD with
+    LANTERN, PJD lag 2 with GSD, resumed into the same JSON): its images/s come from a later, differently
+    loaded window."""
     return (run["method"] == "zipar" and run["config"].get("window") == 1) or \
-        (run["method"] == "pjd" and run["acceptance"] == "lantern")
+        (run["method"] == "pjd" and (run["acceptance"] == "lantern" or run["config"].get("lag") == 2))
 
 
 def _noise(run: dict, ar: dict) -> str:
@@ -146,6 +147,22 @@ def summary(model: str, label: str, tag: str) -> list[str]:
             r = by[bs].get(k)
             cells += [_fid(r), _noise(r, ars[bs]), _acc(r, acc[bs][idx[bs][k]])] if r else ["-"] * 3
         out.append("| " + " | ".join(cells) + " |")
+    def outside(bs: int, k: str) -> str | None:
+        r, a = by[bs].get(k), ars[bs]
+        if r is None or r is a or "fid_proxy" not in r.get("quality", {}) or "fid_proxy_std" not in a["quality"]:
+            return None
+        d = r["quality"]["fid_proxy"] - a["quality"]["fid_proxy"]
+        return None if abs(d) <= a["quality"]["fid_proxy_std"] else ("worse" if d > 0 else "better")
+
+    both = [k for k in labels if outside(1, k) and outside(1, k) == outside(8, k)]
+    one = [f"{k} ({outside(1, k) or outside(8, k)} at batch {1 if outside(1, k) else 8} only)"
+           for k in labels if k not in both and (outside(1, k) or outside(8, k))]
+    rest = [k for k in labels if k not in both and not (outside(1, k) or outside(8, k)) and by[1][k] is not ars[1]]
+    out += ["", "FID proxy against AR's seed-group spread: "
+            + (f"outside it the same way at both batch sizes: {', '.join(f'{k} ({outside(1, k)})' for k in both)}; " if both else
+               "no method is outside it the same way at both batch sizes; ")
+            + (f"outside at one batch size only (not a consistent change): {', '.join(one)}; " if one else "")
+            + (f"inside the noise at both: {', '.join(rest)}." if rest else "none inside the noise at both.")]
     d = ars[8]["quality"].get("fid_proxy", float("nan")) - ars[1]["quality"].get("fid_proxy", float("nan"))
     out += ["", f"AR at batch 8 against AR at batch 1 (the same law, other seeds): FID proxy {d:+.2f}, the size of "
             "pure sampling noise at these image counts."]
