@@ -136,6 +136,13 @@ case "${1:-main}" in
       specvis bench --model "$model" $extra --methods "$all" --num $3 --batch-size $2 --seed 777 --repeats 1 \
         --temperature $1 --warmup row --no-cost-curve --json $out/rows2d-$model-b$2-t$1.json --md $out/rows2d-$model-b$2-t$1.md
     done ;;
+  rows2d-q64) # the quality check of rows2d-emoji-t2i.md: the settings nearest issue 48's goals, 64 images, batch 8, seed 4848
+    specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel,pjd:window=16:lag=4:init=vertical-repeat:accept=gsd:group=8"
+    specs+=",pjd:window=16:lag=2:init=vertical-repeat:accept=gsd:group=32:delta_p=0.5,zipar:window=1"
+    specs+=",pjd:window=16:lag=4:init=vertical-repeat:accept=lantern:k=50:delta=0.2"
+    specvis bench --model emoji-t2i --prompts docs/results/data/emoji-t2i-prompts.txt --methods "$specs" --num 64 --batch-size 8 \
+      --seed 4848 --repeats 1 --temperature 1 --warmup row --no-cost-curve \
+      --json $out/rows2d-emoji-t2i-b8-t1-q64.json --md $out/rows2d-emoji-t2i-b8-t1-q64.md ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
       --num 16 --batch-size 8 --temperature 0 --json $old/emoji-cpu-greedy.json --md $old/emoji-cpu-greedy.md ;;

@@ -200,6 +200,16 @@ def goals() -> list[str]:
              + (f"; highest with the FID proxy inside AR's spread: {best_ok} at {ok[best_ok]['step_compression']:.2f} "
                 f"({ok[best_ok]['step_compression'] / sjd['step_compression']:.2f}x)." if best_ok else
                 "; no PJD setting has its FID proxy inside AR's spread.")]
+    q = _load("rows2d-emoji-t2i-b8-t1-q64.json")
+    if q is not None:
+        qar = next(r for r in q["runs"] if r["method"] == "ar")
+        qlab = dict(zip(joint_labels(b1, q)[1], q["runs"]))
+        hits = [k for k in pjd if pjd[k]["step_compression"] >= target and k in qlab]
+        if hits:
+            lines.append("  Second look at the PJD settings that reach the step compression (64 images, batch 8, seed "
+                         f"{q['seed']}, below): " + "; ".join(f"{k}: FID proxy vs AR {_noise(qlab[k], qar)}" for k in hits)
+                         + ". Where the two disagree the batch-1 verdict above stands, as the goal is stated, but the "
+                         "quality question is open at these image counts.")
     cand = {k: r for k, r in runs.items() if r["method"] in ("pjd", "zipar") or r["acceptance"] == "gsd"}
     top = max(cand, key=lambda k: cand[k]["step_compression"])
     top_ok = [k for k in cand if inside(cand[k])]
@@ -214,6 +224,26 @@ def goals() -> list[str]:
     lines.append(f"- Batch 8 step compression >= 0.9x batch 1 (PJD, ZipAR): **{'met' if not low else 'not met for ' + ', '.join(low)}** "
                  "(" + ", ".join(f"{k}: {v:.3f}" for k, v in ratios.items()) + ").")
     return lines + [""]
+
+
+def quality_check(name: str) -> list[str]:
+    """A quality-only second look (more images, other seeds) at the settings nearest the goals."""
+    rep = _load(name)
+    if rep is None:
+        return []
+    ar = next(r for r in rep["runs"] if r["method"] == "ar")
+    acc = class_accuracy_spread(rep, name)
+    groups = max(1, min(rep.get("quality_groups", 4), -(-rep["num_images"] // rep["batch_size"])))
+    out = ["## Quality check: more images, other seeds (T = 1, batch 8)", "",
+           f"From [data/{name}](data/{name}): {rep['num_images']} images per method, seed {rep['seed']} (no other run "
+           f"uses it), {groups} seed groups; the settings nearest the goals against AR and SJD (`scripts/bench_emoji.sh "
+           "rows2d-q64`). Speed and step compression as measured, on the busy machine.", "",
+           "| method | step compression | images/s | FID proxy | vs AR | class acc. |", "| --- | ---: | ---: | ---: | --- | ---: |"]
+    base = _load("rows2d-emoji-t2i-b1-t1.json")
+    labels = joint_labels(base, rep)[1] if base else short_labels(rep["runs"])
+    for i, (k, r) in enumerate(zip(labels, rep["runs"])):
+        out.append(f"| {k} | {r['step_compression']:.2f} | {r['images_per_s']:.3f} | {_fid(r)} | {_noise(r, ar)} | {_acc(r, acc[i])} |")
+    return out + [""]
 
 
 def counts_table(name: str, title: str) -> list[str]:
@@ -284,6 +314,8 @@ def page(model: str) -> str:
         out += goals()
     for label, tag in (("T = 1", "t1"), ("greedy", "t0")):
         out += [f"## {label}", ""] + summary(model, label, tag)
+    if model == "emoji-t2i":
+        out += quality_check("rows2d-emoji-t2i-b8-t1-q64.json")
     if model == "emoji-t2i":
         out += ["## PJD / ZipAR / GSD settings explored (counts only, batch 1, T = 1)", "",
                 "`python scripts/rows2d_explore.py --prompts 8`: the first 8 prompts, seed = prompt index; no quality "
