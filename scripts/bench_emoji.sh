@@ -115,6 +115,34 @@ case "${1:-main}" in
     taskset -c "${CORE:-0}" specvis bench --model emoji-t2i --prompts docs/results/data/emoji-t2i-prompts.txt \
       --methods "$specs" --num 64 --batch-size "${2:-1}" --seed 777 --repeats 1 --temperature "$t" \
       --json $old/emoji-t2i-2d-b${2:-1}-t$t.json --md $old/emoji-t2i-2d-b${2:-1}-t$t.md ;;
+  rows2d) # issue 48's benchmark pages (docs/results/rows2d-emoji-t2i.md, rows2d-emoji.md): AR, SJD (gumbel, w16),
+          # GSD, ZipAR (window 2, 4) and PJD (three settings) on emoji-t2i or emoji ("rows2d emoji-t2i", "rows2d emoji"),
+          # seed 777, T = 1 at batch 1 and 8 (32 images each), greedy at batch 8 (16) and 1 (8), one timed pass,
+          # row warm-up, no cost curve; then python scripts/rows2d_explore.py --prompts 8,
+          # python scripts/rows2d_lumina_steps.py --prompts 16 and python scripts/results_tables.py
+    model=${2:-emoji-t2i}; extra=""
+    [ "$model" = emoji-t2i ] && extra="--prompts docs/results/data/emoji-t2i-prompts.txt"
+    specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel,sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=8"
+    specs+=",zipar:window=2,zipar:window=4,pjd:init=vertical-repeat,pjd:window=16:lag=4:init=vertical-repeat"
+    specs+=",pjd:window=16:lag=4:init=vertical-repeat:accept=gsd:group=8"
+    # at T = 1 both models also ran the settings the count sweep (scripts/rows2d_explore.py) found for the
+    # goals, resumed into the same JSON afterwards (so their images/s come from a later, differently loaded window)
+    lantern="pjd:window=16:lag=4:init=vertical-repeat:accept=lantern:k=50"
+    more=",zipar:window=1,$lantern:delta=0.2,$lantern:delta=0.05,$lantern:delta=0.1"
+    [ "$model" = emoji-t2i ] && more+=",pjd:window=16:lag=2:init=vertical-repeat:accept=gsd:group=32:delta_p=0.5"
+    for tbn in "1 1 32" "1 8 32" "0 8 16" "0 1 8"; do
+      set -- $tbn
+      all=$specs; [ $1 = 1 ] && all+=$more
+      specvis bench --model "$model" $extra --methods "$all" --num $3 --batch-size $2 --seed 777 --repeats 1 \
+        --temperature $1 --warmup row --no-cost-curve --json $out/rows2d-$model-b$2-t$1.json --md $out/rows2d-$model-b$2-t$1.md
+    done ;;
+  rows2d-q64) # the quality check of rows2d-emoji-t2i.md: the settings nearest issue 48's goals, 64 images, batch 8, seed 4848
+    specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel,pjd:window=16:lag=4:init=vertical-repeat:accept=gsd:group=8"
+    specs+=",pjd:window=16:lag=2:init=vertical-repeat:accept=gsd:group=32:delta_p=0.5,zipar:window=1"
+    specs+=",pjd:window=16:lag=4:init=vertical-repeat:accept=lantern:k=50:delta=0.2"
+    specvis bench --model emoji-t2i --prompts docs/results/data/emoji-t2i-prompts.txt --methods "$specs" --num 64 --batch-size 8 \
+      --seed 4848 --repeats 1 --temperature 1 --warmup row --no-cost-curve \
+      --json $out/rows2d-emoji-t2i-b8-t1-q64.json --md $out/rows2d-emoji-t2i-b8-t1-q64.md ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
       --num 16 --batch-size 8 --temperature 0 --json $old/emoji-cpu-greedy.json --md $old/emoji-cpu-greedy.md ;;

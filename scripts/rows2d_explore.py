@@ -1,0 +1,73 @@
+"""Count-only sweep of PJD / ZipAR / GSD settings on ``emoji-t2i`` for issue 48's step-compression goals.
+
+    python scripts/rows2d_explore.py [--prompts 16] [--batch 1] [--temperature 1] [--out docs/results/data/rows2d-explore-b1-t1]
+
+The first ``prompts`` prompts of docs/results/data/emoji-t2i-prompts.txt at the model's default sampling
+(T = 1, CFG 3; ``--temperature 0``: greedy, same CFG), batch ``batch`` (seed = the batch's index), each spec
+of ``SPECS``. Step compression = image tokens per sample / target forwards (``Stats.step_compression``).
+Counts only: no time, no quality (the settings worth it go to ``specvis bench`` for the FID proxy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+import specvis as sv
+from specvis.registry import build_method, parse_method_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+VR = "init=vertical-repeat"
+SPECS = ["ar", "sjd:window=16:init=vertical-sample:coupling=gumbel",
+         "sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=8",
+         "sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=16",
+         "zipar:window=1", "zipar:window=2", "zipar:window=3",
+         f"pjd:window=16:lag=4:{VR}", f"pjd:window=16:lag=2:{VR}", f"pjd:window=16:lag=1:{VR}",
+         f"pjd:window=32:lag=4:{VR}", f"pjd:window=16:lag=4:{VR}:keep_threshold=0",
+         f"pjd:window=16:lag=4:{VR}:coupling=gumbel", f"pjd:window=16:lag=2:{VR}:coupling=gumbel",
+         f"pjd:window=16:lag=4:{VR}:accept=gsd:group=8", f"pjd:window=16:lag=2:{VR}:accept=gsd:group=8",
+         f"pjd:window=16:lag=4:{VR}:accept=gsd:group=16", f"pjd:window=16:lag=2:{VR}:accept=gsd:group=16",
+         f"pjd:window=16:lag=4:{VR}:accept=lantern:k=50:delta=0.2",
+         f"pjd:window=16:lag=4:{VR}:accept=lantern:k=50:delta=0.05", f"pjd:window=16:lag=4:{VR}:accept=lantern:k=50:delta=0.1",
+         f"pjd:window=16:lag=4:{VR}:accept=lantern:k=10:delta=0.1", f"pjd:window=16:lag=2:{VR}:accept=lantern:k=50:delta=0.1",
+         f"pjd:window=16:lag=2:{VR}:accept=gsd:group=16:delta_p=0.3", f"pjd:window=16:lag=4:{VR}:accept=gsd:group=8:delta_p=0.3",
+         f"pjd:window=16:lag=2:{VR}:accept=gsd:group=32", f"pjd:window=16:lag=2:{VR}:accept=gsd:group=16:delta_p=0.5",
+         f"pjd:window=16:lag=2:{VR}:accept=gsd:group=32:delta_p=0.5"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--out", default="docs/results/data/rows2d-explore-b1-t1")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    prompts = (ROOT / "docs/results/data/emoji-t2i-prompts.txt").read_text().split("\n")[: a.prompts]
+    pipe = sv.load("emoji-t2i")
+    d = pipe.default_sampling
+    sampling = d if a.temperature == 1.0 else sv.Sampling(temperature=a.temperature, cfg_scale=d.cfg_scale)
+    rows = []
+    for spec in SPECS:
+        method = build_method(*parse_method_spec(spec))
+        tokens = forwards = 0
+        for g in range(0, len(prompts), a.batch):
+            out = pipe(prompts=prompts[g: g + a.batch], method=method, sampling=sampling, seed=g // a.batch, decode=False)
+            tokens += out.stats.tokens
+            forwards += out.stats.target_forwards
+        rows.append({"spec": spec, "tokens_per_sample": tokens, "target_forwards": forwards,
+                     "step_compression": tokens / forwards})
+        print(rows[-1], flush=True)
+    out = ROOT / a.out
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"model": "emoji-t2i", "prompts": a.prompts, "batch": a.batch,
+                               "sampling": repr(sampling), "rows": rows}, indent=1))
+    os.replace(tmp, out.with_suffix(".json"))
+
+
+if __name__ == "__main__":
+    main()
