@@ -123,9 +123,13 @@ def test_fake_extractor_metrics_and_no_quality_without_extractor(pipe, tmp_path,
     assert report["runs"][0]["quality"] == {}
 
     monkeypatch.setitem(quality.METRICS, "fake", fake_metric)
-    q = runner.run_bench(pipe, [], 8, 2, progress=False, metrics=["fake", "fid"])["runs"][0]["quality"]
+    report = runner.run_bench(pipe, [], 8, 2, progress=False, metrics=["fake", "fid"])
+    q = report["runs"][0]["quality"]
     assert q["n_images"] == 8 and q["fake_fid"] > 0 and q["n_reference_fake_fid"] == 16
-    assert len(q["fake_fid_groups"]) == 4 and q["fake_fid_std"] >= 0
+    assert len(q["fake_fid_groups"]) == 4 and q["fake_fid_std"] >= 0 and report["quality_groups"] == 4
+    # 8 images in 2 batches of 4: 2 seed groups (one a batch), and the report says so
+    report = runner.run_bench(pipe, [], 8, 4, progress=False, metrics=["fake", "fid"])
+    assert len(report["runs"][0]["quality"]["fake_fid_groups"]) == report["quality_groups"] == 2
 
 
 def test_classifier_proxy_from_bundle_dir(pipe, tmp_path):

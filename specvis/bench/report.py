@@ -229,9 +229,10 @@ def markdown_table(report: dict[str, Any]) -> str:
     per_batch = report.get("pass_order") == "interleaved per batch"
     if qcols:
         nq = next((r["quality"].get("n_images") for r in report["runs"] if r.get("quality")), n)
+        g = report.get("quality_groups", 4)
+        share = "a quarter" if g == 4 else f"1/{g}"
         note = (f"\nQuality over {nq} images per method; ± is the std of the metric over "
-                f"{report.get('quality_groups', 4)} seed groups (a quarter of the images each), "
-                "so differences well inside it are noise.\n")
+                f"{g} seed groups ({share} of the images each), so differences well inside it are noise.\n")
     if any(r.get("speedup_rounds") for r in report["runs"]):
         note += ("\nSpeedup: in each round of passes (every method's pass r"
                  + (", batch by batch: batch 1 of every method, then batch 2, ..." if per_batch else "")

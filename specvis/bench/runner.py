@@ -311,7 +311,9 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
            if prompts else {}),
         **({"num_iter": pipe.num_iter} if pipe.num_iter is not None else {}),  # MAR: its sampler's steps
         "repeats": repeats, "pass_order": "interleaved per batch", "warmup": warmup, "shards": shards, "shard_index": shard_index,
-        "n_images": sum(len(c) for c, _ in work), "quality_groups": quality_groups, "runs": [],
+        "n_images": sum(len(c) for c, _ in work),
+        "quality_groups": max(1, min(quality_groups, len(full))),  # as quality.seed_groups cuts them: at most one a batch
+        "runs": [],
     }
     json_path = Path(json_path) if json_path is not None else None
     done, refs, all_obs = _load_previous(json_path, report)
