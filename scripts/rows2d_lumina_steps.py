@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -29,51 +30,19 @@ import specvis as sv
 from specvis.registry import build_method, parse_method_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECIAL = ["<pad>", "<s>", "</s>", "<reserved08706>", "<racm3:break>", "<eoss>", "<reserved08799>"] + \
-          [f"<reserved{8800 + n:05d}>" for n in range(1, 5)]
 SPECS = ["ar", "sjd:window=16:init=vertical-sample:coupling=gumbel",
          "sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=8",
          "zipar:window=2", "zipar:window=4", "pjd:init=vertical-repeat", "pjd:window=16:lag=4:init=vertical-repeat",
          "pjd:window=16:lag=4:init=vertical-repeat:accept=gsd:group=8"]
 
 
-def image_name(code: int) -> str:
-    """Chameleon's image-token spelling: IMGIMG, the code's digits as letters A-J, Z."""
-    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z"
-
-
 def make_lumina(path: Path, codes: int, seed: int = 0) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedTokenizerFast
+    """tests/test_chameleon.py's tiny Lumina-mGPT-layout checkpoint with ``codes`` image tokens (swin norm,
+    512 positions)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_chameleon import make_chameleon
 
-    names = SPECIAL + [image_name(c) for c in range(codes)] + [chr(c) for c in range(32, 127)]
-    vocab = {n: i for i, n in enumerate(names)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    fast.add_special_tokens({"additional_special_tokens": SPECIAL[3:]})
-    torch.manual_seed(seed)
-    cfg = ChameleonConfig(vocab_size=len(names), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, swin_norm=True, rope_theta=700.0,
-                          rms_norm_eps=1e-6, max_position_embeddings=512, vocabulary_map=vocab, image_token_id=3,
-                          vq_config=dict(embed_dim=8, num_embeddings=codes, base_channels=32, channel_multiplier=[1, 1],
-                                         num_res_blocks=1, attn_resolutions=[], resolution=32, latent_channels=8,
-                                         in_channels=3, out_channels=3, double_latent=False))
-    model = ChameleonForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "vqmodel" in name:
-                continue
-            if p.dim() > 1:
-                p.normal_(0, p.shape[1] ** -0.5 if "embed" not in name else 1.0)
-            else:
-                p.copy_((1.0 if "weight" in name else 0.0) + 0.1 * torch.randn_like(p))
-    model.save_pretrained(path)
-    fast.save_pretrained(path)
-    c = json.loads((path / "config.json").read_text())
-    c["architectures"] = ["ChameleonXLLMXForConditionalGeneration"]
-    (path / "config.json").write_text(json.dumps(c))
+    make_chameleon(path, lumina=True, swin=True, seed=seed, codes=codes, max_positions=512)
 
 
 def run(pipe, spec: str, prompts: list[str], batch: int, sampling, grid: int) -> dict:

@@ -25,7 +25,8 @@ def img_name(code: int) -> str:
     return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z"
 
 
-def make_chameleon(path, lumina: bool, swin: bool = False, seed: int = 0):
+def make_chameleon(path, lumina: bool, swin: bool = False, seed: int = 0, codes: int = CODES,
+                   max_positions: int = 256):
     """A tiny ChameleonForConditionalGeneration (Lumina-mGPT: architectures names the XLLMX class) with a
     character tokenizer holding the family's special tokens and image tokens; weights re-drawn at unit
     scale so greedy decoding is not degenerate."""
@@ -33,7 +34,7 @@ def make_chameleon(path, lumina: bool, swin: bool = False, seed: int = 0):
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedTokenizerFast
 
     chars = [chr(c) for c in range(32, 127)]
-    names = SPECIAL + [img_name(c) for c in range(CODES)] + chars
+    names = SPECIAL + [img_name(c) for c in range(codes)] + chars
     vocab = {n: i for i, n in enumerate(names)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
@@ -43,8 +44,8 @@ def make_chameleon(path, lumina: bool, swin: bool = False, seed: int = 0):
     torch.manual_seed(seed)
     cfg = ChameleonConfig(vocab_size=len(names), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, swin_norm=swin, rope_theta=700.0,
-                          rms_norm_eps=1e-6, max_position_embeddings=256, vocabulary_map=vocab, image_token_id=3,
-                          vq_config=dict(embed_dim=8, num_embeddings=CODES, base_channels=32, channel_multiplier=[1, 1],
+                          rms_norm_eps=1e-6, max_position_embeddings=max_positions, vocabulary_map=vocab, image_token_id=3,
+                          vq_config=dict(embed_dim=8, num_embeddings=codes, base_channels=32, channel_multiplier=[1, 1],
                                          num_res_blocks=1, attn_resolutions=[], resolution=32, latent_channels=8,
                                          in_channels=3, out_channels=3, double_latent=False))
     model = ChameleonForConditionalGeneration(cfg).eval()
