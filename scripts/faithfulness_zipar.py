@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 
 import specvis as sv
+from specvis.io import write_text
 
 
 def official_model(root: Path, grid: int, seed: int):
@@ -113,9 +113,7 @@ def main() -> None:
         lines += [f"| {r['method']} | {r['official_forwards']} | {r['specvis_forwards']} | {r['equal_tokens']:.3f} | "
                   f"{' '.join(f'{x:.2f}' for x in r['equal_by_row'])} |" for r in rows]
         for suffix, text in ((".json", json.dumps(data, indent=1)), (".md", "\n".join(lines) + "\n")):
-            tmp = out.with_suffix(suffix + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, out.with_suffix(suffix))
+            write_text(out.with_suffix(suffix), text)
 
 
 if __name__ == "__main__":

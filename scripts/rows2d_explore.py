@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
 
 import specvis as sv
+from specvis.io import write_text
 from specvis.registry import build_method, parse_method_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,10 +63,8 @@ def main() -> None:
                      "step_compression": tokens / forwards})
         print(rows[-1], flush=True)
     out = ROOT / a.out
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"model": "emoji-t2i", "prompts": a.prompts, "batch": a.batch,
-                               "sampling": repr(sampling), "rows": rows}, indent=1))
-    os.replace(tmp, out.with_suffix(".json"))
+    data = {"model": "emoji-t2i", "prompts": a.prompts, "batch": a.batch, "sampling": repr(sampling), "rows": rows}
+    write_text(out.with_suffix(".json"), json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":

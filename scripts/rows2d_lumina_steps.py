@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 import specvis as sv
+from specvis.io import write_text
 from specvis.registry import build_method, parse_method_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,10 +82,9 @@ def main() -> None:
                     print(r, flush=True)
     out = ROOT / a.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"model": f"tiny random Lumina-mGPT layout, {a.codes} codes, {a.grid}x{a.grid} + row ends",
-                               "prompts": a.prompts, "rows": rows}, indent=1))
-    os.replace(tmp, out.with_suffix(".json"))
+    data = {"model": f"tiny random Lumina-mGPT layout, {a.codes} codes, {a.grid}x{a.grid} + row ends",
+            "prompts": a.prompts, "rows": rows}
+    write_text(out.with_suffix(".json"), json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
 
 import specvis as sv
+from specvis.io import write_text
 from specvis.registry import build_method, parse_method_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,10 +64,8 @@ def main() -> None:
                 print(r, flush=True)
     out = ROOT / a.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"model": "emoji-t2i", "prompts": a.prompts, "default_sampling": repr(pipe.default_sampling),
-                               "rows": rows}, indent=1))
-    os.replace(tmp, out.with_suffix(".json"))
+    data = {"model": "emoji-t2i", "prompts": a.prompts, "default_sampling": repr(pipe.default_sampling), "rows": rows}
+    write_text(out.with_suffix(".json"), json.dumps(data, indent=1))
     lines = ["# Step compression of the 2-D methods on emoji-t2i (counts, no timing)", "",
              f"Produced by `python scripts/rows2d_steps.py --prompts {a.prompts}` (setting in its docstring): "
              f"the first {a.prompts} prompts, default sampling `{pipe.default_sampling}` (T=1) and greedy (same CFG).", "",
@@ -79,9 +77,7 @@ def main() -> None:
         share = f"{r['lower_row_share']:.2f}" if "lower_row_share" in r else "-"
         flight = f"{r['mean_rows_in_flight']:.2f}" if "mean_rows_in_flight" in r else "-"
         lines.append(f"| {r['sampling']} | {r['batch']} | {r['spec']} | {r['step_compression']:.2f} | {ratio} | {share} | {flight} |")
-    tmp = out.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, out.with_suffix(".md"))
+    write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

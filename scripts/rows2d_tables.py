@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specvis.bench.quality import seed_groups
-from specvis.bench.report import key_id, load_observations, markdown_table, run_key, run_labels, side_path
+from specvis.bench.report import key_id, load_observations, markdown_table, run_key, side_path
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "results" / "data"

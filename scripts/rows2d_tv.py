@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from exactness import condition_rows, exact_law, sample_counts, tiny_llamagen, tiny_prompt_model  # noqa: E402
 
 import specvis as sv  # noqa: E402
+from specvis.io import write_text  # noqa: E402
 
 METHODS = [
     ("ar", sv.AR()),
@@ -99,9 +99,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     data = {"samples": args.samples, "tiny": rows, "greedy_8x8": wide_rows}
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, out.with_suffix(".json"))
+    write_text(out.with_suffix(".json"), json.dumps(data, indent=1))
     lines = ["# ZipAR and PJD: measured TV to the target law on tiny models", "",
              f"Produced by `python scripts/rows2d_tv.py --samples {args.samples}` (setting in its docstring). T = 1: mean over 3",
              "prompts of TV(empirical law of the sampled grids, exact enumerated law); AR's row is the sampling-noise",
@@ -113,9 +111,7 @@ def main() -> None:
               "greedy grid, overall and by image row (rows 0 and, without row ends, 1 are AR by construction).", "",
               "| method | tokens differing | by row | forwards (AR: 64) |", "| --- | ---: | --- | ---: |"]
     lines += [f"| {r['method']} | {r['tokens_differing']:.3f} | {' '.join(f'{d:.2f}' for d in r['by_row'])} | {r['forwards']} |" for r in wide_rows]
-    tmp = out.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, out.with_suffix(".md"))
+    write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
