@@ -48,6 +48,16 @@ def tiny_llamagen(seed: int, vocab: int = 4, grid: int = 2, dim: int = 32, n_lay
     return model
 
 
+# the methods and sampling run on ``cpu_models`` in other dtypes (bf16, int8): one of each walk and draft kind
+CPU_SAMPLING = sv.Sampling(temperature=0.7, cfg_scale=2.5)
+CPU_METHODS = {
+    "ar": sv.AR(),
+    "speculative": sv.Speculative(3),
+    "sjd": sv.SJD(window=3, init="vertical-sample", coupling="gumbel"),
+    "static-tree": sv.StaticTree(tree="chain"),
+}
+
+
 def cpu_models(dtype: torch.dtype = torch.float32):
     """The harness's (target, draft, EAGLE drafter) in ``dtype``, their linear layers prepared as
     ``sv.load`` prepares them on CPU (``models.weight_layout.prepare_cpu_linears``: packed kernels)."""

@@ -10,20 +10,12 @@ that, and the harness checks the same things as in fp32 (a wrong residual, posit
 
 import pytest
 import torch
-from exactness import check_method, cpu_models, tiny_llamagen
+from exactness import CPU_METHODS as METHODS, CPU_SAMPLING as SAMPLING, check_method, cpu_models, tiny_llamagen
 
 import specvis as sv
 from specvis import cpu_features
 from specvis.models.continuous import ContinuousAR
 from specvis.models.drafter import EagleDrafter
-
-SAMPLING = sv.Sampling(temperature=0.7, cfg_scale=2.5)
-METHODS = {
-    "ar": sv.AR(),
-    "speculative": sv.Speculative(3),
-    "sjd": sv.SJD(window=3, init="vertical-sample", coupling="gumbel"),
-    "static-tree": sv.StaticTree(tree="chain"),
-}
 
 
 @pytest.fixture(scope="module")

@@ -7,18 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from exactness import check_method, cpu_models
+from exactness import CPU_METHODS as METHODS, CPU_SAMPLING as SAMPLING, check_method, cpu_models
 
 import specvis as sv
 from specvis.models.quantize import Int8Linear, int8_rows, quantize_linears
-
-SAMPLING = sv.Sampling(temperature=0.7, cfg_scale=2.5)
-METHODS = {
-    "ar": sv.AR(),
-    "speculative": sv.Speculative(3),
-    "sjd": sv.SJD(window=3, init="vertical-sample", coupling="gumbel"),
-    "static-tree": sv.StaticTree(tree="chain"),
-}
 
 
 @pytest.fixture(scope="module")
