@@ -124,7 +124,7 @@ class Pipeline:
 
     name: str
     target: torch.nn.Module
-    tokenizer: Any  # the image decoder given at construction (class bundles' VQ or palette, MAR's VAE); None: the family's, loaded on first use
+    tokenizer: Any  # the image decoder given (bundles' VQ or palette, MAR's VAE); None: the family's, loaded on use
     draft: torch.nn.Module | None = None
     drafter: torch.nn.Module | None = None
     class_names: list[str] = field(default_factory=list)
