@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 
@@ -14,12 +14,10 @@ from .generate import Generation
 from .memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, MemoryPlanError, plan
 from .models.base import Captions, Condition, Prompts
 from .models.decoder import CachedStack
-from .models.checkpoint import one_line
 from .models.weight_layout import prepare_cpu_linears
 from .registry import method_argument
 from .sampling import Sampling, sampling_argument
 from .tune import run
-from .viz import to_pil
 
 
 class PaletteTokenizer(torch.nn.Module):
@@ -91,25 +89,42 @@ Conditioning = Literal["class", "text", "caption"]
 Tokens = Literal["discrete", "continuous"]
 
 
+@dataclass(frozen=True)
+class Request:
+    """A pipeline call's conditioning arguments as given: what the model's family reads (class ids, or
+    prompts, negative prompts, grid and positive suffix) and the sampler options of an ordered model
+    (MAR's ``num_iter``, ``cfg_schedule``)."""
+
+    classes: Any = None
+    prompts: Any = None
+    negative_prompts: Any = None
+    height: int | None = None
+    width: int | None = None
+    positive_suffix: bool = True
+    num_iter: int | None = None
+    cfg_schedule: str | None = None
+
+
 @dataclass
 class Pipeline:
-    """``pipe(classes, method, sampling, seed)`` -> ``Generation`` with decoded images. ``continuous``:
-    the bundle's continuous-token pipeline (``ContinuousPipeline``), where it ships one.
+    """``pipe(classes=... | prompts=..., method, sampling, seed)`` -> ``Generation`` with decoded images.
+    One class for every model: what differs between class-conditional, text- or caption-conditioned,
+    continuous-token and MAR models is the model's ``family`` (``families.base.Family``: the checkpoint
+    families, ``families.embedded`` for the embedded bundles): how a call's arguments become a
+    ``Condition``, which codebook a rule gets, what runs (MAR: its ordered sampler), how a ``Generation``
+    becomes images and what the memory plan counts. ``continuous``: the bundle's continuous-token
+    pipeline, where it ships one.
 
-    What the model can do is declared, for callers (the CLI, the demo, the bench) to ask instead of
-    testing the pipeline's class: ``conditioning`` ("class": ``pipe(classes=...)``; "text": prompts
-    through the checkpoint's processor; "caption": prompts through a separate text encoder),
-    ``tokens`` ("discrete" codes in ``out.tokens``; "continuous" latents in ``out.latents``),
-    ``kv_cache`` (decodes with a KV cache: ``memory`` plans apply) and ``num_iter`` (sampler steps of
-    a model that reveals its tokens in its own order, MAR; None: one stream position per step)."""
-
-    conditioning: ClassVar[Conditioning] = "class"
-    tokens: ClassVar[Tokens] = "discrete"
-    kv_cache: ClassVar[bool] = True
+    What the model can do is declared, for callers (the CLI, the demo, the bench) to ask: ``conditioning``
+    ("class": ``pipe(classes=...)``; "text": prompts through the checkpoint's processor; "caption":
+    prompts through a separate text encoder), ``tokens`` ("discrete" codes in ``out.tokens``;
+    "continuous" latents in ``out.latents``), ``kv_cache`` (decodes with a KV cache: ``memory`` plans
+    apply) and ``num_iter`` (sampler steps of a model that reveals its tokens in its own order, MAR;
+    None: one stream position per step)."""
 
     name: str
     target: torch.nn.Module
-    tokenizer: Any
+    tokenizer: Any  # the image decoder given (bundles' VQ or palette, MAR's VAE); None: the family's, loaded on use
     draft: torch.nn.Module | None = None
     drafter: torch.nn.Module | None = None
     class_names: list[str] = field(default_factory=list)
@@ -119,53 +134,49 @@ class Pipeline:
     graphs: bool | None = None  # captured CUDA-graph rounds; None: on for CUDA (specvis.generate)
     compiled: bool = False
     num_iter: int | None = None
+    cfg_schedule: str = "linear"  # an ordered sampler's CFG schedule (MAR)
+    directory: Any = None  # the checkpoint directory its family loads the processor and image decoder from
+    vq: Any = None  # the family's image decoder, loaded on first decode (or for a LANTERN codebook)
+    _processor: Any = None
+    family: Any = field(kw_only=True)  # the model's ``families.base.Family``
+
+    # ------------------------------------------------------------ what the model can do (its family's)
+    @property
+    def conditioning(self) -> Conditioning:
+        return self.family.conditioning
+
+    @property
+    def tokens(self) -> Tokens:
+        return self.family.tokens
+
+    @property
+    def kv_cache(self) -> bool:
+        return self.family.kv_cache
+
+    @property
+    def decodes(self) -> bool:
+        """Whether the pipeline renders images (``Family.decodes``): the bench's quality metrics ask."""
+        return self.family.decodes
+
+    @property
+    def num_classes(self) -> int:
+        """Classes 0 .. num_classes - 1 of ``pipe(classes=...)``; 0 for prompt-conditioned models."""
+        return self.family.num_classes(self)
 
     @property
     def dtype(self) -> torch.dtype:
         return next(self.target.parameters()).dtype
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
     def configure(self, dtype: str | torch.dtype | None = None, compile: bool | str = False,
                   graphs: bool | None = None) -> "Pipeline":
-        """Weights and KV caches of the target, draft and drafter in ``dtype`` (fp32, bf16, fp16; the
-        tokenizer, RoPE tables and, on CPU, the KV caches stay fp32: ``models.base.storage_dtype``; laws
-        are computed in fp32 either way), ``torch.compile`` of their cached block stacks, and captured
-        rounds on or off. Lossless methods stay exact for the model as run: a bf16 model samples its
-        bf16 logits, which depend at rounding level on the block a forward computes them in
-        (docs/results/archive/bf16-cpu.md).
-
-        ``compile=True`` compiles on CUDA only: on CPU the compiled forward was measured slower
-        (docs/results/archive/compile-cpu.md: inductor re-materialises the whole in-place KV cache on every
-        call), so it warns and stays eager; ``compile="always"`` compiles on any device. On CPU the
-        linear layers run the fastest kernel for their row count (``models.weight_layout``: weights
-        transposed for MKL's small calls, packed for oneDNN's wide ones; same values)."""
-        if compile not in (False, True, "always"):
-            raise ValueError(f"compile must be False, True or 'always', got {compile!r}")
-        if dtype is not None:
-            dt = resolve_dtype(dtype)
-            for m in (self.target, self.draft, self.drafter):
-                if m is not None:
-                    m.to(dtype=dt)
-            if self.device.type == "cpu" and native_dot_products(dt) is False:
-                warnings.warn(f"this CPU has no {str(dt).removeprefix('torch.')} dot products (none of the cpuinfo "
-                              f"flags {', '.join(sorted(NATIVE_FLAGS[dt]))}): its matmuls are emulated, measured "
-                              "3.5-25x slower than fp32 (docs/results/archive/bf16-cpu-avx2.md); use fp32", stacklevel=2)
-        if compile is True and self.device.type == "cpu":
-            warnings.warn("torch.compile skipped on CPU, where it measured slower than eager "
-                          "(docs/results/archive/compile-cpu.md); compile='always' forces it", stacklevel=2)
-        elif compile and not self.compiled:
-            for m in (self.target, self.draft):
-                if isinstance(m, CachedStack):  # the cached block stacks compile (models.decoder)
-                    m.compile_decoder()
-            self.compiled = True
-        if self.device.type == "cpu":  # faster matmuls (models/weight_layout.py)
-            prepare_cpu_linears(*(m for m in (self.target, self.draft, self.drafter, self.continuous)
-                                  if isinstance(m, torch.nn.Module)))
-        self.graphs = graphs
+        """Weights and KV caches in ``dtype``, ``torch.compile`` and captured rounds, as the family
+        configures its models (``Family.configure``: ``configure_models`` below, MAR its own)."""
+        self.family.configure(self, dtype, compile, graphs)
         return self
-
-    @property
-    def num_classes(self) -> int:
-        return self.target.num_conditions
 
     def memory(self, batch_size: int = 1, method=None, sampling: Sampling | None = None,
                prompt_tokens: int | None = None) -> MemoryPlan:
@@ -173,17 +184,9 @@ class Pipeline:
         (None: the pipeline's default; CFG doubles the rows) needs, against what the device has free
         now (``specvis.memory``): ``weights_bytes``, ``kv_bytes``, ``free_bytes``, ``fits``,
         ``max_batch_size``. ``prompt_tokens``: the longest prompt (default: the model's fixed prefix,
-        or ``DEFAULT_PROMPT_TOKENS`` for text prompts); a call plans with its own prompts."""
-        from .methods.ar import AR
-
-        sampling = sampling or self.default_sampling
-        prefix = min(self.target.max_prefix, DEFAULT_PROMPT_TOKENS) if prompt_tokens is None else int(prompt_tokens)
-        return plan(self.target, self.draft, self.drafter, self._resident(), batch_size=batch_size,
-                    cfg=sampling.uses_cfg, prefix=prefix, method_slots=(AR() if method is None else method).pad)
-
-    def _resident(self) -> tuple:
-        """Modules besides the cached models that hold memory (the tokenizer)."""
-        return (self.tokenizer,)
+        or ``DEFAULT_PROMPT_TOKENS`` for text prompts); a call plans with its own prompts. A model
+        without a KV cache (MAR) has no plan: ``Family.memory`` refuses in one line."""
+        return self.family.memory(self, batch_size, method, sampling, prompt_tokens)
 
     def check_memory(self, condition: Condition, method, sampling: Sampling) -> MemoryPlan:
         """The plan of a call about to run; a ``MemoryPlanError`` (one line: bytes needed, bytes free,
@@ -194,85 +197,64 @@ class Pipeline:
             raise MemoryPlanError(p.line())
         return p
 
-    @property
-    def codebook(self) -> torch.Tensor:
-        return self.tokenizer.codebook
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.target.parameters()).device
-
     def to(self, device: str | torch.device) -> "Pipeline":
-        for m in (self.target, self.tokenizer, self.draft, self.drafter):
+        for m in (self.target, self.tokenizer, self.draft, self.drafter, self.vq):
             if m is not None:
                 m.to(device)
         if self.continuous is not None:
             self.continuous.to(device)
         return self
 
+    # ------------------------------------------------------------ a call
     @torch.no_grad()
     def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
                  decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
-                 width: int | None = None, progress=None) -> Generation:
-        check_class_call(self.name, classes, prompts, negative_prompts, height, width)
+                 width: int | None = None, progress=None, positive_suffix: bool = True,
+                 num_iter: int | None = None, cfg_schedule: str | None = None) -> Generation:
+        """``classes`` (class-conditional models) or ``prompts`` (+ ``negative_prompts``, ``height``/
+        ``width`` in image tokens; text- and caption-conditioned ones); ``positive_suffix``: append the
+        family's official positive suffix to each text prompt, as its official scripts do (Emu3:
+        ``POSITIVE_SUFFIX``; the other families have none), False turns it off; ``num_iter``,
+        ``cfg_schedule``: the sampler of an ordered model (MAR). Each argument is checked before any
+        forward; the family builds the condition, the memory plan is checked, the family runs and decodes."""
+        request = Request(classes, prompts, negative_prompts, height, width, positive_suffix, num_iter, cfg_schedule)
+        self.family.check_request(self, request)
         method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
-        conditions = torch.as_tensor(checks.class_ids(classes, self.num_classes), dtype=torch.long, device=self.device)
-        self.check_memory(Condition(conditions), method, sampling)
-        out = run(self.target, conditions, method, sampling, seed,  # sv.Auto() resolved first (specvis.tune)
-                  draft=self.draft, drafter=self.drafter, codebook=self.codebook, graphs=self.graphs, progress=progress)
+        self.family.check_method(self, method, sampling)
+        condition = self.family.condition(self, request, sampling)
+        self.family.check_memory(self, condition, method, sampling)
+        out = self.family.run(self, condition, request, method, sampling, seed, progress)
         if decode:
             out.images = self.images_of(out)
         return out
 
+    # ------------------------------------------------------------ images
+    @property
+    def decoder(self):
+        """The image decoder (``Family.decoder``: the one given as ``tokenizer``, or the checkpoint's VQ
+        loaded on first use, on the pipeline's device)."""
+        return self.family.decoder(self)
+
+    @property
+    def vae(self):
+        """MAR's name for its image decoder (``decode(latents (B, E, h, w))``): ``decoder``."""
+        return self.decoder
+
+    @property
+    def codebook(self) -> torch.Tensor | None:
+        """The code vectors of a discrete-token model's image decoder (``Family.codebook``); None for continuous tokens."""
+        return self.family.codebook(self)
+
     @torch.no_grad()
     def to_images(self, tokens: torch.Tensor):
-        return to_pil(self.tokenizer.decode(tokens))
+        """PIL images of generated tokens: codes (B, H*W) on the grid last generated, or latents."""
+        return self.family.to_images(self, tokens)
 
     def images_of(self, out: Generation):
         """PIL images of a ``Generation`` of this pipeline."""
-        return self.to_images(out.tokens)
+        return self.family.images_of(self, out)
 
-
-class ContinuousPipeline(Pipeline):
-    """A ``ContinuousAR`` target (+ draft) whose continuous tokens a decoder with ``decode_continuous``
-    renders (the VQ decoder for the emoji bundle). Methods: ``sv.CSpD`` and ``sv.AR`` (target-only
-    sampling); there is no codebook, so no LANTERN."""
-
-    tokens: ClassVar[Tokens] = "continuous"
-
-    @property
-    def codebook(self) -> None:
-        return None
-
-    @torch.no_grad()
-    def to_images(self, latents: torch.Tensor):
-        return to_pil(self.tokenizer.decode_continuous(latents))
-
-    def images_of(self, out: Generation):
-        return self.to_images(out.latents)
-
-
-@dataclass
-class TextPipeline(Pipeline):
-    """A text-to-image checkpoint (``specvis.families``): ``pipe(prompts=[...])``. A prompt is a ``str``
-    (the checkpoint's processor and the family's official template apply) or a ``list[int]`` that is
-    already the whole conditional prefix. The processor and the VQ decoder (``specvis[hf]``) are
-    loaded on first use; ``decode=False`` with token-id prompts needs neither."""
-
-    directory: Any = None
-    family: Any = None  # the checkpoint's ``families.base.Family``: template, suffix, processor, image decoder
-    vq: Any = None  # specvis.models.hf_vq decoder, loaded on first decode (or for a LANTERN codebook)
-    _processor: Any = None
-
-    @property
-    def conditioning(self) -> Conditioning:
-        """The family's: "text" (the checkpoint's processor) or "caption" (LlamaGen t2i's flan-t5)."""
-        return self.family.conditioning
-
-    @property
-    def num_classes(self) -> int:
-        return 0
-
+    # ------------------------------------------------------------ prompts (text- and caption-conditioned families)
     @property
     def grid(self) -> tuple[int, int]:
         """The checkpoint's native grid (rows, columns) in image tokens: what height/width default to."""
@@ -285,15 +267,6 @@ class TextPipeline(Pipeline):
             return -1
         return int((self.extras.get("prompt_classes") or {}).get(prompt.strip().lower(), -1))
 
-    def _resident(self) -> tuple:
-        return (self.vq,)
-
-    def to(self, device: str | torch.device) -> "TextPipeline":
-        super().to(device)
-        if self.vq is not None:
-            self.vq.to(device)
-        return self
-
     @property
     def processor(self):
         """The family's prompt processor (``Family.processor``: the checkpoint's transformers processor,
@@ -301,23 +274,6 @@ class TextPipeline(Pipeline):
         if self._processor is None:
             self._processor = self.family.processor(self.directory, self.target, self.device, self.dtype)
         return self._processor
-
-    @property
-    def decoder(self):
-        """The family's VQ image decoder (``decode(codes, height, width)``, ``codebook``), on the pipeline's device."""
-        if self.vq is None:
-            try:
-                vq = self.family.image_decoder(self.directory, device=self.device)  # fp32, streamed onto the device
-            except ValueError:
-                raise
-            except (ImportError, OSError, RuntimeError, KeyError) as exc:
-                raise ValueError(f"{self.directory}: cannot load the image decoder ({one_line(exc)})") from None
-            self.vq = vq.to(self.device)
-        return self.vq
-
-    @property
-    def codebook(self) -> torch.Tensor:
-        return self.decoder.codebook
 
     def _ids(self, prompts, what: str, height: int, width: int) -> list[list[int]]:
         """Each prompt's token ids: a ``str`` through the family's official template (``Family.encode``),
@@ -346,25 +302,9 @@ class TextPipeline(Pipeline):
         return [p + suffix if isinstance(p, str) else p for p in prompts]
 
     def set_grid(self, height: int | None, width: int | None) -> tuple[int, int]:
-        """Generate ``height x width`` image tokens (None: the native grid's) with the target and draft;
-        a family with a fixed grid (``Family.fixed_grid``: LlamaGen t2i's 2D RoPE table) takes its own only."""
-        native = self.grid
-        if self.family.fixed_grid:
-            if (height is not None and height != native[0]) or (width is not None and width != native[1]):
-                raise ValueError(f"model {self.name}: {self.family.name} generates its native {native[0]}x{native[1]} "
-                                 f"grid only (its 2D RoPE table), got height={height} width={width}")
-            return native
-        H, W = native[0] if height is None else height, native[1] if width is None else width
-        try:
-            for m in (self.target, self.draft):
-                if m is not None:
-                    m.set_grid(H, W)
-        except ValueError as e:
-            if height is None and width is None:
-                raise ValueError(f"{e} (the checkpoint's native grid); pass height= and width= "
-                                 "(--height/--width) in image tokens for a smaller image") from None
-            raise
-        return H, W
+        """Generate ``height x width`` image tokens (None: the native grid's) with the target and draft
+        (``Family.set_grid``: a family with a fixed grid takes its own only)."""
+        return self.family.set_grid(self, height, width)
 
     def check_lengths(self, rows: list[list[int]], what: str) -> None:
         """Each prefix must leave room for the image stream in every model's context (the draft's too)."""
@@ -377,26 +317,6 @@ class TextPipeline(Pipeline):
                 raise ValueError(f"{what}[{i}] is {len(rows[i])} tokens, longer than {whose} allows with a "
                                  f"{L.height}x{L.width} image: {model.config.max_positions} positions less the "
                                  f"image's {L.stream_len} leave {model.max_prefix} for the prompt")
-
-    @torch.no_grad()
-    def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
-                 decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
-                 width: int | None = None, progress=None, positive_suffix: bool = True) -> Generation:
-        """``positive_suffix``: append the family's official positive suffix to each text prompt, as its
-        official scripts do (Emu3: ``POSITIVE_SUFFIX``; the other families have none); False turns it off."""
-        if classes is not None:
-            raise ValueError(f"model {self.name} is text-conditioned: give prompts=, not classes=")
-        if prompts is None:
-            raise ValueError(f"model {self.name} is text-conditioned: give prompts=[...]")
-        method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
-        cond = self.conditions(prompts, negative_prompts, sampling, height, width, positive_suffix)
-        self.check_memory(cond, method, sampling)
-        out = run(self.target, cond, method, sampling, seed, draft=self.draft, drafter=self.drafter,
-                  codebook=self.codebook if "codebook" in _rule_needs(method) else None, graphs=self.graphs,
-                  progress=progress)
-        if decode:
-            out.images = self.to_images(out.tokens)
-        return out
 
     def prefix(self, prompts, what: str = "prompts", height: int | None = None, width: int | None = None):
         """The conditional prefix rows of ``prompts`` on the pipeline's device (``Family.prefix``:
@@ -426,16 +346,72 @@ class TextPipeline(Pipeline):
             raise ValueError(f"negative_prompts: {len(uncond)} given for {len(cond)} prompts")
         return Condition(cond, uncond)
 
-    @torch.no_grad()
-    def to_images(self, tokens: torch.Tensor):
-        """PIL images of codes (B, H*W) on the grid last generated (the native one before any call)."""
-        L = self.target.layout
-        return to_pil(self.family.decode_images(self.decoder, tokens.to(self.device), L.height, L.width))
+
+# The pipeline classes before issue 51's one Pipeline: every model now has this one class (its family differs).
+TextPipeline = ContinuousPipeline = Pipeline
 
 
-def _rule_needs(method) -> frozenset[str]:
+def configure_models(pipe: Pipeline, dtype: str | torch.dtype | None = None, compile: bool | str = False,
+                     graphs: bool | None = None) -> None:
+    """``Pipeline.configure`` of a KV-cached model (``Family.configure``): weights and KV caches of the
+    target, draft and drafter in ``dtype`` (fp32, bf16, fp16; the tokenizer, RoPE tables and, on CPU,
+    the KV caches stay fp32: ``models.base.storage_dtype``; laws are computed in fp32 either way),
+    ``torch.compile`` of their cached block stacks, and captured rounds on or off. Lossless methods stay
+    exact for the model as run: a bf16 model samples its bf16 logits, which depend at rounding level on
+    the block a forward computes them in (docs/results/archive/bf16-cpu.md).
+
+    ``compile=True`` compiles on CUDA only: on CPU the compiled forward was measured slower
+    (docs/results/archive/compile-cpu.md: inductor re-materialises the whole in-place KV cache on every
+    call), so it warns and stays eager; ``compile="always"`` compiles on any device. On CPU the
+    linear layers run the fastest kernel for their row count (``models.weight_layout``: weights
+    transposed for MKL's small calls, packed for oneDNN's wide ones; same values)."""
+    if compile not in (False, True, "always"):
+        raise ValueError(f"compile must be False, True or 'always', got {compile!r}")
+    if dtype is not None:
+        dt = resolve_dtype(dtype)
+        for m in (pipe.target, pipe.draft, pipe.drafter):
+            if m is not None:
+                m.to(dtype=dt)
+        if pipe.device.type == "cpu" and native_dot_products(dt) is False:
+            warnings.warn(f"this CPU has no {str(dt).removeprefix('torch.')} dot products (none of the cpuinfo "
+                          f"flags {', '.join(sorted(NATIVE_FLAGS[dt]))}): its matmuls are emulated, measured "
+                          "3.5-25x slower than fp32 (docs/results/archive/bf16-cpu-avx2.md); use fp32", stacklevel=4)
+    if compile is True and pipe.device.type == "cpu":
+        warnings.warn("torch.compile skipped on CPU, where it measured slower than eager "
+                      "(docs/results/archive/compile-cpu.md); compile='always' forces it", stacklevel=4)
+    elif compile and not pipe.compiled:
+        for m in (pipe.target, pipe.draft):
+            if isinstance(m, CachedStack):  # the cached block stacks compile (models.decoder)
+                m.compile_decoder()
+        pipe.compiled = True
+    if pipe.device.type == "cpu":  # faster matmuls (models/weight_layout.py)
+        prepare_cpu_linears(*(m for m in (pipe.target, pipe.draft, pipe.drafter, pipe.continuous)
+                              if isinstance(m, torch.nn.Module)))
+    pipe.graphs = graphs
+
+
+def memory_plan(pipe: Pipeline, batch_size: int = 1, method=None, sampling: Sampling | None = None,
+                prompt_tokens: int | None = None) -> MemoryPlan:
+    """``Pipeline.memory`` of a KV-cached model (``Family.memory``): the cached models and what else
+    the family keeps resident (``Family.resident``: the tokenizer, or the loaded VQ)."""
+    from .methods.ar import AR
+
+    sampling = sampling or pipe.default_sampling
+    prefix = min(pipe.target.max_prefix, DEFAULT_PROMPT_TOKENS) if prompt_tokens is None else int(prompt_tokens)
+    return plan(pipe.target, pipe.draft, pipe.drafter, pipe.family.resident(pipe), batch_size=batch_size,
+                cfg=sampling.uses_cfg, prefix=prefix, method_slots=(AR() if method is None else method).pad)
+
+
+def generate_with_kv_cache(pipe: Pipeline, rows, method, sampling: Sampling, seed: int, codebook, progress) -> Generation:
+    """The run of a KV-cached model (``Family.run``): ``specvis.generate`` with ``sv.Auto()`` resolved
+    first (``specvis.tune``), the pipeline's draft, drafter and captured-rounds setting."""
+    return run(pipe.target, rows, method, sampling, seed, draft=pipe.draft, drafter=pipe.drafter, codebook=codebook,
+               graphs=pipe.graphs, progress=progress)
+
+
+def rule_needs(method) -> frozenset[str]:
     """The tables the method's acceptance rule declares it needs (``AcceptanceRule.needs``): the text
-    pipelines load their VQ codebook only for a rule that needs it."""
+    families load their VQ codebook only for a rule that needs it."""
     return frozenset() if method.acceptance is None else method.acceptance.needs
 
 

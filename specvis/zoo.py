@@ -19,7 +19,7 @@ from .models.checkpoint import stored_dtype
 from .models.llamagen import LlamaGen, LlamaGenConfig
 from .models.loading import requested_dtype, resolve
 from .models.quantize import check_quantize, quantize_linears
-from .pipeline import ContinuousPipeline, LatentPalette, PaletteTokenizer, Pipeline
+from .pipeline import LatentPalette, PaletteTokenizer, Pipeline
 from .sampling import Sampling
 
 ASSETS = Path(__file__).parent / "assets"
@@ -27,13 +27,15 @@ DTYPE_LABELS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 
 
 def _random_tiny(device: torch.device = torch.device("cpu"), dtype: torch.dtype | None = None) -> Pipeline:
+    from .families.embedded import CODES
+
     torch.manual_seed(0)
     base = dict(vocab_size=64, num_classes=4, block_size=64, multiple_of=32)
     target = LlamaGen(LlamaGenConfig(dim=64, n_layer=2, n_head=4, initializer_range=0.2, **base)).eval()
     draft = LlamaGen(LlamaGenConfig(dim=32, n_layer=1, n_head=2, initializer_range=0.2, **base)).eval()
     drafter = EagleDrafter.from_target(target, seed=1).eval()
     return _built(Pipeline("random-tiny", target, PaletteTokenizer(64).eval(), draft=draft, drafter=drafter,
-                           class_names=[f"class{i}" for i in range(4)]), device, dtype)
+                           class_names=[f"class{i}" for i in range(4)], family=CODES), device, dtype)
 
 
 def _built(pipe, device: torch.device, dtype: torch.dtype | None):
@@ -46,10 +48,12 @@ def _built(pipe, device: torch.device, dtype: torch.dtype | None):
     return pipe.to(device)
 
 
-def _random_tiny_continuous(device: torch.device = torch.device("cpu"), dtype: torch.dtype | None = None) -> ContinuousPipeline:
+def _random_tiny_continuous(device: torch.device = torch.device("cpu"), dtype: torch.dtype | None = None) -> Pipeline:
     """A random target (MAR's zero-initialised head output replaced by a random one) and, as its draft, a
     copy with every weight perturbed by 1e-4 of its spread: random heads amplify differences along the
     denoising run so much that independent ones, or a 1% perturbation, are never accepted."""
+    from .families.embedded import LATENTS
+
     torch.manual_seed(0)
     cfg = ContinuousARConfig(token_dim=3, height=4, width=4, num_classes=4, dim=64, n_layer=2, n_head=4,
                              multiple_of=32, head_width=64, head_depth=2, num_train_steps=16, num_sampling_steps=8)
@@ -59,8 +63,8 @@ def _random_tiny_continuous(device: torch.device = torch.device("cpu"), dtype: t
     with torch.no_grad():
         for p, q in zip(draft.parameters(), target.parameters()):
             p.copy_(q + 1e-4 * q.std().clamp_min(1e-3) * torch.randn_like(q))
-    return _built(ContinuousPipeline("random-tiny-continuous", target, LatentPalette(), draft=draft,
-                                     class_names=[f"class{i}" for i in range(4)]), device, dtype)
+    return _built(Pipeline("random-tiny-continuous", target, LatentPalette(), draft=draft,
+                           class_names=[f"class{i}" for i in range(4)], family=LATENTS), device, dtype)
 
 
 def _bundle_dtype(model_dir: Path, device: torch.device, dtype) -> tuple[torch.dtype, str]:
@@ -68,13 +72,15 @@ def _bundle_dtype(model_dir: Path, device: torch.device, dtype) -> tuple[torch.d
     return resolve(dtype, stored_dtype(model_dir), device)
 
 
-def _emoji_continuous(root: Path, meta: dict, vq, device: torch.device = torch.device("cpu"), dtype=None) -> ContinuousPipeline | None:
+def _emoji_continuous(root: Path, meta: dict, vq, device: torch.device = torch.device("cpu"), dtype=None) -> Pipeline | None:
     """The bundle's ContinuousAR target + draft over VQ pre-quantisation latents, when shipped."""
+    from .families.embedded import LATENTS
+
     if not (root / "continuous_target").exists():
         return None
     dt, why = _bundle_dtype(root / "continuous_target", device, dtype)
     draft = root / "continuous_draft"
-    return ContinuousPipeline(
+    return Pipeline(
         "emoji-continuous",
         ContinuousAR.from_pretrained(root / "continuous_target", device=device, dtype=dt),
         vq,
@@ -82,6 +88,7 @@ def _emoji_continuous(root: Path, meta: dict, vq, device: torch.device = torch.d
         class_names=meta["class_names"],
         default_sampling=Sampling(**meta.get("continuous_sampling", {"cfg_scale": 3.0})),
         extras={"meta": meta, "root": root, "dtype_source": why},
+        family=LATENTS,
     )
 
 
@@ -99,6 +106,8 @@ def _emoji_parts(device: torch.device = torch.device("cpu")):
 
 
 def _emoji(device: torch.device = torch.device("cpu"), dtype=None) -> Pipeline:
+    from .families.embedded import CODES
+
     root, meta, vq = _emoji_parts(device)
     dt, why = _bundle_dtype(root / "target", device, dtype)
     target = LlamaGen.from_pretrained(root / "target", device=device, dtype=dt)
@@ -112,10 +121,11 @@ def _emoji(device: torch.device = torch.device("cpu"), dtype=None) -> Pipeline:
         default_sampling=Sampling(**meta.get("default_sampling", {})),
         extras={"meta": meta, "root": root, "dtype_source": why},
         continuous=_emoji_continuous(root, meta, vq, device, dtype),
+        family=CODES,
     )
 
 
-def _emoji_continuous_only(device: torch.device = torch.device("cpu"), dtype=None) -> ContinuousPipeline:
+def _emoji_continuous_only(device: torch.device = torch.device("cpu"), dtype=None) -> Pipeline:
     """The continuous models alone: the discrete target, draft and drafter are not loaded."""
     pipe = _emoji_continuous(*_emoji_parts(device), device, dtype)
     if pipe is None:

@@ -139,7 +139,8 @@ def test_classifier_proxy_from_bundle_dir(pipe, tmp_path):
     model.save_pretrained(tmp_path / "bundle" / "classifier", dtype=torch.float16)
     loaded = EmojiClassifier.from_pretrained(tmp_path / "bundle" / "classifier")
     assert loaded.ref_features.shape == (20, 6) and loaded.ref_features.dtype == torch.float32
-    fake_pipe = type("P", (), {"name": "fake", "tokenizer": pipe.tokenizer, "extras": {"root": tmp_path / "bundle"}})()
+    fake_pipe = type("P", (), {"name": "fake", "tokenizer": pipe.tokenizer, "decodes": True,
+                               "extras": {"root": tmp_path / "bundle"}})()
     (metric,) = build_metrics(None, QualitySource(fake_pipe))
     obs = metric.observe(np.random.default_rng(0).integers(0, 256, (5, 64, 64, 3), dtype=np.uint8), np.arange(5) % 4)
     assert obs["fid_proxy"].shape == (5, 6) and set(np.unique(obs["class_accuracy"])) <= {0.0, 1.0}

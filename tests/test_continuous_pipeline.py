@@ -230,3 +230,26 @@ def test_emoji_bundle_exposes_its_continuous_models():
     out = cont([4], AR(), seed=0)
     assert out.latents.shape == (1, 256, 8) and out.images[0].size == (64, 64)
     assert out.latents.abs().max() <= 8 ** 0.5 + 0.1  # x0 clip plus the last step's small noise
+
+
+def test_one_pipeline_class_whose_family_differs():
+    """Discrete- and continuous-token bundles are the one ``sv.Pipeline``; their families say what
+    differs (tokens, codebook, how images come out), and the old class names are aliases of it.
+    Catches a family that hands the continuous model a codebook or decodes its latents as codes,
+    and a sampler option of an ordered model (MAR's ``num_iter``) silently ignored by another."""
+    from specvis import Pipeline
+    from specvis.families.embedded import CODES, LATENTS
+    from specvis.families.mar import MARPipeline
+    from specvis.pipeline import ContinuousPipeline, TextPipeline
+
+    assert TextPipeline is ContinuousPipeline is MARPipeline is Pipeline
+    codes, latents = load("random-tiny"), load("random-tiny-continuous")
+    assert type(codes) is type(latents) is Pipeline and (codes.family, latents.family) == (CODES, LATENTS)
+    assert (codes.tokens, latents.tokens, codes.conditioning, latents.conditioning) == ("discrete", "continuous", "class", "class")
+    assert codes.codebook.shape == (64, 3) and latents.codebook is None and codes.kv_cache and latents.decodes
+    out = latents(classes=[1], method=AR(), seed=0)
+    assert out.tokens is None and out.latents.shape == (1, 16, 3) and out.images[0].size == (32, 32)
+    with pytest.raises(ValueError, match=r"^num_iter= applies to MAR models only; model random-tiny decodes one token per step$"):
+        codes(classes=[0], num_iter=4)
+    with pytest.raises(ValueError, match=r"^model random-tiny is class-conditional: give classes=, not prompts=$"):
+        codes(prompts=["a cat"])

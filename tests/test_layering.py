@@ -6,10 +6,12 @@ as file:line.
   bottom: cli, demo > sample > bench > zoo, families > pipeline > tune > generate > methods, cost >
   rules (accept, lantern, gsd), registry's tables, sampling, models, diffusion > options, checks, io.
 - No ``hasattr(`` nor ``getattr(x, "name", default)`` probing of models, rules or methods in
-  specvis/methods/, specvis/generate.py and specvis/pipeline.py: capabilities are declared.
+  specvis/methods/, specvis/generate.py, specvis/pipeline.py, models/base.py, the families' base, MAR's,
+  the embedded bundles' and the zoo: capabilities are declared.
 - No method file over 300 lines; README.md at most 200 lines.
 - The CLI, the demo and the model zoo ask a pipeline what its model can do (``conditioning``,
-  ``tokens``, ``kv_cache``, ``num_iter``), never ``isinstance`` of a pipeline class.
+  ``tokens``, ``kv_cache``, ``num_iter``), never ``isinstance`` of a pipeline class; there is one
+  pipeline class (no class in specvis subclasses ``Pipeline``): what differs is the model's family.
 """
 
 from __future__ import annotations
@@ -152,7 +154,8 @@ def test_low_modules_import_nothing_above_them(low, above):
 
 
 # ---------------------------------------------------------------- probing
-PROBED = [*sorted((PKG / "methods").glob("*.py")), PKG / "generate.py", PKG / "pipeline.py"]
+PROBED = [*sorted((PKG / "methods").glob("*.py")), PKG / "generate.py", PKG / "pipeline.py", PKG / "models" / "base.py",
+          PKG / "families" / "base.py", PKG / "families" / "embedded.py", PKG / "families" / "mar.py", PKG / "zoo.py"]
 
 
 def probes(path: Path, root: Path = ROOT) -> list[str]:
@@ -211,6 +214,30 @@ def test_the_pipeline_isinstance_finder_finds_them(tmp_path):
                    "    return isinstance(m, torch.nn.Module)\n")
     assert pipeline_isinstance(src, tmp_path) == ["x.py:2: isinstance(p, TextPipeline)",
                                                   "x.py:3: isinstance(p, (pl.ContinuousPipeline, int))"]
+
+
+def pipeline_subclasses(path: Path, root: Path = ROOT) -> list[str]:
+    """Each class statement with a base named ``...Pipeline``, as file:line: class Name."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ClassDef):
+            names = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases]
+            if any(n.endswith("Pipeline") for n in names):
+                out.append(f"{path.relative_to(root)}:{node.lineno}: class {node.name}")
+    return out
+
+
+def test_one_pipeline_class():
+    """Every model runs in the one ``Pipeline``; what differs is its family (``families.base.Family``):
+    catches a ``class MARPipeline(Pipeline)`` (or ``TextPipeline``, ``ContinuousPipeline``) anywhere in specvis."""
+    found = [line for path in MODULES.values() for line in pipeline_subclasses(path)]
+    assert not found, "\n".join(found)
+
+
+def test_the_pipeline_subclass_finder_finds_them(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("class A(Pipeline):\n    pass\nclass B(pl.TextPipeline, object):\n    pass\nclass C(Family):\n    pass\n")
+    assert pipeline_subclasses(src, tmp_path) == ["x.py:1: class A", "x.py:3: class B"]
 
 
 # ---------------------------------------------------------------- sizes

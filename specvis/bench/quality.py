@@ -288,12 +288,8 @@ METRICS: dict[str, Callable[[QualitySource], Metric]] = {"proxy": _proxy, "fid":
 
 
 def can_decode(pipe: Any) -> bool:
-    """Whether the pipeline renders images: its tokenizer decodes, or it is a checkpoint with its own
-    image decoder (``TextPipeline.decoder``), or a VAE (``MARPipeline.vae``)."""
-    tok = getattr(pipe, "tokenizer", None)
-    own = getattr(pipe, "directory", None) is not None and hasattr(pipe, "decoder")
-    vae = callable(getattr(getattr(pipe, "vae", None), "decode", None))
-    return own or vae or any(callable(getattr(tok, name, None)) for name in ("decode", "decode_continuous"))
+    """Whether the pipeline renders images, as its model's family declares (``Pipeline.decodes``)."""
+    return bool(pipe.decodes)
 
 
 def build_metrics(names: list[str] | None, src: QualitySource, warn: Callable[[str], None] | None = None) -> list[Metric]:

@@ -10,6 +10,12 @@ template (``encode``, ``negative``), prompt text conventions (``prompt_processor
 ``positive_suffix``), its official sampling defaults (``sampling``) and its image decoder
 (``image_decoder``). Every capability is an attribute or method of the base with a default, so
 callers never probe a family with ``hasattr``.
+
+The one ``Pipeline`` asks its model's family what differs between models (``check_request``,
+``check_method``, ``condition``, ``check_memory``, ``run``, ``to_images``/``images_of``, ``codebook``,
+``decoder``, ``resident``, ``memory``, ``configure``, ``set_grid``, ``num_classes``): the base gives a
+text-conditioned, KV-cached, discrete-token model's answers; ``ClassFamily`` a class-conditional one's
+(the embedded bundles: ``families.embedded``; MAR: ``families.mar``).
 """
 
 from __future__ import annotations
@@ -20,14 +26,19 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from .. import checks
 from ..checks import config_sizes
-from ..models.base import Prompts
+from ..generate import Generation
+from ..models.base import Condition, Prompts
 from ..models.checkpoint import one_line
 from ..models.decoder import PromptDecoder
 from ..models.loading import (config_dtype, empty_parameters, load_safetensors, resolve, safetensors_dtype,
                               safetensors_index)
 from ..models.quantize import quantize_linears, streaming_quantizer
-from ..pipeline import Conditioning, Tokens
+from ..pipeline import (Conditioning, Pipeline, Request, Tokens, check_class_call, configure_models,
+                        generate_with_kv_cache, memory_plan, rule_needs)
+from ..sampling import Sampling
+from ..viz import to_pil
 from .hf import check_text_size, read_json, weight_files
 
 
@@ -42,6 +53,8 @@ class Family:
     positive_suffix: ClassVar[str] = ""  # appended to text prompts by the official scripts (Emu3)
     fixed_grid: ClassVar[bool] = False  # generates its native grid only (LlamaGen t2i: its 2D RoPE table)
     default_sampling: ClassVar[dict[str, Any]] = {}  # the official sampling defaults (``Sampling`` fields)
+    kv_cache: ClassVar[bool] = True  # decodes with a KV cache: the memory plan applies (MAR: False)
+    decodes: ClassVar[bool] = True  # renders images (``images_of``): the bench's quality metrics ask
 
     def __repr__(self) -> str:
         return f"<family {self.name}>"
@@ -102,7 +115,7 @@ class Family:
     def load_pipeline(self, name: str | Path, directory: Path, draft=None, drafter=None, *,
                       device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
                       quantize: str | None = None):
-        """A ``TextPipeline`` for a checkpoint directory of this family, with an optional draft
+        """The ``Pipeline`` of a checkpoint directory of this family, with an optional draft
         checkpoint of the same family (same tokenizer, same image vocabulary) and an optional EAGLE
         head trained for this checkpoint (``specvis train-drafter --model``: its ``--out`` directory or
         the ``final/`` head in it; a Hub id works too). All are loaded on ``device`` in ``dtype``
@@ -110,8 +123,6 @@ class Family:
         head follow the target); ``quantize="int8"``: the target's and the draft's block linears in
         int8 (``models.quantize``). Families with their own pipeline override this."""
         from ..hub import resolve_model_dir
-        from ..pipeline import TextPipeline
-        from ..sampling import Sampling
 
         config = read_json(Path(directory) / "config.json")
         target = self.load(directory, config, device=device, dtype=dtype, quantize=quantize)
@@ -131,9 +142,9 @@ class Family:
         extras = {"grid": grid, "family": self.name, "directory": str(directory), "dtype_source": target.dtype_source}
         if draft is not None:
             extras["draft"] = display_name(draft, draft_dir)
-        return TextPipeline(display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
-                            directory=directory, family=self, default_sampling=Sampling(**self.sampling(directory, config)),
-                            extras=extras)
+        return Pipeline(display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
+                        directory=directory, family=self, default_sampling=Sampling(**self.sampling(directory, config)),
+                        extras=extras)
 
     def draft_config(self, draft_dir: Path, directory: Path) -> dict | None:
         """The config.json of a draft directory (None: recognised by its files), checked to be of this
@@ -212,6 +223,152 @@ class Family:
     def image_decoder(self, directory: Path, device: str | torch.device = "cpu"):
         """The checkpoint's image decoder (``decode``, ``codebook``), fp32 on ``device``."""
         raise ValueError(f"family {self.name} declares no image decoder")
+
+    # ------------------------------------------------------------ a pipeline call (``Pipeline.__call__``)
+    def check_request(self, pipe, request: Request) -> None:
+        """The call's arguments this family takes, before anything runs: prompts, not classes."""
+        if request.classes is not None:
+            raise ValueError(f"model {pipe.name} is text-conditioned: give prompts=, not classes=")
+        if request.prompts is None:
+            raise ValueError(f"model {pipe.name} is text-conditioned: give prompts=[...]")
+        self.check_sampler_options(pipe, request)
+
+    def check_sampler_options(self, pipe, request: Request) -> None:
+        """``num_iter``/``cfg_schedule`` are an ordered sampler's (MAR): refused by a one-step-a-token model."""
+        for what, value in (("num_iter", request.num_iter), ("cfg_schedule", request.cfg_schedule)):
+            if value is not None:
+                raise ValueError(f"{what}= applies to MAR models only; model {pipe.name} decodes one token per step")
+
+    def check_method(self, pipe, method, sampling: Sampling) -> None:
+        """Methods or sampling the family cannot run, refused in one line before any forward (the base: none)."""
+
+    def condition(self, pipe, request: Request, sampling: Sampling) -> Condition:
+        """The call's ``Condition``: the prompts' rows and their CFG rows on the grid asked for
+        (``Pipeline.conditions``: template, positive suffix, negative or official unconditional prompts)."""
+        return pipe.conditions(request.prompts, request.negative_prompts, sampling, request.height, request.width,
+                               request.positive_suffix)
+
+    def check_memory(self, pipe, condition: Condition, method, sampling: Sampling):
+        """The memory plan of the call (``Pipeline.check_memory``): a one-line error when it does not fit."""
+        return pipe.check_memory(condition, method, sampling)
+
+    def run(self, pipe, condition: Condition, request: Request, method, sampling: Sampling, seed: int,
+            progress) -> Generation:
+        """The generation: ``specvis.generate`` through the tuner, with the codebook the rule needs."""
+        return generate_with_kv_cache(pipe, condition, method, sampling, seed, self.rule_codebook(pipe, method), progress)
+
+    def rule_codebook(self, pipe, method) -> torch.Tensor | None:
+        """The codebook the method's acceptance rule gets: the VQ's, loaded only for a rule that needs it (LANTERN)."""
+        return pipe.codebook if "codebook" in rule_needs(method) else None
+
+    def codebook(self, pipe) -> torch.Tensor | None:
+        """The code vectors of the image decoder (``Pipeline.codebook``)."""
+        return pipe.decoder.codebook
+
+    def decoder(self, pipe):
+        """The checkpoint's image decoder (``image_decoder``: ``decode(codes, height, width)``, ``codebook``),
+        loaded on first use onto the pipeline's device and kept in ``pipe.vq``."""
+        if pipe.vq is None:
+            try:
+                vq = self.image_decoder(pipe.directory, device=pipe.device)  # fp32, streamed onto the device
+            except ValueError:
+                raise
+            except (ImportError, OSError, RuntimeError, KeyError) as exc:
+                raise ValueError(f"{pipe.directory}: cannot load the image decoder ({one_line(exc)})") from None
+            pipe.vq = vq.to(pipe.device)
+        return pipe.vq
+
+    def resident(self, pipe) -> tuple:
+        """Modules besides the cached models that hold memory for the plan (the loaded VQ, if any)."""
+        return (pipe.vq,)
+
+    def to_images(self, pipe, codes: torch.Tensor) -> list:
+        """PIL images of codes (B, H*W) on the grid last generated (the native one before any call)."""
+        L = pipe.target.layout
+        return to_pil(self.decode_images(pipe.decoder, codes.to(pipe.device), L.height, L.width))
+
+    def images_of(self, pipe, out: Generation) -> list:
+        """PIL images of a ``Generation`` of this family's pipeline: its codes."""
+        return pipe.to_images(out.tokens)
+
+    def num_classes(self, pipe) -> int:
+        """Classes of ``pipe(classes=...)``: none for prompt-conditioned models."""
+        return 0
+
+    def memory(self, pipe, batch_size: int, method, sampling: Sampling | None, prompt_tokens: int | None):
+        """``Pipeline.memory``: the KV-cache plan (``pipeline.memory_plan``)."""
+        return memory_plan(pipe, batch_size, method, sampling, prompt_tokens)
+
+    def configure(self, pipe, dtype, compile: bool | str, graphs: bool | None) -> None:
+        """``Pipeline.configure``: dtype, compile, captured rounds, CPU linear layouts (``pipeline.configure_models``)."""
+        configure_models(pipe, dtype, compile, graphs)
+
+    def set_grid(self, pipe, height: int | None, width: int | None) -> tuple[int, int]:
+        """Generate ``height x width`` image tokens (None: the native grid's) with the target and draft;
+        a family with a fixed grid (``fixed_grid``: LlamaGen t2i's 2D RoPE table) takes its own only."""
+        native = pipe.grid
+        if self.fixed_grid:
+            if (height is not None and height != native[0]) or (width is not None and width != native[1]):
+                raise ValueError(f"model {pipe.name}: {self.name} generates its native {native[0]}x{native[1]} "
+                                 f"grid only (its 2D RoPE table), got height={height} width={width}")
+            return native
+        H, W = native[0] if height is None else height, native[1] if width is None else width
+        try:
+            for m in (pipe.target, pipe.draft):
+                if m is not None:
+                    m.set_grid(H, W)
+        except ValueError as e:
+            if height is None and width is None:
+                raise ValueError(f"{e} (the checkpoint's native grid); pass height= and width= "
+                                 "(--height/--width) in image tokens for a smaller image") from None
+            raise
+        return H, W
+
+
+class ClassFamily(Family):
+    """A class-conditional family (the embedded bundles, MAR): ``pipe(classes=[...])``, its model's fixed
+    grid, the image decoder given to the pipeline as its ``tokenizer``."""
+
+    conditioning = "class"
+
+    def check_request(self, pipe, request: Request) -> None:
+        check_class_call(pipe.name, request.classes, request.prompts, request.negative_prompts, request.height,
+                         request.width)
+        self.check_sampler_options(pipe, request)
+
+    def condition(self, pipe, request: Request, sampling: Sampling) -> Condition:
+        """Class ids in 0 .. num_classes - 1 on the pipeline's device (the model's null class is the CFG row)."""
+        ids = checks.class_ids(request.classes, pipe.num_classes)
+        return Condition(torch.as_tensor(ids, dtype=torch.long, device=pipe.device))
+
+    def run(self, pipe, condition: Condition, request: Request, method, sampling: Sampling, seed: int,
+            progress) -> Generation:
+        return generate_with_kv_cache(pipe, condition.cond, method, sampling, seed, self.rule_codebook(pipe, method),
+                                      progress)
+
+    def rule_codebook(self, pipe, method) -> torch.Tensor | None:
+        return pipe.codebook  # the tokenizer's, in memory already
+
+    def codebook(self, pipe) -> torch.Tensor | None:
+        return pipe.tokenizer.codebook
+
+    def decoder(self, pipe):
+        return pipe.tokenizer
+
+    def resident(self, pipe) -> tuple:
+        return (pipe.tokenizer,)
+
+    def to_images(self, pipe, codes: torch.Tensor) -> list:
+        return to_pil(pipe.tokenizer.decode(codes))
+
+    def num_classes(self, pipe) -> int:
+        return pipe.target.num_conditions
+
+    def processor(self, directory: Path, target, device: torch.device, dtype: torch.dtype):
+        raise ValueError(f"family {self.name} is class-conditional: it takes no text prompts")
+
+    def set_grid(self, pipe, height: int | None, width: int | None) -> tuple[int, int]:
+        raise ValueError(f"model {pipe.name} has a fixed grid: height/width cannot be set")
 
 
 def checked_config(config: dict, directory: Path) -> None:

@@ -150,6 +150,16 @@ def per_head_norm(key: str, tensor: torch.Tensor, n_head: int, n_kv_head: int, h
     return tensor.reshape(rows, head_dim).repeat_interleave(heads // rows, dim=0)
 
 
+class ChameleonDecoder(PromptDecoder):
+    """The shared decoder with the checkpoint's structural ids declared: ``chameleon_ids`` ("eot", "boi",
+    "bos", "sizes": Lumina-mGPT's size tokens, "lumina": the layout), which the prompt template
+    (``encode``, ``negative``) reads; its unconditional rule is built from them."""
+
+    def __init__(self, config, layout: Layout, head: nn.Module, ids: dict) -> None:
+        super().__init__(config, layout, None, head, unconditional_rule(ids))
+        self.chameleon_ids = ids
+
+
 def build(directory: Path, config: dict, height: int | None = None, width: int | None = None):
     """(decoder, route): the model (``models.loading.skeleton`` builds it on meta) and where each
     checkpoint tensor goes; the head is the image-vocabulary rows of ``lm_head``."""
@@ -163,9 +173,8 @@ def build(directory: Path, config: dict, height: int | None = None, width: int |
     head = nn.Linear(cfg.dim, len(codes), bias=False)
     ids = {"eot": special(config, EOT, where), "boi": special(config, BOI, where), "lumina": lumina,
            "bos": bos_id(config), "sizes": size_tokens(config)}
-    model = PromptDecoder(cfg, Layout(H, W, len(codes), row_end=len(row_end)), None, head, unconditional_rule(ids))
+    model = ChameleonDecoder(cfg, Layout(H, W, len(codes), row_end=len(row_end)), head, ids)
     model.image_embed = MappedEmbedding(model.tok_embeddings, torch.tensor(codes + row_end))
-    model.chameleon_ids = ids
     return model, norms_per_head(decoder_route(RENAMES, KEEP, cfg, {"lm_head.weight": Piece("head.weight", None, rows_of(codes))}),
                                  cfg, where)
 

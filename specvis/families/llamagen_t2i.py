@@ -39,7 +39,7 @@ import torch
 
 from ..models.base import Captions
 from ..models.checkpoint import one_line
-from ..pipeline import TextPipeline
+from ..pipeline import Pipeline
 from .base import OwnFormatFamily, display_name
 from .hf import read_json
 from .llamagen_caption import clean_caption
@@ -160,8 +160,8 @@ def load_decoder(directory: Path, height: int | None = None, width: int | None =
 
 
 def load_pipeline(name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
-                  dtype: str | torch.dtype | None = None) -> TextPipeline:
-    """A ``TextPipeline`` of captions: the target's GPT now (and the draft's, in the target's dtype); flan-t5
+                  dtype: str | torch.dtype | None = None) -> Pipeline:
+    """The ``Pipeline`` of captions: the target's GPT now (and the draft's, in the target's dtype); flan-t5
     and the VQ checked now, loaded on first use (flan-t5 in the GPT's dtype, on its device)."""
     from ..hub import resolve_model_dir
 
@@ -187,9 +187,9 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, *, device: st
     extras = {"grid": grid, "family": NAME, "directory": str(directory), "dtype_source": target.dtype_source}
     if draft is not None:
         extras["draft"] = display_name(draft, draft_dir)
-    return TextPipeline(display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
-                        directory=directory, family=FAMILY, default_sampling=Sampling(**DEFAULT_SAMPLING),
-                        extras=extras)
+    return Pipeline(display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
+                    directory=directory, family=FAMILY, default_sampling=Sampling(**DEFAULT_SAMPLING),
+                    extras=extras)
 
 
 def check_draft(draft, target, draft_dir, directory) -> None:

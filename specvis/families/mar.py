@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 
@@ -29,9 +28,10 @@ from ..methods.cspd import CSpD
 from ..methods.laws import ContinuousLaw, GuidedHead
 from ..models.mar import CHECKPOINT_NAME as CHECKPOINT
 from ..models.mar import cfg_scales, mask_schedule
-from ..pipeline import Pipeline, Tokens, call_arguments, check_class_call, resolve_dtype
+from ..pipeline import Pipeline, Request, resolve_dtype
+from ..sampling import Sampling
 from ..viz import to_pil
-from .base import OwnFormatFamily
+from .base import ClassFamily, OwnFormatFamily
 
 NAME = "mar"
 VAE_NAME = "kl16.ckpt"
@@ -133,71 +133,7 @@ def check_draft(target, draft) -> None:
             raise ValueError(f"the MAR draft's {what} {b} differs from the target's {a}")
 
 
-@dataclass
-class MARPipeline(Pipeline):
-    """``pipe(classes=[...], sampling=sv.Sampling(cfg_scale=..., temperature=...), seed=0, num_iter=64)``
-    -> ``Generation`` (``latents`` (B, L, C) MAR tokens, ``tokens`` None, ``images`` PIL). The image
-    decoder (``vae``) is the pipeline's ``tokenizer``."""
-
-    tokens: ClassVar[Tokens] = "continuous"
-    kv_cache: ClassVar[bool] = False  # MAR's encoder-decoder recomputes every step: no memory plan
-    num_iter: int | None = 64
-    cfg_schedule: str = "linear"
-
-    @property
-    def vae(self):
-        """The image decoder of MAR's latents (``decode(latents (B, E, h, w))``)."""
-        return self.tokenizer
-
-    @property
-    def num_classes(self) -> int:
-        return self.target.num_classes
-
-    @property
-    def codebook(self) -> None:
-        return None
-
-    def memory(self, *args, **kwargs):
-        """MAR keeps no KV cache (its encoder-decoder recomputes every step): it has no memory plan."""
-        raise ValueError(f"model {self.name} (MAR) has no KV cache to plan: pipe.memory is for the "
-                         "autoregressive families")
-
-    def configure(self, dtype=None, compile: bool = False, graphs: bool | None = None) -> "MARPipeline":
-        if dtype is not None:
-            self.target.to(dtype=resolve_dtype(dtype))
-            if self.draft is not None:
-                self.draft.to(dtype=resolve_dtype(dtype))
-        return self
-
-    @torch.no_grad()
-    def __call__(self, classes=None, method=None, sampling=None, seed: int = 0, decode: bool = True, *,
-                 prompts=None, negative_prompts=None, height=None, width=None, progress=None,
-                 num_iter: int | None = None, cfg_schedule: str | None = None):
-        check_class_call(self.name, classes, prompts, negative_prompts, height, width)
-        method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
-        if method is not None and not isinstance(method, (AR, CSpD)):
-            raise ValueError(f"model {self.name} (MAR) has continuous tokens: method must be None, sv.AR() or "
-                             f"sv.CSpD(...), got {type(method).__name__} (a discrete-token method)")
-        if sampling.top_k is not None or sampling.top_p is not None:
-            raise ValueError("top_k/top_p do not apply to MAR's continuous tokens")
-        labels = torch.as_tensor(checks.class_ids(classes, self.num_classes), dtype=torch.long, device=self.device)
-        # steps past the stream's length reveal nothing and cost no forward, only the schedule's loop
-        num_iter = checks.integer(self.num_iter if num_iter is None else num_iter, "num_iter", 1, MAX_NUM_ITER)
-        reveal = MARReveal(num_iter, cfg_schedule or self.cfg_schedule)
-        out = generate(self.target, labels, AR() if method is None else method, sampling, seed,
-                       draft=self.draft if isinstance(method, CSpD) else None, progress=progress, ordered=reveal)
-        if decode:
-            out.images = self._decode(out.latents)
-        return out
-
-    def _decode(self, tokens: torch.Tensor) -> list:
-        return to_pil(self.vae.decode(self.target.unpatchify(tokens).to(next(self.vae.parameters()).dtype)))
-
-    def images_of(self, out) -> list:
-        """PIL images of a ``Generation`` of this pipeline (``specvis bench``'s quality proxy)."""
-        return self._decode(out.latents)
-
-
+MARPipeline = Pipeline  # before the one Pipeline: a MAR directory's pipeline is a Pipeline of FAMILY
 
 
 class SphereLatentDecoder(torch.nn.Module):
@@ -218,14 +154,13 @@ class SphereLatentDecoder(torch.nn.Module):
 
 
 def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None, *, device: str | torch.device = "cpu",
-                  dtype: str | torch.dtype | None = None) -> MARPipeline:
+                  dtype: str | torch.dtype | None = None) -> Pipeline:
     """``sv.load(dir)`` of a MAR directory; ``draft``: a MAR directory, checkpoint file or ``MAR``;
     ``vae``: the image decoder (``decode(latents (B, E, h, w))``; default: the KL-16 found by
     ``find_vae``, fp32). MAR and its draft are loaded on ``device`` in ``dtype`` (None: the
     checkpoint's default, ``models.loading.default_dtype``; the draft follows the target)."""
     from ..models.kl_vae import KLVAE
     from ..models.mar import DEFAULT_CFG
-    from ..sampling import Sampling
 
     if drafter is not None:
         raise ValueError("MAR directories take no drafter= (EAGLE heads are for discrete tokens); give draft= for CSpD")
@@ -248,19 +183,23 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None, *, 
     if vae.embed_dim != model.config.vae_embed_dim:
         raise ValueError(f"{directory}: the VAE has {vae.embed_dim} latent channels, MAR expects {model.config.vae_embed_dim}")
     cfg = DEFAULT_CFG.get(model.config.model, 1.0)
-    return MARPipeline(directory.name, model, vae, default_sampling=Sampling(cfg_scale=cfg, temperature=1.0),
-                       extras={"family": NAME, "directory": str(directory), "grid": (model.seq_h, model.seq_w),
-                               "dtype_source": model.dtype_source},
-                       class_names=[f"class{i}" for i in range(model.num_classes)], draft=draft)
+    return Pipeline(directory.name, model, vae, default_sampling=Sampling(cfg_scale=cfg, temperature=1.0),
+                    extras={"family": NAME, "directory": str(directory), "grid": (model.seq_h, model.seq_w),
+                            "dtype_source": model.dtype_source},
+                    class_names=[f"class{i}" for i in range(model.num_classes)], draft=draft, num_iter=64,
+                    family=FAMILY)
 
 
-class MARFamily(OwnFormatFamily):
+class MARFamily(OwnFormatFamily, ClassFamily):
     """MAR: class-conditional, continuous tokens revealed in its own order (``MARReveal``), its own
-    file format (``checkpoint-last.pth``) and image decoder (the KL-16 VAE)."""
+    file format (``checkpoint-last.pth``) and image decoder (the KL-16 VAE, the pipeline's ``tokenizer``).
+    ``pipe(classes=[...], sampling=sv.Sampling(cfg_scale=..., temperature=...), seed=0, num_iter=64)``
+    -> ``Generation`` (``latents`` (B, L, C) MAR tokens, ``tokens`` None, ``images`` PIL)."""
 
     name = NAME
     conditioning = "class"
     tokens = "continuous"
+    kv_cache = False  # MAR's encoder-decoder recomputes every step: no memory plan
     matches_dir = staticmethod(matches_dir)
 
     read_model = staticmethod(load_decoder)
@@ -270,6 +209,55 @@ class MARFamily(OwnFormatFamily):
         from ..models.kl_vae import KLVAE
 
         return KLVAE.from_checkpoint(find_vae(Path(directory)), device=device)
+
+    def num_classes(self, pipe) -> int:
+        return pipe.target.num_classes
+
+    def check_sampler_options(self, pipe, request: Request) -> None:
+        """MAR's sampler takes ``num_iter`` and ``cfg_schedule`` (checked when it runs)."""
+
+    def check_method(self, pipe, method, sampling: Sampling) -> None:
+        """MAR's ordered sampler runs AR and CSpD (continuous tokens); top-k/top-p do not apply."""
+        if method is not None and not isinstance(method, (AR, CSpD)):
+            raise ValueError(f"model {pipe.name} (MAR) has continuous tokens: method must be None, sv.AR() or "
+                             f"sv.CSpD(...), got {type(method).__name__} (a discrete-token method)")
+        if sampling.top_k is not None or sampling.top_p is not None:
+            raise ValueError("top_k/top_p do not apply to MAR's continuous tokens")
+
+    def check_memory(self, pipe, condition, method, sampling: Sampling) -> None:
+        """No KV cache, no plan."""
+
+    def memory(self, pipe, batch_size: int, method, sampling, prompt_tokens):
+        """MAR keeps no KV cache (its encoder-decoder recomputes every step): it has no memory plan."""
+        raise ValueError(f"model {pipe.name} (MAR) has no KV cache to plan: pipe.memory is for the "
+                         "autoregressive families")
+
+    def configure(self, pipe, dtype, compile: bool | str, graphs: bool | None) -> None:
+        """The target's and the draft's dtype only (no cached block stacks to compile, no captured rounds)."""
+        if dtype is not None:
+            pipe.target.to(dtype=resolve_dtype(dtype))
+            if pipe.draft is not None:
+                pipe.draft.to(dtype=resolve_dtype(dtype))
+
+    def run(self, pipe, condition, request: Request, method, sampling: Sampling, seed: int, progress):
+        """MAR's ordered sampler (``MARReveal``) through ``specvis.generate``: AR, or CSpD with the draft."""
+        # steps past the stream's length reveal nothing and cost no forward, only the schedule's loop
+        num_iter = checks.integer(pipe.num_iter if request.num_iter is None else request.num_iter, "num_iter", 1,
+                                  MAX_NUM_ITER)
+        reveal = MARReveal(num_iter, request.cfg_schedule or pipe.cfg_schedule)
+        return generate(pipe.target, condition.cond, AR() if method is None else method, sampling, seed,
+                        draft=pipe.draft if isinstance(method, CSpD) else None, progress=progress, ordered=reveal)
+
+    def codebook(self, pipe) -> None:
+        return None
+
+    def to_images(self, pipe, latents: torch.Tensor) -> list:
+        vae = pipe.tokenizer
+        return to_pil(vae.decode(pipe.target.unpatchify(latents).to(next(vae.parameters()).dtype)))
+
+    def images_of(self, pipe, out) -> list:
+        """PIL images of a ``Generation`` of MAR: its latents through the VAE (``specvis bench``'s quality proxy)."""
+        return pipe.to_images(out.latents)
 
 
 FAMILY = MARFamily()

@@ -231,11 +231,12 @@ class Condition:
     @classmethod
     def of(cls, model, conditions, negative=None) -> "Condition":
         """From class ids (the model's null class is the unconditional row) or ``Prompts``/``Captions``
-        (negative rows given, else the model's own ``unconditional(rows)`` convention)."""
+        (negative rows given, else the model's own ``unconditional(rows)`` convention, which every
+        prompt-conditioned model declares: ``PromptDecoder``, ``LlamaGenT2I``)."""
         if isinstance(conditions, Condition):
             return conditions
         if isinstance(conditions, (Prompts, Captions)):
-            if negative is None and hasattr(model, "unconditional"):
+            if negative is None:
                 negative = model.unconditional(conditions)
             if negative is not None and len(negative) != len(conditions):
                 raise ValueError(f"negative prompts: {len(negative)} given for {len(conditions)} prompts")

@@ -1,0 +1,40 @@
+"""The families of the embedded class-conditional bundles (``specvis.zoo``: ``emoji``, ``random-tiny``
+and their continuous-token models): no checkpoint format to detect, only what their one ``Pipeline``
+asks (``families.base.ClassFamily``): class ids in, images out through the tokenizer the bundle ships."""
+
+from __future__ import annotations
+
+import torch
+
+from ..generate import Generation
+from ..viz import to_pil
+from .base import ClassFamily
+
+
+class ClassCodes(ClassFamily):
+    """A class-conditional model of discrete codes (LlamaGen layout): the tokenizer (the emoji VQ, or a
+    palette for random models) decodes them and its codebook serves the acceptance rules (LANTERN)."""
+
+    name = "class-codes"
+    tokens = "discrete"
+
+
+class ClassLatents(ClassFamily):
+    """A class-conditional model of continuous tokens (``ContinuousAR``): the decoder's
+    ``decode_continuous`` renders its latents; no codebook (methods: ``sv.CSpD`` and ``sv.AR``)."""
+
+    name = "class-latents"
+    tokens = "continuous"
+
+    def codebook(self, pipe) -> None:
+        return None
+
+    def to_images(self, pipe, latents: torch.Tensor) -> list:
+        return to_pil(pipe.tokenizer.decode_continuous(latents))
+
+    def images_of(self, pipe, out: Generation) -> list:
+        return pipe.to_images(out.latents)
+
+
+CODES = ClassCodes()
+LATENTS = ClassLatents()
