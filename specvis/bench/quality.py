@@ -213,7 +213,7 @@ class QualitySource:
 
 def load_classifier(pipe: Any) -> EmojiClassifier | None:
     """The bundle's classifier (``extras['root'] / 'classifier'``), or None."""
-    root = (getattr(pipe, "extras", None) or {}).get("root")
+    root = pipe.extras.get("root")
     path = Path(root) / "classifier" if root is not None else None
     if path is None or not (path / "config.json").exists():
         return None
@@ -277,7 +277,7 @@ class _ClipScore:
 
 
 def _clip(src: QualitySource) -> Metric:
-    names = list(getattr(src.pipe, "class_names", []) or [])
+    names = list(src.pipe.class_names)
     if not names:
         raise MetricUnavailable(f"model {src.pipe.name!r} has no class names for CLIP prompts")
     return _ClipScore(names)
