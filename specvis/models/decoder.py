@@ -46,7 +46,8 @@ def apply_rope_half(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     comes back at dims (2i, 2i + 1), the order ``apply_rope`` leaves: q and k both get it, so q.k (and
     the KV cache) are what the interleaved layout computes from the same model, product for product."""
     pairs = x.float().unflatten(-1, (2, x.shape[-1] // 2)).transpose(-1, -2)  # (..., D/2, 2): (x[i], x[i + D/2])
-    out = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * torch.view_as_complex(rope.float().contiguous())[:, :, None])
+    turn = torch.view_as_complex(rope.float().contiguous())[:, :, None]
+    out = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * turn)
     return out.flatten(3).type_as(x)
 
 
