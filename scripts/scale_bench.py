@@ -11,7 +11,7 @@ For each family and size it measures, each in a fresh process:
 - ``load``: ``sv.load(DIR, threads=1)`` (dtype: the default, or ``--dtype``/``--quantize``): its
   seconds, the process's peak resident memory (``VmHWM`` of /proc/self/status, i.e. ru_maxrss) and
   its resident memory before (Python, torch and specvis imported) and after, the bytes of the
-  loaded weights; against ``cat DIR/*.safetensors > /dev/null`` timed just before (what the page
+  loaded weights and of those left in the files' mappings (``models.loading.mapped_weight_bytes``); against ``cat DIR/*.safetensors > /dev/null`` timed just before (what the page
   cache held is not dropped: the figures say how much the machine could have cached).
 - ``curve``: specvis's own cached target forward over k = 1, 5, 9, 17, 33 tokens per row, batch 1
   with CFG (2 rows), mid-image (``specvis.bench.forward_cost``, fewer repeats at 7B), and the memory
@@ -73,6 +73,7 @@ def cmd_load(a) -> None:
 
     import specvis as sv
     from specvis.memory import tensor_bytes
+    from specvis.models.loading import mapped_weight_bytes
 
     before = status_bytes("VmRSS")
     t0 = time.perf_counter()
@@ -81,7 +82,7 @@ def cmd_load(a) -> None:
         torch.cuda.synchronize()
     load_s = time.perf_counter() - t0
     emit({"load_s": load_s, "rss_before": before, "rss_after": status_bytes("VmRSS"), "peak_rss": status_bytes("VmHWM"),
-          "weights_bytes": tensor_bytes(pipe.target), "dtype": pipe.extras.get("dtype"),
+          "weights_bytes": tensor_bytes(pipe.target), "mapped_bytes": mapped_weight_bytes(), "dtype": pipe.extras.get("dtype"),
           "dtype_source": pipe.extras.get("dtype_source"),
           "params": sum(p.numel() for p in pipe.target.parameters())  # + int8 weights (buffers)
           + sum(b.numel() for n, b in pipe.target.named_buffers() if n.endswith("weight_int8")), "device": str(pipe.device),

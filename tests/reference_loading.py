@@ -39,8 +39,13 @@ def interleave_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.view(heads, d, *w.shape[1:])[:, idx].reshape(w.shape)
 
 
-def import_llama_layers(sd, prefix: str, n_layer: int, n_head: int, n_kv_head: int) -> dict[str, torch.Tensor]:
-    """Old ``models.decoder.import_llama_layers``."""
+def import_llama_layers(sd, prefix: str, n_layer: int, n_head: int, n_kv_head: int,
+                        separate: bool = False) -> dict[str, torch.Tensor]:
+    """Old ``models.decoder.import_llama_layers``; ``separate``: for a decoder declaring the Hugging
+    Face attention layout (``qkv_layout="separate"``, rotate-half rotary), q/k/v and the q/k norms
+    kept as stored instead of fused and interleaved."""
+    if separate:
+        return separate_llama_layers(sd, prefix, n_layer, n_head, n_kv_head)
     out = {}
     for i in range(n_layer):
         src, dst = f"{prefix}{i}.", f"layers.{i}."
@@ -65,6 +70,25 @@ def import_llama_layers(sd, prefix: str, n_layer: int, n_head: int, n_kv_head: i
     return out
 
 
+def separate_llama_layers(sd, prefix: str, n_layer: int, n_head: int, n_kv_head: int) -> dict[str, torch.Tensor]:
+    """``import_llama_layers`` for the Hugging Face attention layout: every tensor renamed, none reordered."""
+    names = {"self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
+             "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
+             "mlp.down_proj": "feed_forward.w2", "input_layernorm": "attention_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    out = {}
+    for i in range(n_layer):
+        src, dst = f"{prefix}{i}.", f"layers.{i}."
+        for kind in ("weight", "bias"):
+            for theirs, ours in names.items():
+                if src + f"{theirs}.{kind}" in sd:
+                    out[dst + f"{ours}.{kind}"] = sd[src + f"{theirs}.{kind}"]
+            for norm, heads in (("q_norm", n_head), ("k_norm", n_kv_head)):
+                if src + f"self_attn.{norm}.{kind}" in sd:
+                    out[dst + f"attention.{norm}.{kind}"] = sd[src + f"self_attn.{norm}.{kind}"].reshape(heads, -1)
+    return out
+
+
 def hf_decoder(directory: Path):
     """Old ``families.load_decoder`` for the transformers-layout families (Janus, Emu3, Chameleon):
     the family builds its model (initialised: outside the meta-device context), the old dict path
@@ -79,7 +103,7 @@ def hf_decoder(directory: Path):
     elif module is chameleon:
         sd["head.weight"] = sd.pop("lm_head.weight")[torch.tensor(chameleon.image_ids(config, ""))]
     cfg = model.config
-    layers = import_llama_layers(sd, "hf_layers.", cfg.n_layer, cfg.n_head, cfg.n_kv_head)
+    layers = import_llama_layers(sd, "hf_layers.", cfg.n_layer, cfg.n_head, cfg.n_kv_head, cfg.qkv_layout == "separate")
     sd = {k: v for k, v in sd.items() if not k.startswith("hf_layers.")} | layers
     load_strict(model, sd, str(directory))
     return model.float().eval()

@@ -127,3 +127,19 @@ def test_families_are_declared(dirs, tmp_path) -> None:
     for name in ("janus", "emu3"):  # the declared native grid is the grid a pipeline loads at
         family, config = detect(dirs[name])
         assert sv.load(str(dirs[name])).grid == family.native_grid(dirs[name], config)
+
+
+def test_rotate_half_rotary_is_the_interleaved_one_on_reordered_dims() -> None:
+    """``apply_rope_half`` on a head in the Hugging Face row order (pairs (i, i + d/2)) gives, bit for
+    bit, what ``apply_rope`` gives on the same head with its dims re-paired as (2i, 2i + 1), and a
+    real rotation (not the identity). Catches: the rotate-half pairing offset wrong (pairs of
+    adjacent dims), the output left in a third order (q.k would still match, the cache would not
+    equal the interleaved layout's)."""
+    from specvis.models.decoder import apply_rope, apply_rope_half, rope_1d
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 3, 16, generator=g)
+    rope = rope_1d(torch.arange(5)[None].expand(2, -1) * 7, 16, 100.0)
+    interleaved = x.unflatten(-1, (2, 8)).transpose(-1, -2).flatten(-2)  # dims 0, 8, 1, 9, ...
+    assert torch.equal(apply_rope_half(x, rope), apply_rope(interleaved, rope))
+    assert not torch.allclose(apply_rope_half(x, rope), interleaved, atol=1e-3)

@@ -17,7 +17,7 @@ import specvis as sv  # noqa: E402
 from specvis.families import load_decoder  # noqa: E402
 from specvis.models.base import Prompts  # noqa: E402
 from specvis.models.vq import VQConfig, VQModel  # noqa: E402
-from specvis.train.janus_export import export_janus  # noqa: E402
+from specvis.train.janus_export import decoder_state_dict_to_janus, export_janus  # noqa: E402
 from specvis.train.janus_format import SPECIAL_TOKENS, JanusSpec, new_decoder  # noqa: E402
 
 GRID = 4
@@ -106,10 +106,14 @@ def test_files_and_configs(exported) -> None:
 
 
 def test_specvis_loads_the_same_model(exported) -> None:
-    """Every tensor equal, teacher-forced logits equal (catches a wrong rename or q/k de-interleave)."""
+    """Every tensor equal under the checkpoint's names (the trained decoder keeps specvis's fused
+    ``wqkv`` with interleaved rotary, the loaded one the Hugging Face layout: separate projections,
+    rotate-half rotary), teacher-forced logits equal up to the rounding of the two pairings (catches a
+    wrong rename or q/k de-interleave)."""
     model, spec = exported["model"], exported["spec"]
     back = load_decoder(exported["out"])
-    a, b = model.state_dict(), back.state_dict()
+    assert (model.config.qkv_layout, back.config.qkv_layout) == ("fused", "separate")
+    a, b = decoder_state_dict_to_janus(model), decoder_state_dict_to_janus(back)
     assert set(a) == set(b)
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -122,7 +126,7 @@ def test_specvis_loads_the_same_model(exported) -> None:
     with torch.no_grad():
         ref = model.logits(Prompts.of(rows), codes[:, :-1])
         got = back.logits(Prompts.of(rows), codes[:, :-1])
-    assert torch.equal(ref, got)
+    assert (ref - got).abs().max() < 1e-4
 
 
 def hf_inputs(out):

@@ -6,6 +6,7 @@ file's private mapping (``models.loading.maps_in_place``) when the file stores t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -123,23 +124,24 @@ def in_a_file(t: torch.Tensor) -> bool:
 
 
 def test_bf16_weights_stay_in_the_private_file_mapping(janus_bf16, monkeypatch):
-    """A bf16 checkpoint loaded in bf16 on the CPU: the whole tensors (MLP, o-projection, norms,
-    embeddings) are the file's own bytes in its mapping (traced ``keep``, never dropped), the fused
-    q/k/v rows are copied; the model equals the one loaded with every tensor copied; a write to a
-    mapped weight leaves the file as it was (a private mapping). Catches: a tensor with a transform
-    or rows kept as stored (q/k not interleaved: different logits), a mapped weight's pages dropped,
-    a shared mapping (the write would reach the checkpoint)."""
+    """A bf16 checkpoint loaded in bf16 on the CPU: the whole tensors (MLP, q/k/v and o projections,
+    norms, embeddings) are the file's own bytes in its mapping (traced ``keep``, never dropped), the
+    head's selected rows are copied; the model equals the one loaded with every tensor copied; a write
+    to a mapped weight leaves the file as it was (a private mapping). Catches: a tensor with a
+    transform or rows kept as stored, a mapped weight's pages dropped, a shared mapping (the write
+    would reach the checkpoint)."""
     trace: list[tuple[str, str]] = []
     monkeypatch.setattr(loading, "TRACE", trace)
     monkeypatch.setattr(loading, "MAPPED_FILES", set())
     mapped = load_decoder(janus_bf16, dtype="bf16")
     kept = {k for e, k in trace if e == "keep"}
     assert not kept & {k for e, k in trace if e == "drop"}
-    assert any("mlp.down_proj" in k for k in kept) and not any("q_proj" in k for k in kept)
+    assert any("mlp.down_proj" in k for k in kept) and any("q_proj" in k for k in kept)
     w = mapped.layers[0].feed_forward.w2.weight
     where = mapping_of(w)
     assert where is not None and where.endswith(".safetensors") and where in loading.MAPPED_FILES
-    assert not in_a_file(mapped.layers[0].attention.wqkv.weight)  # copied: anonymous memory
+    a = mapped.layers[0].attention
+    assert all(in_a_file(p.weight) for p in a.projections())  # q, k, v: the file's rows, as stored
     assert loading.mapped_weight_bytes() >= w.numel() * w.element_size() // 2
 
     monkeypatch.setattr(loading, "MAPPED_DTYPES", ())
@@ -159,6 +161,54 @@ def test_bf16_weights_stay_in_the_private_file_mapping(janus_bf16, monkeypatch):
         w.add_(1.0)
     assert (janus_bf16 / where.rsplit("/", 1)[-1]).read_bytes() == before
     assert not torch.equal(w, copied.layers[0].feed_forward.w2.weight)
+
+
+@pytest.mark.parametrize("norms", ["per head", "per shard"])
+def test_chameleon_attention_stays_in_the_file_mapping(tmp_path, monkeypatch, norms):
+    """A Chameleon checkpoint (transformers' layout: q/k/v_proj apart, rows in rotate-half order,
+    per-head q/k norms) in bf16, loaded in bf16 on the CPU: every q/k/v projection and, in the
+    per-head layout, every q/k norm weight and bias is a view of the file's mapping (traced ``keep``;
+    the loader's own ``maps_in_place`` decision); Lumina-mGPT's per-shard norms (one row per
+    model-parallel shard) are expanded over the heads into fresh memory, the projections still
+    mapped. Logits equal a load that copies every tensor. Catches: q/k/v still fused or reordered
+    into fresh memory, a per-head norm copied, a per-shard norm mapped unexpanded."""
+    from safetensors.torch import load_file, save_file
+    from test_chameleon import make_chameleon
+
+    from specvis.models.base import Prompts
+
+    d = bf16_copy(make_chameleon(tmp_path / "fp32", lumina=norms == "per shard")[0], tmp_path / "bf16")
+    if norms == "per shard":  # Lumina-mGPT's mp = 2 layout: a query-norm row per shard of two heads (the key
+        for f in d.glob("*.safetensors"):  # norm, one head a shard, is per head either way)
+            sd = load_file(str(f))
+            sd = {k: v[::2].clone() if "self_attn.q_norm." in k else v for k, v in sd.items()}
+            save_file(sd, str(f), metadata={"format": "pt"})
+    trace: list[tuple[str, str]] = []
+    monkeypatch.setattr(loading, "TRACE", trace)
+    monkeypatch.setattr(loading, "MAPPED_FILES", set())
+    mapped = load_decoder(d, dtype="bf16")
+    kept = {k for e, k in trace if e == "keep"}
+    reads = {k for e, k in trace if e == "read"}
+    projections = {k for k in reads if re.search(r"self_attn\.[qkv]_proj\.", k)}
+    head_norms = {k for k in reads if re.search(r"self_attn\.[qk]_norm\.", k)}
+    assert len(projections) == 3 * mapped.config.n_layer and projections <= kept
+    per_shard = {k for k in head_norms if norms == "per shard" and "q_norm" in k}
+    assert len(head_norms) == 4 * mapped.config.n_layer and head_norms - per_shard <= kept
+    assert not per_shard & kept
+    for layer in mapped.layers:
+        a = layer.attention
+        assert all(in_a_file(p.weight) for p in a.projections())
+        assert in_a_file(a.k_norm.weight) and in_a_file(a.q_norm.bias) == (norms == "per head")
+        assert a.q_norm.weight.shape == (a.n_head, a.head_dim) and a.k_norm.weight.shape == (a.n_kv_head, a.head_dim)
+
+    monkeypatch.setattr(loading, "MAPPED_DTYPES", ())
+    copied = load_decoder(d, dtype="bf16")
+    assert not any(in_a_file(p.weight) for p in copied.layers[0].attention.projections())
+    assert_same_tensors(mapped, copied)
+    prompts = Prompts.of([[1, 5, 9, 12, 3]])
+    tokens = torch.randint(mapped.layout.vocab_size, (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(mapped.logits(prompts, tokens), copied.logits(prompts, tokens))
 
 
 def test_available_memory_leaves_out_the_mapped_weights(monkeypatch):

@@ -137,7 +137,8 @@ def per_head_norm(key: str, tensor: torch.Tensor, n_head: int, n_kv_head: int, h
 
     The layout is told by the row count (a flat tensor is read as rows of head_dim): rows == heads is
     per head (for mp == heads the two agree), rows dividing heads is per shard; anything else is a
-    one-line error naming the tensor. The rotary pairing of head_dim is the same in both layouts.
+    one-line error naming the tensor. The rotary pairing of head_dim is the same in both layouts. The
+    per-head layout comes back as a view of ``tensor`` (a CPU load keeps it in the file's mapping).
     """
     found = QK_NORM.fullmatch(key)
     if found is None:
@@ -147,7 +148,8 @@ def per_head_norm(key: str, tensor: torch.Tensor, n_head: int, n_kv_head: int, h
     if rows == 0 or heads % rows:
         raise ValueError(f"{where}: {key} has shape {tuple(tensor.shape)}; expected ({heads}, {head_dim}) per head "
                          f"or (model_parallel_size, {head_dim}) with model_parallel_size dividing {heads} (Lumina-mGPT)")
-    return tensor.reshape(rows, head_dim).repeat_interleave(heads // rows, dim=0)
+    per_row = tensor.reshape(rows, head_dim)
+    return per_row if rows == heads else per_row.repeat_interleave(heads // rows, dim=0)
 
 
 class ChameleonDecoder(PromptDecoder):

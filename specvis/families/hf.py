@@ -14,11 +14,14 @@ from typing import Callable, Sequence
 import torch
 
 from ..models.checkpoint import one_line
-from ..models.decoder import DecoderConfig, interleave_rows
+from ..models.decoder import DecoderConfig
 from ..models.loading import Piece, Route, rename_with, safetensors_files
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+HF_ATTENTION = ("separate", "half")
+"""(``qkv_layout``, ``rope_pairs``) of the Hugging Face Llama layout: q_proj, k_proj, v_proj stored
+apart, each head's rows in rotate-half order (transformers' ``rotate_half``)."""
 
 
 def read_json(path: Path) -> dict:
@@ -85,33 +88,23 @@ def weight_files(directory: Path) -> list[Path]:
     return safetensors_files(directory)
 
 
-def interleave(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``interleave_rows`` as a view, (heads, d/2, 2, ...) for d rows a head: row (h, i, j) is the
-    file's row h d + j d/2 + i (``models.loading.stream_into`` copies it into place without a
-    temporary)."""
-    def view(w: torch.Tensor) -> torch.Tensor:
-        if w.dim() == 0 or w.shape[0] % (2 * heads):
-            return w  # not a q/k projection of these heads: stream_into reports the shape mismatch
-        d = w.shape[0] // heads
-        return w.view(heads, 2, d // 2, *w.shape[1:]).transpose(1, 2)
-
-    return view
-
-
 def head_norm(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Chameleon's per-head q/k norm affine (heads * head_dim or (heads, head_dim)), rows interleaved
-    like q and k."""
-    return lambda w: interleave_rows(w.reshape(-1), heads).view(heads, -1)
+    """Chameleon's per-head q/k norm affine (heads * head_dim or (heads, head_dim)) as (heads, head_dim):
+    a view of the stored tensor (the rows keep the file's rotate-half order, as q and k do)."""
+    return lambda w: w.reshape(heads, -1)
 
 
 def llama_layer_route(cfg: DecoderConfig, prefix: str = "hf_layers.") -> Callable[[str], Sequence[Piece]]:
-    """A Hugging Face Llama layer key under ``prefix`` -> where it goes in our blocks: q/k/v rows of
-    the fused ``wqkv`` (q and k rows interleaved: ``interleave_rows``), o -> wo, gate/up/down ->
-    w1/w3/w2, the two layer norms -> attention_norm / ffn_norm, Chameleon's per-head q/k norms.
-    Other keys of a layer (e.g. stored rotary tables) are skipped."""
-    q, kv = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-    attn = {"q_proj": (slice(0, q), cfg.n_head), "k_proj": (slice(q, q + kv), cfg.n_kv_head),
-            "v_proj": (slice(q + kv, q + 2 * kv), None)}
+    """A Hugging Face Llama layer key under ``prefix`` -> where it goes in our blocks, for the
+    Hugging Face attention layout ``llama_config`` declares (separate projections, rotate-half
+    rotary): q/k/v_proj -> wq/wk/wv and Chameleon's per-head q/k norms as stored (no row is moved, so
+    on the CPU each stays in the file's mapping: ``models.loading.maps_in_place``), o -> wo,
+    gate/up/down -> w1/w3/w2, the two layer norms -> attention_norm / ffn_norm. Other keys of a layer
+    (e.g. stored rotary tables) are skipped."""
+    if (cfg.qkv_layout, cfg.rope_pairs) != HF_ATTENTION:
+        raise ValueError(f"llama_layer_route reads the Hugging Face attention layout (qkv_layout, rope_pairs) = "
+                         f"{HF_ATTENTION}, got {(cfg.qkv_layout, cfg.rope_pairs)}")
+    attn = {"q_proj": "wq", "k_proj": "wk", "v_proj": "wv"}
     plain = {"self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
              "mlp.down_proj": "feed_forward.w2", "input_layernorm": "attention_norm",
              "post_attention_layernorm": "ffn_norm"}
@@ -124,8 +117,7 @@ def llama_layer_route(cfg: DecoderConfig, prefix: str = "hf_layers.") -> Callabl
         dst, module, kind = f"layers.{m.group(1)}.", m.group(2), m.group(3)
         proj = module.removeprefix("self_attn.")
         if proj in attn:
-            rows, heads = attn[proj]
-            return (Piece(f"{dst}attention.wqkv.{kind}", rows, None if heads is None else interleave(heads)),)
+            return (Piece(f"{dst}attention.{attn[proj]}.{kind}"),)
         if proj in ("q_norm", "k_norm"):
             return (Piece(f"{dst}attention.{proj}.{kind}", None, head_norm(cfg.n_head if proj == "q_norm" else cfg.n_kv_head)),)
         if module in plain:
@@ -180,7 +172,7 @@ def llama_config(text: dict, where: str, max_positions: int | None = None) -> De
             n_kv_head=int(text.get("num_key_value_heads") or heads), ffn_hidden=int(text["intermediate_size"]),
             text_vocab_size=int(text["vocab_size"]), norm_eps=float(text.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
-            attention_bias=bool(text.get("attention_bias", False)),
+            attention_bias=bool(text.get("attention_bias", False)), qkv_layout=HF_ATTENTION[0], rope_pairs=HF_ATTENTION[1],
             max_positions=int(max_positions or text.get("max_position_embeddings", 4096)))
     except KeyError as e:
         raise ValueError(f"{where}: text config lacks {e}") from None

@@ -1,13 +1,19 @@
 """The one Llama-shaped decoder behind every discrete family (gpt-fast style).
 
-Blocks: pre-norm RMSNorm, attention with a fused ``wqkv`` (optional bias, grouped KV heads) and
-rotary embeddings on interleaved pairs (x[2i], x[2i+1]), SwiGLU feed-forward. Families differ only in
-data: the RoPE angles of a position (LlamaGen: the 2D grid table; Llama text models: theta^(-2i/d)
-times the sequence position), the condition prefix (a class embedding or a token prompt), how an
-image token is embedded and which head scores the next one. Hugging Face checkpoints keep q and k
-in the rotate-half layout (pairs (x[i], x[i + d/2])); loading permutes their rows into
-interleaved pairs (``interleave_rows``, routed by ``families.hf.llama_layer_route``), which leaves
-every attention score unchanged.
+Blocks: pre-norm RMSNorm, attention (optional bias, grouped KV heads) with rotary embeddings,
+SwiGLU feed-forward. Families differ only in data: the RoPE angles of a position (LlamaGen: the 2D
+grid table; Llama text models: theta^(-2i/d) times the sequence position), the condition prefix (a
+class embedding or a token prompt), how an image token is embedded and which head scores the next
+one, and the attention's weight layout (``qkv_layout``, ``rope_pairs`` of the config):
+
+- specvis's own format (LlamaGen's official files, the emoji bundles, drafters): one fused ``wqkv``
+  projection, rotary on interleaved pairs (x[2i], x[2i+1]) (LlamaGen's ``apply_rotary_emb``);
+- the Hugging Face Llama layout (Chameleon, Janus, Emu3: ``families.hf.llama_config``): separate
+  ``wq``/``wk``/``wv`` in the file's own row order, rotary on rotate-half pairs (x[i], x[i + d/2])
+  (transformers' ``rotate_half``), so that a CPU load keeps each projection in the file's mapping
+  (``models.loading.maps_in_place``). The rotated q and k leave both rotaries in the interleaved
+  order, so the attention scores of one model in the two layouts are the same products summed in
+  the same order; only the projections' and Chameleon's q/k norms' rounding may differ.
 
 ``CachedStack`` is the cached half of ``CachedTokenModel`` (models/base.py) shared by the families: a
 static per-row KV cache, per-row prefix lengths, tree masks, in-place commits (captured rounds).
@@ -31,6 +37,24 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
     out = torch.view_as_real(xc * torch.view_as_complex(rope.float().contiguous())[:, :, None])
     return out.flatten(3).type_as(x)
+
+
+def apply_rope_half(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate the rotate-half pairs (x[i], x[i + D/2]) of x (B, T, H, D) by rope (B, T, D/2, 2):
+    transformers' ``q * cos + rotate_half(q) * sin`` (models/llama/modeling_llama.py
+    ``apply_rotary_pos_emb``), as ``apply_rope``'s complex product on those pairs. The rotated pair i
+    comes back at dims (2i, 2i + 1), the order ``apply_rope`` leaves: q and k both get it, so q.k (and
+    the KV cache) are what the interleaved layout computes from the same model, product for product."""
+    pairs = x.float().unflatten(-1, (2, x.shape[-1] // 2)).transpose(-1, -2)  # (..., D/2, 2): (x[i], x[i + D/2])
+    turn = torch.view_as_complex(rope.float().contiguous())[:, :, None]
+    out = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * turn)
+    return out.flatten(3).type_as(x)
+
+
+ROPE_PAIRS = {"interleaved": apply_rope, "half": apply_rope_half}
+"""``rope_pairs`` of a config -> the rotary that pairs a head's dimensions so."""
+QKV_LAYOUTS = ("fused", "separate")
+"""``qkv_layout`` of a config: one ``wqkv`` projection, or ``wq``, ``wk``, ``wv``."""
 
 
 class Float32Rope:
@@ -79,26 +103,50 @@ class HeadLayerNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    """Multi-head attention with grouped KV heads. ``cfg.qkv_layout`` (``QKV_LAYOUTS``, default
+    ``"fused"``): the q/k/v projections as one ``wqkv`` Linear (rows q, k, v) or as ``wq``, ``wk``,
+    ``wv``; ``cfg.rope_pairs`` (``ROPE_PAIRS``, default ``"interleaved"``): which dimensions of a head
+    the rotary turns together."""
+
     def __init__(self, cfg) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         bias = getattr(cfg, "attention_bias", False)
-        self.wqkv = nn.Linear(cfg.dim, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_dim, bias=bias)
+        layout, pairs = getattr(cfg, "qkv_layout", "fused"), getattr(cfg, "rope_pairs", "interleaved")
+        if layout not in QKV_LAYOUTS or pairs not in ROPE_PAIRS:
+            raise ValueError(f"qkv_layout must be one of {', '.join(QKV_LAYOUTS)} and rope_pairs one of "
+                             f"{', '.join(ROPE_PAIRS)}, got {layout!r} and {pairs!r}")
+        self.rotate, self.fused = ROPE_PAIRS[pairs], layout == "fused"
+        q, kv = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+        if self.fused:
+            self.wqkv = nn.Linear(cfg.dim, q + 2 * kv, bias=bias)
+        else:
+            self.wq, self.wk, self.wv = (nn.Linear(cfg.dim, n, bias=bias) for n in (q, kv, kv))
         self.wo = nn.Linear(cfg.n_head * cfg.head_dim, cfg.dim, bias=bias)
         self.resid_dropout = nn.Dropout(cfg.resid_dropout_p)
         self.qk_norm = bool(getattr(cfg, "qk_norm", False))
         if self.qk_norm:
             self.q_norm, self.k_norm = HeadLayerNorm(cfg.n_head, cfg.head_dim), HeadLayerNorm(cfg.n_kv_head, cfg.head_dim)
 
+    def projections(self) -> list[nn.Module]:
+        """The q/k/v projection layers: ``[wqkv]`` (fused) or ``[wq, wk, wv]``."""
+        return [self.wqkv] if self.fused else [self.wq, self.wk, self.wv]
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x (B, T, dim), each (B, T, heads * head_dim)."""
+        if self.fused:
+            q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+            return self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        return self.wq(x), self.wk(x), self.wv(x)
+
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor | None,
                 cache: KVCache | None = None, layer: int = 0, slots: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = self.qkv(x)
         q, k = q.view(B, T, self.n_head, self.head_dim), k.view(B, T, self.n_kv_head, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, rope).transpose(1, 2), apply_rope(k, rope).transpose(1, 2)
+        q, k = self.rotate(q, rope).transpose(1, 2), self.rotate(k, rope).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if cache is not None:
             cache.write(layer, k, v, slots)
@@ -262,15 +310,6 @@ class CachedStack:
         self._stack = torch.compile(self._stack, dynamic=False)
 
 
-# ---------------------------------------------------------------- Hugging Face Llama layers
-def interleave_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Reorder the output rows of a q/k projection from rotate-half pairs (i, i + d/2) to interleaved
-    pairs (2i, 2i + 1), per head."""
-    d = w.shape[0] // heads
-    idx = torch.arange(d).view(2, d // 2).t().reshape(-1)  # 0, d/2, 1, d/2 + 1, ...
-    return w.view(heads, d, *w.shape[1:])[:, idx].reshape(w.shape)
-
-
 # ---------------------------------------------------------------- the text-conditioned decoder
 @dataclass
 class DecoderConfig:
@@ -285,6 +324,8 @@ class DecoderConfig:
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     attention_bias: bool = False
+    qkv_layout: str = "fused"  # QKV_LAYOUTS: "separate" for the Hugging Face layout (families.hf.llama_config)
+    rope_pairs: str = "interleaved"  # ROPE_PAIRS: "half" (rotate-half) for the Hugging Face layout
     qk_norm: bool = False  # Chameleon
     swin_norm: bool = False  # Chameleon 30B / Lumina-mGPT
     max_positions: int = 4096

@@ -13,10 +13,10 @@ the files straight into the requested dtype and device.
    buffer (``Piece``: a family's key renames, fused q/k/v rows, selected ``lm_head`` rows), allocates
    each destination once in the target dtype and device, copies into it, and checks that every
    destination was filled from the file exactly once (one-line ``ValueError`` otherwise).
-4. On the CPU a file tensor that already is its whole destination (same 16-bit dtype, same shape,
-   no rows or transform) is not copied: the weight stays in the file's private mapping
-   (``MAP_PRIVATE``: a write copies the page, the file never changes), its pages read in once at
-   load (``populate``). Fresh anonymous memory is what a copy costs: on a 2-core VM, touching 2.85
+4. On the CPU a file tensor that already is its whole destination (same 16-bit dtype, same bytes
+   in the destination's shape: no rows, no transform but a reshape) is not copied: the weight stays
+   in the file's private mapping (``MAP_PRIVATE``: a write copies the page, the file never
+   changes), its pages read in once at load (``populate``). Fresh anonymous memory is what a copy costs: on a 2-core VM, touching 2.85
    GiB of it took 2.2-6.2 s, mapping the same bytes from the page cache 0.05-0.07 s
    (docs/results/scale-cpu.md). Mapped pages count in the resident set (``RssFile``) like copied ones;
    ``models.weight_layout.available_memory_bytes`` does not count them as free.
@@ -389,13 +389,17 @@ weights are re-laid out on the CPU (``models.weight_layout.transpose_linear_weig
 which would leave the mapped pages resident beside the copy."""
 
 
-def maps_in_place(piece: Piece, src: torch.Tensor, dest: torch.Tensor, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether file tensor ``src`` can be destination ``dest`` itself, left in the file mapping: on
-    the CPU, a whole destination (no rows, no transform) stored in the load dtype (a 16-bit one:
-    ``MAPPED_DTYPES``), same shape, contiguous."""
-    return (device.type == "cpu" and src.device.type == "cpu" and piece.rows is None and piece.transform is None
+def maps_in_place(piece: Piece, src: torch.Tensor, value: torch.Tensor, dest: torch.Tensor, dtype: torch.dtype,
+                  device: torch.device) -> bool:
+    """Whether file tensor ``src``, which its piece's transform made ``value`` (``src`` itself when
+    there is none), can be destination ``dest`` itself, left in the file mapping: on the CPU, a whole
+    destination (no rows) stored in the load dtype (a 16-bit one: ``MAPPED_DTYPES``) whose value is
+    the file tensor's own bytes in order (no transform, or one that only reshapes: same first byte,
+    same element count, contiguous), in the destination's shape."""
+    return (device.type == "cpu" and src.device.type == "cpu" and piece.rows is None
             and dtype in MAPPED_DTYPES and dest.is_floating_point() and src.dtype == dtype
-            and tuple(src.shape) == tuple(dest.shape) and src.is_contiguous())
+            and value.dtype == src.dtype and value.data_ptr() == src.data_ptr() and value.numel() == src.numel()
+            and tuple(value.shape) == tuple(dest.shape) and value.is_contiguous())
 
 
 def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[..., Iterable[tuple[str, torch.Tensor]]],
@@ -424,18 +428,18 @@ def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[..., It
     for key, src in tensors(lambda k: k in plan, kept.__contains__):
         order.append(key)
         pieces = plan[key]
-        if finish is None and len(pieces) == 1 and maps_in_place(pieces[0], src, dests[pieces[0].name], dtype, device):
-            populate(src)
-            made[pieces[0].name] = src
-            kept.add(key)
-            continue
         for piece in pieces:
             meta = dests[piece.name]
+            value = src if piece.transform is None else piece.transform(src)
+            if finish is None and len(pieces) == 1 and maps_in_place(piece, src, value, meta, dtype, device):
+                populate(value)
+                made[piece.name] = value
+                kept.add(key)
+                continue
             out = made.get(piece.name)
             if out is None:
                 kind = dtype if meta.is_floating_point() else meta.dtype
                 out = made[piece.name] = prefault(torch.empty(meta.shape, dtype=kind, device=device))
-            value = src if piece.transform is None else piece.transform(src)
             view = out if piece.rows is None else out[piece.rows]
             if _flat_shape(value, view.dim()) != tuple(view.shape):
                 shown = tuple(meta.shape) if piece.rows is None else f"rows {piece.rows.start}:{piece.rows.stop} {tuple(view.shape)}"

@@ -9,8 +9,10 @@ it back through ``specvis.families.janus`` (``sv.load(out)``).
 Weights, the exact inverse of specvis's importer:
 
 - the language model, generation embeddings / aligner / head: the inverse of
-  ``specvis.families.janus.RENAMES`` and of ``families.hf.llama_layer_route`` (``wqkv`` split into
-  q/k/v projections, q and k rows de-interleaved from (2i, 2i+1) pairs back to rotate-half pairs);
+  ``specvis.families.janus.RENAMES`` and of ``families.hf.llama_layer_route``: a fused ``wqkv`` (a
+  trained ``janus_format`` decoder) split into q/k/v projections, separate ``wq``/``wk``/``wv`` (a
+  loaded Janus checkpoint) taken as they are; q and k rows of a decoder with interleaved rotary
+  (``rope_pairs``) de-interleaved from (2i, 2i+1) pairs back to rotate-half pairs;
 - the VQ (``model.vqmodel.*``): our LlamaGen ``VQModel`` under JanusVQVAE's module names
   (``conv_blocks.i`` -> ``down.i`` / ``up.i``, ``res.j`` -> ``block.j``, ``mid.0/1/2`` ->
   ``mid.block_1/attn_1/block_2``). JanusVQVAE hard-codes GroupNorm(32) and L2-normalised code
@@ -67,10 +69,10 @@ JANUS_GROUPS = 32  # JanusVQVAEResnetBlock / AttnBlock / norm_out: GroupNorm(num
 
 
 def deinterleave_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Inverse of ``specvis.models.decoder.interleave_rows``: per head, output rows from interleaved
-    pairs (2i, 2i + 1) back to rotate-half pairs (i, i + d/2)."""
+    """Per head, output rows from interleaved pairs (2i, 2i + 1) back to rotate-half pairs (i, i + d/2)
+    (the inverse of interleaving: new[j] = old[idx[j]], idx = 0, d/2, 1, d/2 + 1, ...)."""
     d = w.shape[0] // heads
-    idx = torch.arange(d).view(2, d // 2).t().reshape(-1)  # interleave_rows: new[j] = old[idx[j]]
+    idx = torch.arange(d).view(2, d // 2).t().reshape(-1)
     inv = torch.argsort(idx)  # old[i] = new[inv[i]]
     return w.reshape(heads, d, *w.shape[1:])[:, inv].reshape(w.shape)
 
@@ -84,20 +86,23 @@ def decoder_state_dict_to_janus(model: PromptDecoder) -> dict[str, torch.Tensor]
     used: set[str] = set()
     hd = cfg.dim // cfg.n_head
     nq, nk = cfg.n_head * hd, cfg.n_kv_head * hd
+    interleaved = cfg.rope_pairs == "interleaved"
     for i in range(cfg.n_layer):
         src, dst = f"layers.{i}.", f"model.language_model.layers.{i}."
         for kind in ("weight", "bias"):
             key = src + f"attention.wqkv.{kind}"
-            if key not in sd:
-                continue
-            w = sd[key]
-            if w.shape[0] != nq + 2 * nk:
-                raise ValueError(f"{key}: {w.shape[0]} rows, expected {nq + 2 * nk} (q {nq} + k {nk} + v {nk})")
-            q, k, v = w[:nq], w[nq:nq + nk], w[nq + nk:]
-            out[dst + f"self_attn.q_proj.{kind}"] = deinterleave_rows(q, cfg.n_head)
-            out[dst + f"self_attn.k_proj.{kind}"] = deinterleave_rows(k, cfg.n_kv_head)
-            out[dst + f"self_attn.v_proj.{kind}"] = v
-            used.add(key)
+            if key in sd:
+                w = sd[key]
+                if w.shape[0] != nq + 2 * nk:
+                    raise ValueError(f"{key}: {w.shape[0]} rows, expected {nq + 2 * nk} (q {nq} + k {nk} + v {nk})")
+                parts = {"q": w[:nq], "k": w[nq:nq + nk], "v": w[nq + nk:]}
+                used.add(key)
+            else:
+                parts = {p: sd[src + f"attention.w{p}.{kind}"] for p in "qkv" if src + f"attention.w{p}.{kind}" in sd}
+                used.update(src + f"attention.w{p}.{kind}" for p in parts)
+            for p, w in parts.items():
+                heads = {"q": cfg.n_head, "k": cfg.n_kv_head}.get(p)
+                out[dst + f"self_attn.{p}_proj.{kind}"] = deinterleave_rows(w, heads) if interleaved and heads else w
         for ours, theirs in (("attention.wo", "self_attn.o_proj"), ("feed_forward.w1", "mlp.gate_proj"),
                              ("feed_forward.w3", "mlp.up_proj"), ("feed_forward.w2", "mlp.down_proj"),
                              ("attention_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm")):
