@@ -150,6 +150,7 @@ case "${1:-main}" in
     specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel"
     specs+=",pjd:window=16:lag=2:init=vertical-repeat:accept=gsd:group=32:delta_p=0.5"
     specs+=",pjd:window=16:lag=4:init=vertical-repeat:accept=lantern:k=50:delta=0.1,pjd:window=16:lag=1:init=vertical-repeat:accept=gsd:group=50"
+    specs+=",pjd:window=16:lag=2:init=vertical-repeat:accept=gsd:group=50:delta_p=0.5,pjd:window=16:lag=1:init=vertical-repeat:accept=gsd:group=50:delta_p=0.3"
     specvis bench --model emoji-t2i --prompts docs/results/data/emoji-t2i-prompts.txt --methods "$specs" --num 128 --batch-size 8 \
       --seed 1280 --repeats 1 --temperature 1 --warmup row --no-cost-curve \
       --json $out/rows2d-emoji-t2i-b8-t1-q128.json --md $out/rows2d-emoji-t2i-b8-t1-q128.md ;;
