@@ -327,6 +327,16 @@ def tail_sentence() -> str:
     return head + "."
 
 
+def resumed(name: str) -> str:
+    """A note when the run was resumed in several passes (rows2d-load.json lists each)."""
+    stem = Path(name).stem
+    passes = [r for r in (_load("rows2d-load.json") or {}).get("runs", []) if r["run"].split(" ")[0] == stem]
+    if len(passes) < 2:
+        return ""
+    return (f" The run was resumed in {len(passes)} passes with settings added (load table above): images/s of settings "
+            "from different passes are not comparable.")
+
+
 def quality_check(name: str, case: str) -> list[str]:
     """A quality-only second look (more images, other seeds) at the settings nearest the goals."""
     rep = _load(name)
@@ -341,7 +351,7 @@ def quality_check(name: str, case: str) -> list[str]:
            f"uses it), {groups} seed groups of {rep['num_images'] // groups}; the settings nearest the goals against AR and "
            f"SJD (`scripts/bench_emoji.sh {case}`). Step compression and images/s as measured at batch 8, on the busy "
            "machine; b1 step compression: the setting's batch-1 figure on the 32 batch-1 images (the batch-1 run, "
-           "or rows2d-batch-tail.json where that run lacks the setting).", "",
+           "or rows2d-batch-tail.json where that run lacks the setting)." + resumed(name), "",
            "| method | b1 step compression | b8 step compression | images/s | FID proxy | vs AR | class acc. |",
            "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
     base = _load("rows2d-emoji-t2i-b1-t1.json")
