@@ -143,6 +143,17 @@ case "${1:-main}" in
     specvis bench --model emoji-t2i --prompts docs/results/data/emoji-t2i-prompts.txt --methods "$specs" --num 64 --batch-size 8 \
       --seed 4848 --repeats 1 --temperature 1 --warmup row --no-cost-curve \
       --json $out/rows2d-emoji-t2i-b8-t1-q64.json --md $out/rows2d-emoji-t2i-b8-t1-q64.md ;;
+  rows2d-q128) # issue 48's quality decision: AR, SJD (the equal-law noise reference) and the settings that reach the
+               # step-compression goals (scripts/rows2d_explore.py --prompts 16 --specs ...), 128 images, batch 8,
+               # seed 1280 (no other run uses it), 4 seed groups of 32 images; the batch-1 step compression of each
+               # setting is scripts/rows2d_batch_tail.py's (the same 32 images as the rows2d batch-1 run)
+    specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel"
+    specs+=",pjd:window=16:lag=2:init=vertical-repeat:accept=gsd:group=32:delta_p=0.5"
+    specs+=",pjd:window=16:lag=4:init=vertical-repeat:accept=lantern:k=50:delta=0.1,pjd:window=16:lag=1:init=vertical-repeat:accept=gsd:group=50"
+    specs+=",pjd:window=16:lag=2:init=vertical-repeat:accept=gsd:group=50:delta_p=0.5,pjd:window=16:lag=1:init=vertical-repeat:accept=gsd:group=50:delta_p=0.3"
+    specvis bench --model emoji-t2i --prompts docs/results/data/emoji-t2i-prompts.txt --methods "$specs" --num 128 --batch-size 8 \
+      --seed 1280 --repeats 1 --temperature 1 --warmup row --no-cost-curve \
+      --json $out/rows2d-emoji-t2i-b8-t1-q128.json --md $out/rows2d-emoji-t2i-b8-t1-q128.md ;;
   greedy) # temperature 0: Jacobi and greedy SJD against greedy AR
     specvis bench --model emoji --methods "ar,jacobi:window=8,jacobi:window=16,sjd:window=8:init=horizontal-sample,speculative:gamma=4" \
       --num 16 --batch-size 8 --temperature 0 --json $old/emoji-cpu-greedy.json --md $old/emoji-cpu-greedy.md ;;

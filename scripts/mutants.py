@@ -518,6 +518,13 @@ MUTANTS = [
     Mutant("pjd: a copied first draft verified against the uniform law, not its point mass", "specvis/methods/pjd.py",
            'st["Q"] = torch.where(fresh[..., None], q0, st["Q"])',
            'st["Q"] = torch.where(fresh[..., None], uni.expand(B, H, g, V), st["Q"])', (ROWS2D, "-k", "harness and vertical")),
+    Mutant("pjd: the batch commits its minimum accepted count (official lock-step: a row waits for its neighbours)",
+           "specvis/methods/pjd.py", "a = ok.long().cumprod(-1).sum(-1)  # accepted drafts",
+           "a = ok.long().cumprod(-1).sum(-1).amin(0, keepdim=True).expand(B, H)  # accepted drafts",
+           (ROWS2D, "-k", "neighbours")),
+    Mutant("rows2d: a sample's queries see the padding of a block its neighbours made longer", "specvis/methods/rows2d.py",
+           "see = (valid & ky)[:, None, :] & (ps[:, None, :] < ps[:, :, None])",
+           "see = ky[:, None, :] & (ps[:, None, :] < ps[:, :, None])", (ROWS2D, "-k", "neighbours")),
 
 ]
 

@@ -1,10 +1,14 @@
 """Count-only sweep of PJD / ZipAR / GSD settings on ``emoji-t2i`` for issue 48's step-compression goals.
 
-    python scripts/rows2d_explore.py [--prompts 16] [--batch 1] [--temperature 1] [--out docs/results/data/rows2d-explore-b1-t1]
+    python scripts/rows2d_explore.py [--prompts 16] [--batch 1] [--temperature 1] [--specs SPEC,...]
+                                     [--out docs/results/data/rows2d-explore-b1-t1]
 
 The first ``prompts`` prompts of docs/results/data/emoji-t2i-prompts.txt at the model's default sampling
 (T = 1, CFG 3; ``--temperature 0``: greedy, same CFG), batch ``batch`` (seed = the batch's index), each spec
-of ``SPECS``. Step compression = image tokens per sample / target forwards (``Stats.step_compression``).
+of ``SPECS`` (or of ``--specs``, a comma-separated list; a spec already in ``--out``'s JSON under the same
+prompts, batch and sampling is kept, not rerun). Step compression = image tokens per sample / target
+forwards, pooled over the batches; ``step_compression_mean`` is the bench's convention, the mean over
+batches of ``Stats.step_compression``.
 Counts only: no time, no quality (the settings worth it go to ``specvis bench`` for the FID proxy).
 """
 
@@ -44,6 +48,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--specs", help="comma-separated method specs instead of SPECS")
     ap.add_argument("--out", default="docs/results/data/rows2d-explore-b1-t1")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -51,20 +56,25 @@ def main() -> None:
     pipe = sv.load("emoji-t2i")
     d = pipe.default_sampling
     sampling = d if a.temperature == 1.0 else sv.Sampling(temperature=a.temperature, cfg_scale=d.cfg_scale)
-    rows = []
-    for spec in SPECS:
+    out = (ROOT / a.out).with_suffix(".json")
+    meta = {"model": "emoji-t2i", "prompts": a.prompts, "batch": a.batch, "sampling": repr(sampling)}
+    old = json.loads(out.read_text()) if out.exists() else {}
+    rows = old.get("rows", []) if all(old.get(k) == v for k, v in meta.items()) else []
+    for spec in a.specs.split(",") if a.specs else SPECS:
+        if any(r["spec"] == spec for r in rows):
+            continue
         method = build_method(*parse_method_spec(spec))
         tokens = forwards = 0
+        ratios = []
         for g in range(0, len(prompts), a.batch):
-            out = pipe(prompts=prompts[g: g + a.batch], method=method, sampling=sampling, seed=g // a.batch, decode=False)
-            tokens += out.stats.tokens
-            forwards += out.stats.target_forwards
+            gen = pipe(prompts=prompts[g: g + a.batch], method=method, sampling=sampling, seed=g // a.batch, decode=False)
+            tokens += gen.stats.tokens
+            forwards += gen.stats.target_forwards
+            ratios.append(gen.stats.step_compression)
         rows.append({"spec": spec, "tokens_per_sample": tokens, "target_forwards": forwards,
-                     "step_compression": tokens / forwards})
+                     "step_compression": tokens / forwards, "step_compression_mean": sum(ratios) / len(ratios)})
         print(rows[-1], flush=True)
-    out = ROOT / a.out
-    data = {"model": "emoji-t2i", "prompts": a.prompts, "batch": a.batch, "sampling": repr(sampling), "rows": rows}
-    write_text(out.with_suffix(".json"), json.dumps(data, indent=1))
+        write_text(out, json.dumps({**meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -104,6 +104,38 @@ def test_pjd_batch_progress_is_per_sample(wide):
     assert all(not torch.equal(maps[0], maps[i]) for i in (1, 2, 3))
 
 
+def _rounds(accept_map: torch.Tensor) -> torch.Tensor:
+    """Per sample, the forwards it was active in: every round of an unfinished sample commits >= 1 image
+    token (its top row's), and each token's accept-map entry is the count its round committed, so the
+    sum of 1 / entry over the grid counts the rounds (the prefill included)."""
+    return (1.0 / accept_map.flatten(1).double()).sum(1).round().long()
+
+
+@pytest.mark.parametrize("name", ["llamagen", "row-end"])
+def test_a_sample_does_not_wait_for_its_batch_neighbours(layouts, name):
+    """T = 1, overlapping rows (PJD with drafts, coupling, the vertical prior and GSD; ZipAR): with the same
+    seed (the same random numbers at each sample's index) sample 0 gets the same tokens, accept map and
+    rounds whatever its neighbours are. A row gated by another sample (official PJD's minimum over the
+    batch, a block's padding visible to a shorter sample, a schedule decision taken on the batch) would
+    change it, since the neighbours here run different conditions at different paces."""
+    m = layouts[name]
+    t1 = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    for method in (sv.PJD(window=4, lag=2, init="vertical-repeat", coupling="gumbel"),
+                   build_method(*parse_method_spec("pjd:window=4:lag=1:accept=gsd:group=8:delta_p=0.5")),
+                   sv.ZipAR(window=1)):
+        for seed in (1, 2):
+            a = _run(m, method, [0, 1, 1, 2], t1, seed=seed)
+            b = _run(m, method, [0, 2, 2, 1], t1, seed=seed)
+            assert torch.equal(a.tokens[0], b.tokens[0]), (method, seed)
+            assert torch.equal(a.stats.accept_map[0], b.stats.accept_map[0]), (method, seed)
+            ra, rb = _rounds(a.stats.accept_map), _rounds(b.stats.accept_map)
+            assert ra[0] == rb[0]
+            # the batch's forwards are its slowest sample's rounds: nothing runs past the last sample
+            assert a.stats.target_forwards == int(ra.max()) and b.stats.target_forwards == int(rb.max())
+            if isinstance(method, sv.PJD):  # the neighbours really committed at other paces (other block lengths)
+                assert not torch.equal(a.stats.accept_map[1:], b.stats.accept_map[1:])
+
+
 @pytest.mark.parametrize("init", ["random", "vertical-repeat"])
 def test_pjd_non_overlapping_rows_are_exact_by_the_harness(target, init):
     """2x2 harness, lag >= width: the top row only, the exact rule with residual and bonus, no keep
