@@ -273,10 +273,11 @@ def decision(target: float) -> list[str]:
         hits = [(k, r, c) for k, r, c in rows if c is not None and c >= need and
                 (r["method"] in family or (r["acceptance"] == "gsd" and "gsd" in family))]
         good = [(k, c) for k, r, c in hits if ok(r)]
-        head = f"  {name} on the 128-image run: **{'met' if good else 'not met'}**. "
+        head = (f"  {name} on the 128-image run: **{'met' if good else 'not met'}**"
+                + (f" (by {', '.join(k for k, _ in good)})" if good else "") + ". ")
         if not hits:
             return head + f"No setting of it in that run reaches {need:.2f} at batch 1."
-        return head + "; ".join(f"{k}: batch 1 {c:.2f}, FID proxy vs AR {_noise(r, qar)}, per seed group {paired(r, qar)}, "
+        return head + "Every setting reaching it: " + "; ".join(f"{k}: batch 1 {c:.2f}, FID proxy vs AR {_noise(r, qar)}, per seed group {paired(r, qar)}, "
                                 f"class accuracy {cls[ident(r)]} (AR {cls[ident(qar)]})" for k, r, c in hits) + "."
     sjd = next((r for r in q["runs"] if r["method"] == "sjd" and r["acceptance"] == "exact"), None)
     noise = f" SJD (AR's law) lands at {_noise(sjd, qar)} there: the size of pure sampling noise." if sjd else ""
