@@ -271,8 +271,6 @@ class Family:
         if pipe.vq is None:
             try:
                 vq = self.image_decoder(pipe.directory, device=pipe.device)  # fp32, streamed onto the device
-            except ValueError:
-                raise
             except (ImportError, OSError, RuntimeError, KeyError) as exc:
                 raise ValueError(f"{pipe.directory}: cannot load the image decoder ({one_line(exc)})") from None
             pipe.vq = vq.to(pipe.device)
