@@ -286,8 +286,9 @@ class Family:
         return to_pil(self.decode_images(pipe.decoder, codes.to(pipe.device), L.height, L.width))
 
     def images_of(self, pipe, out: Generation) -> list:
-        """PIL images of a ``Generation`` of this family's pipeline: its codes."""
-        return pipe.to_images(out.tokens)
+        """PIL images of a ``Generation`` of this family's pipeline: its codes, or its latents for a
+        continuous-token family (``tokens``)."""
+        return pipe.to_images(out.latents if self.tokens == "continuous" else out.tokens)
 
     def num_classes(self, pipe) -> int:
         """Classes of ``pipe(classes=...)``: none for prompt-conditioned models."""

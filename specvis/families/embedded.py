@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from ..generate import Generation
 from ..viz import to_pil
 from .base import ClassFamily
 
@@ -31,9 +30,6 @@ class ClassLatents(ClassFamily):
 
     def to_images(self, pipe, latents: torch.Tensor) -> list:
         return to_pil(pipe.tokenizer.decode_continuous(latents))
-
-    def images_of(self, pipe, out: Generation) -> list:
-        return pipe.to_images(out.latents)
 
 
 CODES = ClassCodes()

@@ -255,9 +255,5 @@ class MARFamily(OwnFormatFamily, ClassFamily):
         vae = pipe.tokenizer
         return to_pil(vae.decode(pipe.target.unpatchify(latents).to(next(vae.parameters()).dtype)))
 
-    def images_of(self, pipe, out) -> list:
-        """PIL images of a ``Generation`` of MAR: its latents through the VAE (``specvis bench``'s quality proxy)."""
-        return pipe.to_images(out.latents)
-
 
 FAMILY = MARFamily()
