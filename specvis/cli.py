@@ -261,6 +261,9 @@ def build_parser() -> Parser:
     g.add_argument("--width", type=int, help="image width in tokens (default native)")
     g.add_argument("--num", type=int, help="number of images (default: one per --class, else 8)")
     g.add_argument("--seed", type=int, default=0, help="random seed of the batch (default 0)")
+    g.add_argument("--batch-size", type=int, help="decode at most this many images at once, a finished image's row "
+                                                  "taking the next (continuous batching; methods ar, zipar, pjd); "
+                                                  "default: all at once")
     g.add_argument("--out", default="out", help="output directory")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="print the memory plan (weights, KV cache, what is free, the largest batch) before generating")
@@ -297,6 +300,9 @@ def build_parser() -> Parser:
                                                           "shard j mod shards: the split of specvis sample's ranks)")
     b.add_argument("--shard-index", type=int, default=0, help="which shard to run (0-based)")
     b.add_argument("--merge", nargs="+", metavar="JSON", help="merge shard reports into --json instead of running")
+    b.add_argument("--continuous", action="store_true",
+                   help="run all images in one call through --batch-size rows, a finished image's row taking the "
+                        "next (continuous batching; methods ar, jacobi, sjd, zipar, pjd)")
     b.add_argument("--no-cost-curve", action="store_true",
                    help="skip measuring the forward cost curve (target, draft, drafter by block size) that "
                         "predicted_speedup and efficiency come from")
@@ -340,6 +346,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
         _method(a)  # bad flags fail before the model loads
     if a.num is not None and a.num < 1:
         raise ValueError(f"--num must be >= 1, got {a.num}")
+    if a.batch_size is not None and a.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
     from .checks import text
 
     for flag, given in (("--prompt", a.prompts), ("--negative-prompt", a.negative_prompts)):
@@ -375,7 +383,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         def run(m, n: int = num):
             return pipe(prompts=prompts[:n], negative_prompts=None if negative is None else negative[:n], method=m,
                         sampling=sampling, seed=a.seed, height=a.height, width=a.width,
-                        positive_suffix=a.positive_suffix)
+                        positive_suffix=a.positive_suffix, batch_size=a.batch_size)
     else:
         if a.prompts or a.negative_prompts or a.height is not None or a.width is not None or not a.positive_suffix:
             raise ValueError(f"model {a.model} is class-conditional: --prompt/--negative-prompt/--height/--width/"
@@ -388,8 +396,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
             raise ValueError(f"--class {bad[0]} is out of range; model {a.model} has classes 0..{pipe.num_classes - 1}")
 
         def run(m, n: int = num):
-            return pipe(classes[:n], m, sampling, seed=a.seed)
-    _plan_memory(pipe, num, [method], sampling, verbose=a.verbose)  # before any forward
+            return pipe(classes[:n], m, sampling, seed=a.seed, batch_size=a.batch_size)
+    _plan_memory(pipe, min(num, a.batch_size or num), [method], sampling, verbose=a.verbose)  # before any forward
     ar = None
     if a.compare_ar and method.name != "ar":
         from .methods.ar import AR
@@ -548,7 +556,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
                            height=a.height, width=a.width,
                            progress=sys.stderr.isatty(), on_run=show, json_path=a.json, shards=a.shards,
                            shard_index=a.shard_index, metrics=metrics, data_dir=a.data, warmup=a.warmup,
-                           cost_curve=not a.no_cost_curve)  # writes --json
+                           cost_curve=not a.no_cost_curve, continuous=a.continuous)  # writes --json
     if a.md:
         Path(a.md).parent.mkdir(parents=True, exist_ok=True)
         write_text(a.md, markdown_table(report))

@@ -17,10 +17,12 @@ from .methods.base import DecodeContext, Stats, timed
 from .methods.ar import AR
 from .methods.cspd import CSpD
 from .methods.ordered import OrderedVerifier, OrderedView
+from .methods.slots import SlotQueue
 from .methods.views import DrafterView, guided_view
 from .models.base import Captions, Condition, Prompts
+from .models.decoder import CachedStack
 from .options import Options, option_fields
-from .registry import method_argument
+from .registry import method_argument, refilling_methods
 from .sampling import Sampling, make_generator, sampling_argument
 
 
@@ -90,10 +92,23 @@ def bind_rule(rule: AcceptanceRule | None, codebook: torch.Tensor | None, model=
     return rule.bind(RuleTables(codebook, embeddings, model.layout.row_end if model is not None else 0))
 
 
+def check_refill(method, model, ordered) -> None:
+    """Continuous batching (``batch_size`` below the conditions) needs a method that restarts rows
+    (``refills``: they run the target alone) and a token model with a cache of condition prefixes
+    (``CachedStack``)."""
+    if not (isinstance(method, Options) and method.refills):
+        raise ValueError(f"batch_size below the number of conditions restarts finished rows with the next "
+                         f"condition, which method {method.name} does not support; methods that do: "
+                         f"{', '.join(refilling_methods())}")
+    if ordered is not None or not isinstance(model, CachedStack):
+        raise ValueError("batch_size below the number of conditions needs a token model with a prefix cache: "
+                         "not a continuous-token or ordered (MAR) model")
+
+
 @torch.no_grad()
 def generate(model, conditions, method=None, sampling: Sampling | None = None, seed: int = 0,
              draft=None, drafter=None, codebook: torch.Tensor | None = None, graphs: bool | None = None,
-             progress=None, ordered: OrderedVerifier | None = None) -> Generation:
+             progress=None, ordered: OrderedVerifier | None = None, batch_size: int | None = None) -> Generation:
     """Generate one token grid per condition with ``method`` under the law set by ``sampling``.
     ``conditions``: class ids (B,), ``Prompts`` (the model's own unconditional prompts serve CFG) or a
     ``Condition`` (conditional and unconditional rows given).
@@ -101,7 +116,11 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     CPU); the tokens are the same either way. ``progress``: called after each round (between captured
     rounds) with the fraction of the stream every row has committed (one host read a round; for UIs).
     ``ordered``: the model reveals its tokens in an order of its own (MAR), as its family declares it
-    (``families.mar.MARReveal``); ``conditions`` are then class ids and the tokens continuous."""
+    (``families.mar.MARReveal``); ``conditions`` are then class ids and the tokens continuous.
+    ``batch_size``: decode at most this many samples at once; when one finishes, the next condition
+    takes its row (continuous batching, ``methods/slots.py``; methods that declare ``refills``). The
+    tokens come back in the conditions' order; ``stats.step_compression`` counts each row's tokens over
+    the batched forwards."""
     method = method_argument(method)
     if isinstance(method, Auto):
         raise ValueError(REFUSED)
@@ -113,6 +132,14 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     elif not isinstance(conditions, Condition):
         conditions = torch.as_tensor(conditions, device=device)
     check_conditions(model, conditions)
+    queued = None
+    if batch_size is not None:
+        batch_size = checks.integer(batch_size, "batch_size", low=1)
+        condition = Condition.of(model, conditions)
+        if batch_size < condition.batch:
+            check_refill(method, model, ordered)
+            queued, conditions = condition, condition[:batch_size]
+            draft = drafter = None  # a refilling method runs the target alone
     if draft is not None and draft.layout != model.layout:
         raise ValueError(f"draft layout {draft.layout} != target layout {model.layout}")
     if ordered is None:  # an ordered model's steps are not stream tokens: its fields stay as given
@@ -134,6 +161,8 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     ctx = DecodeContext(target, make_generator(seed, device), pad, draft=draft_view,
                         drafter=None if drafter is None else DrafterView(drafter), rule=rule, graphs=graphs,
                         progress=progress)
+    if queued is not None:
+        ctx.queue = SlotQueue(ctx, queued)
     with torch.inference_mode():  # no autograd bookkeeping on the round's many small ops
         wall = timed(lambda: method.decode(ctx), device)
     stats = ctx.stats(wall)

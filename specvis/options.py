@@ -98,6 +98,8 @@ class Options:
     """Mixin of the frozen option dataclasses (methods and acceptance rules): every field is checked
     against its declaration on construction, then ``check()`` runs the cross-field checks."""
 
+    refills = False  # a method that restarts a finished row with the next sample (``generate(batch_size=)``)
+
     def __post_init__(self) -> None:
         for info in option_fields(type(self)):
             value = getattr(self, info.name)

@@ -103,6 +103,7 @@ class Request:
     positive_suffix: bool = True
     num_iter: int | None = None
     cfg_schedule: str | None = None
+    batch_size: int | None = None  # continuous batching: samples decoded at once (``generate(batch_size=)``)
 
 
 @dataclass
@@ -210,19 +211,23 @@ class Pipeline:
     def __call__(self, classes=None, method=None, sampling: Sampling | None = None, seed: int = 0,
                  decode: bool = True, *, prompts=None, negative_prompts=None, height: int | None = None,
                  width: int | None = None, progress=None, positive_suffix: bool = True,
-                 num_iter: int | None = None, cfg_schedule: str | None = None) -> Generation:
+                 num_iter: int | None = None, cfg_schedule: str | None = None,
+                 batch_size: int | None = None) -> Generation:
         """``classes`` (class-conditional models) or ``prompts`` (+ ``negative_prompts``, ``height``/
         ``width`` in image tokens; text- and caption-conditioned ones); ``positive_suffix``: append the
         family's official positive suffix to each text prompt, as its official scripts do (Emu3:
         ``POSITIVE_SUFFIX``; the other families have none), False turns it off; ``num_iter``,
-        ``cfg_schedule``: the sampler of an ordered model (MAR). Each argument is checked before any
-        forward; the family builds the condition, the memory plan is checked, the family runs and decodes."""
-        request = Request(classes, prompts, negative_prompts, height, width, positive_suffix, num_iter, cfg_schedule)
+        ``cfg_schedule``: the sampler of an ordered model (MAR); ``batch_size``: decode at most this many
+        images at once, a finished one's row taking the next (continuous batching, ``generate``). Each
+        argument is checked before any forward; the family builds the condition, the memory plan is
+        checked, the family runs and decodes."""
+        request = Request(classes, prompts, negative_prompts, height, width, positive_suffix, num_iter, cfg_schedule,
+                          batch_size)
         self.family.check_request(self, request)
         method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
         self.family.check_method(self, method, sampling)
         condition = self.family.condition(self, request, sampling)
-        self.family.check_memory(self, condition, method, sampling)
+        self.family.check_memory(self, condition if batch_size is None else condition[:batch_size], method, sampling)
         out = self.family.run(self, condition, request, method, sampling, seed, progress)
         if decode:
             out.images = self.images_of(out)
@@ -402,11 +407,12 @@ def memory_plan(pipe: Pipeline, batch_size: int = 1, method=None, sampling: Samp
                 cfg=sampling.uses_cfg, prefix=prefix, method_slots=(AR() if method is None else method).pad)
 
 
-def generate_with_kv_cache(pipe: Pipeline, rows, method, sampling: Sampling, seed: int, codebook, progress) -> Generation:
+def generate_with_kv_cache(pipe: Pipeline, rows, method, sampling: Sampling, seed: int, codebook, progress,
+                           batch_size: int | None = None) -> Generation:
     """The run of a KV-cached model (``Family.run``): ``specvis.generate`` with ``sv.Auto()`` resolved
     first (``specvis.tune``), the pipeline's draft, drafter and captured-rounds setting."""
     return run(pipe.target, rows, method, sampling, seed, draft=pipe.draft, drafter=pipe.drafter, codebook=codebook,
-               graphs=pipe.graphs, progress=progress)
+               graphs=pipe.graphs, progress=progress, batch_size=batch_size)
 
 
 def rule_needs(method) -> frozenset[str]:

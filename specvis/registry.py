@@ -51,6 +51,11 @@ def _resolve(table: dict[str, str], name: str, what: str):
         raise ValueError(f"{what} {name!r} is not available in this version of specvis") from None
 
 
+def refilling_methods() -> list[str]:
+    """Names of the methods that restart finished rows with the next sample (``refills``)."""
+    return [name for name in available(METHODS) if _resolve(METHODS, name, "method").refills]
+
+
 def available(table: dict[str, str]) -> list[str]:
     out = []
     for name in table:

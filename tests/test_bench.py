@@ -229,3 +229,26 @@ def test_repeats_interleave_across_methods_and_resume_adds_missing_passes(pipe, 
     for old, new in zip(stored, again["runs"]):
         assert new["wall_s_repeats"][:3] == old["wall_s_repeats"] and len(new["wall_s_repeats"]) == 4
         assert new["target_forwards"] == old["target_forwards"]
+
+
+def test_continuous_runs_every_image_in_one_call_and_keeps_the_seed_groups(pipe, tmp_path, monkeypatch):
+    """``continuous``: the 9 images run through 2 rows in one call per method (AR: 5 waves of the
+    stream's forwards, the last with one row idle), the images' classes as the batches give them, quality
+    cut into the batches' seed groups, and a report key of its own (resume never mixes the two)."""
+    monkeypatch.setitem(quality.METRICS, "fake", fake_metric)
+    path = tmp_path / "c.json"
+    report = runner.run_bench(pipe, ["zipar:window=2"], 9, 2, progress=False, metrics=["fake"], json_path=path,
+                              continuous=True)
+    L = pipe.target.layout.stream_len
+    ar, zipar = report["runs"]
+    assert report["continuous"] is True and ar["n_images"] == 9
+    assert ar["target_forwards"] == 5 * L and ar["step_compression"] == pytest.approx(L * 9 / 2 / (5 * L))
+    assert sum(ar["images_per_class"].values()) == 9
+    assert zipar["step_compression"] > 1
+    plain = runner.run_bench(pipe, ["zipar:window=2"], 9, 2, progress=False, metrics=["fake"], json_path=path)
+    assert "continuous" not in plain and plain["runs"][0]["target_forwards"] == 5 * L  # run afresh, per batch
+    assert report["quality_groups"] == plain["quality_groups"] == 4
+    groups = [len(r["quality"]["fake_fid_groups"]) for r in (ar, plain["runs"][0])]
+    assert groups[0] == groups[1] == 3  # the last group's one image has no Frechet distance
+    with pytest.raises(ValueError, match="takes no --shards"):
+        runner.run_bench(pipe, [], 9, 2, progress=False, continuous=True, shards=2)

@@ -17,7 +17,7 @@ from .quality import seed_groups, summarize
 
 # report fields that, with a run's method/config/acceptance, identify a completed configuration
 KEY_FIELDS = ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards", "shard_index")
-OPTIONAL_KEY_FIELDS = ("num_iter",)  # in the key only where the report has them (older keys stay valid)
+OPTIONAL_KEY_FIELDS = ("num_iter", "continuous")  # in the key only where the report has them (older keys stay valid)
 TIMING_FIELDS = ("wall_s", "wall_s_repeats", "images_per_s", "speedup", "speedup_rounds", "predicted_speedup",
                  "efficiency", "forward_s_repeats", "forward_share", "round_efficiency", "forward_vs_curve")
 

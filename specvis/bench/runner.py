@@ -51,32 +51,35 @@ WARMUPS = ("batch", "row", "none")
 
 
 def _run(pipe, conds: list[int], method, sampling: Sampling, seed: int, prompts: list | None,
-         grid: tuple[int | None, int | None] = (None, None)):
-    """One batch: class ids, or for a text-to-image pipeline prompt indices into ``prompts`` (on ``grid``)."""
+         grid: tuple[int | None, int | None] = (None, None), rows: int | None = None):
+    """One batch: class ids, or for a text-to-image pipeline prompt indices into ``prompts`` (on ``grid``);
+    ``rows``: at most that many at once (continuous batching)."""
     if prompts is None:
-        return pipe(conds, method, sampling, seed=seed, decode=False)
+        return pipe(conds, method, sampling, seed=seed, decode=False, batch_size=rows)
     return pipe(prompts=[prompts[c] for c in conds], method=method, sampling=sampling, seed=seed, decode=False,
-                height=grid[0], width=grid[1])
+                height=grid[0], width=grid[1], batch_size=rows)
 
 
 def _round(pipe, methods: list, work: Work, sampling: Sampling, bar: tqdm | None, warmup: str,
            prompts: list | None, grid: tuple[int | None, int | None],
-           between: Callable[[list[list[tuple[int, Any]]]], None] | None = None) -> list[tuple[float, list[tuple[int, Any]]]]:
+           between: Callable[[list[list[tuple[int, Any]]]], None] | None = None,
+           rows: int | None = None) -> list[tuple[float, list[tuple[int, Any]]]]:
     """One timed pass of every method over ``work``, interleaved per batch: every method's untimed
     warm-up (the first batch; ``warmup="row"``: its first sample only, every code path at a fraction of
     the cost; ``"none"``: the pass pays any one-time cost), then batch 1 of every method, batch 2 of
     every method, ... so that a machine drifting within the round slows every method alike.
     ``between(outputs so far)`` runs after each batch of every method (untimed: the cost-curve sampler).
+    ``rows``: each batch runs through at most that many rows (continuous batching).
     Returns per method (summed wall-clock, [(batch size, output)])."""
     if warmup != "none":
         classes = work[0][0] if warmup == "batch" else work[0][0][:1]
         for method in methods:
-            _run(pipe, classes, method, sampling, work[0][1], prompts, grid)  # warm-up, not timed
+            _run(pipe, classes, method, sampling, work[0][1], prompts, grid, rows)  # warm-up, not timed
     walls = [0.0] * len(methods)
     outputs: list[list[tuple[int, Any]]] = [[] for _ in methods]
     for classes, seed in work:
         for i, method in enumerate(methods):
-            out = _run(pipe, classes, method, sampling, seed, prompts, grid)
+            out = _run(pipe, classes, method, sampling, seed, prompts, grid, rows)
             walls[i] += out.stats.wall_s
             outputs[i].append((len(classes), out))
             if bar is not None:
@@ -252,7 +255,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
               shards: int = 1, shard_index: int = 0, metrics: list[str] | None = None,
               data_dir: str | Path | None = None, quality_groups: int = 4, warmup: str = "batch",
               prompts: list | None = None, height: int | None = None, width: int | None = None,
-              cost_curve: bool = False) -> dict[str, Any]:
+              cost_curve: bool = False, continuous: bool = False) -> dict[str, Any]:
     """Benchmark ``specs`` (method specs such as ``"sjd:window=16"``) on ``pipe``; ``ar`` always runs first.
 
     ``step_compression`` and ``mean_accepted_length`` are per-image averages (tokens of an image over
@@ -269,6 +272,10 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
     and covers them), and every run gets
     ``predicted_speedup`` and ``efficiency`` (``report.set_speedups``). Each run records its forwards
     by block size (``target_block_sizes``, ``draft_block_sizes``, ``drafter_block_sizes``).
+
+    ``continuous``: every image in one call through ``batch_size`` rows, a finished image's row taking
+    the next (``generate(batch_size=)``); image i keeps the prompt or class it gets otherwise, the call
+    runs with ``seed``, and quality seed groups cut the images as the batches would.
     """
     if num < 1 or batch_size < 1 or repeats < 1:
         raise ValueError("--num, --batch-size and --repeats must be >= 1")
@@ -298,6 +305,11 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         methods = [dataclasses.replace(m, probe_classes=workload) if getattr(m, "probe_classes", ()) is None else m
                    for m in methods]
     batch_index, work = shard_work(full, shards, shard_index)
+    rows = None
+    if continuous:
+        if shards > 1:
+            raise ValueError("--continuous runs every image in one call: it takes no --shards")
+        work, rows = [([c for classes, _ in full for c in classes], seed)], batch_size
     report = {
         "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),
         "device_name": torch.cuda.get_device_name(pipe.device) if pipe.device.type == "cuda" else cpu_description(),
@@ -310,6 +322,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         **({"prompts": prompts, "height": grid[0], "width": grid[1], "draft": (pipe.extras or {}).get("draft")}
            if prompts else {}),
         **({"num_iter": pipe.num_iter} if pipe.num_iter is not None else {}),  # MAR: its sampler's steps
+        **({"continuous": True} if continuous else {}),
         "repeats": repeats, "pass_order": "interleaved per batch", "warmup": warmup, "shards": shards, "shard_index": shard_index,
         "n_images": sum(len(c) for c, _ in work),
         "quality_groups": max(1, min(quality_groups, len(full))),  # as quality.seed_groups cuts them: at most one a batch
@@ -369,7 +382,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         new = []
         bar.set_description(f"pass {min(len(r['wall_s_repeats']) if r else 0 for r in runs) + 1}")
         for i, (wall, outputs) in zip(pending, _round(pipe, [todo[i][0] for i in pending], work, sampling, bar,
-                                                      warmup, prompts, grid, between if cost_curve else None)):
+                                                      warmup, prompts, grid, between if cost_curve else None, rows)):
             if runs[i] is not None:
                 add_repeat(runs[i], wall, forward_seconds(outputs))
                 continue
@@ -380,6 +393,8 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
                     refs.update(m.references)
             if quality:
                 obs = observe(pipe, quality, outputs, work, batch_index, prompts)
+                if continuous:  # the batch each image would have had
+                    obs["batch"] = np.arange(len(obs["batch"])) // batch_size
                 figures = {k: v for k, v in obs.items() if k not in ("labels", "batch")}
                 run["quality"] = summarize(figures, refs, seed_groups(obs["batch"], len(full), quality_groups))
                 keep_obs[key_id(todo[i][1])] = obs

@@ -255,7 +255,8 @@ class Family:
     def run(self, pipe, condition: Condition, request: Request, method, sampling: Sampling, seed: int,
             progress) -> Generation:
         """The generation: ``specvis.generate`` through the tuner, with the codebook the rule needs."""
-        return generate_with_kv_cache(pipe, condition, method, sampling, seed, self.rule_codebook(pipe, method), progress)
+        return generate_with_kv_cache(pipe, condition, method, sampling, seed, self.rule_codebook(pipe, method), progress,
+                                      request.batch_size)
 
     def rule_codebook(self, pipe, method) -> torch.Tensor | None:
         """The codebook the method's acceptance rule gets: the VQ's, loaded only for a rule that needs it (LANTERN)."""
@@ -343,7 +344,7 @@ class ClassFamily(Family):
     def run(self, pipe, condition: Condition, request: Request, method, sampling: Sampling, seed: int,
             progress) -> Generation:
         return generate_with_kv_cache(pipe, condition.cond, method, sampling, seed, self.rule_codebook(pipe, method),
-                                      progress)
+                                      progress, request.batch_size)
 
     def rule_codebook(self, pipe, method) -> torch.Tensor | None:
         return pipe.codebook  # the tokenizer's, in memory already

@@ -246,7 +246,8 @@ class MARFamily(OwnFormatFamily, ClassFamily):
                                   MAX_NUM_ITER)
         reveal = MARReveal(num_iter, request.cfg_schedule or pipe.cfg_schedule)
         return generate(pipe.target, condition.cond, AR() if method is None else method, sampling, seed,
-                        draft=pipe.draft if isinstance(method, CSpD) else None, progress=progress, ordered=reveal)
+                        draft=pipe.draft if isinstance(method, CSpD) else None, progress=progress, ordered=reveal,
+                        batch_size=request.batch_size)
 
     def codebook(self, pipe) -> None:
         return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..options import Options
 from .base import DecodeContext
 from .ordered import reveal_rounds
@@ -21,6 +23,7 @@ class AR(Options):
     lossless = True
     acceptance = None
     pad = 1
+    refills = True  # continuous batching (methods/slots.py): a restarted row goes on from its first token
 
     def decode(self, ctx: DecodeContext) -> None:
         if ctx.target.ordered is not None:
@@ -41,4 +44,7 @@ def sample_prefix(ctx: DecodeContext, tokens: int) -> None:
         x.copy_(law[:, 0].sample(ctx.generator))
         ctx.accept(Verdict.sampled(x))
 
-    ctx.run(round_, rounds=tokens - 1)
+    def restart(fresh, _law) -> None:  # token ids only: continuous-token models run no queue
+        x.copy_(torch.where(fresh, ctx.tokens[:, 0], x))
+
+    ctx.run(round_, rounds=tokens - 1, refill=restart)

@@ -19,6 +19,7 @@ import torch
 from ..models.base import KVCache
 from .round import Chain, Tree, Verdict, verify_chain_rule, verify_tree
 from .rounds import run_plain, run_rounds
+from .slots import SlotQueue
 from .laws import DiscreteLaw
 from .views import DrafterView, GuidedModel
 
@@ -83,16 +84,25 @@ class DecodeContext:
         self.active_forwards = torch.zeros(B, dtype=torch.long, device=dev)
         forced = layout.forced(dev) if layout.row_end else torch.empty(0, dtype=torch.long, device=dev)
         self.forced = torch.nn.functional.pad(forced, (0, self.L + pad - forced.shape[0]), value=-1)
+        self.queue: SlotQueue | None = None  # more samples than rows (``generate(batch_size=)``, methods/slots.py)
+        self.on_refill: Callable[[torch.Tensor, DiscreteLaw], None] | None = None  # the method's reset of restarted rows
 
     @property
     def device(self) -> torch.device:
         return self.n.device
 
-    def run(self, round_fn: Callable[[], None], rounds: int | None = None, capture: bool = True) -> None:
+    def run(self, round_fn: Callable[[], None], rounds: int | None = None, capture: bool = True,
+            refill: Callable[[torch.Tensor, DiscreteLaw], None] | None = None) -> None:
         """Call ``round_fn`` (one round, state updated in place) until every row is done, or exactly
         ``rounds`` times; captured and replayed as a CUDA graph when ``graphs`` is on and the device is
         CUDA (``methods/rounds.py``). ``capture=False`` (or a target view that is not ``capturable``): rounds
-        that read the host (a data-dependent loop) run eagerly, without pinned live spans."""
+        that read the host (a data-dependent loop) run eagerly, without pinned live spans. ``refill(fresh, law)``
+        (continuous batching, ``methods/slots.py``): reset the method's state of the rows ``fresh`` (B,) bool,
+        restarted with a new sample whose first token (committed) was drawn from ``law`` (B, V; rows ``fresh``);
+        with more samples than rows, rounds run until every sample is done."""
+        self.on_refill = refill
+        if self.queue is not None:
+            rounds = None
         if capture and self.target.capturable:
             run_rounds(self, round_fn, self.graphs, rounds)
         else:
@@ -104,13 +114,14 @@ class DecodeContext:
 
     @property
     def max_rounds(self) -> int:
-        """The most rounds a ``run`` may take: each commits a token per unfinished row (``run_rounds``)."""
-        return self.L
+        """The most rounds a ``run`` may take: each commits a token per unfinished row (``run_rounds``); with
+        more samples than rows, a row may run every sample the others leave."""
+        return self.L if self.queue is None else self.L * (self.queue.samples - self.queue.rows + 1)
 
     def report_progress(self) -> None:
         """Tell ``progress`` (if set) the fraction of the stream the slowest row has committed."""
         if self.progress is not None:
-            self.progress(min(1.0, float(self.n.min()) / self.L))
+            self.progress(min(1.0, float(self.n.min()) / self.L) if self.queue is None else self.queue.progress(self.n, self.L))
 
     def live_caches(self) -> list:
         """The static caches of the target, draft model and EAGLE drafter whose forwards attend over a live span
@@ -119,14 +130,27 @@ class DecodeContext:
 
     def done(self) -> bool:
         """True when every row has its whole grid (one host sync per decoding step). The same transfer
-        reads the longest row of every live cache, which tightens its live-span bound."""
+        reads the longest row of every live cache, which tightens its live-span bound. With more samples
+        than rows, finished samples leave and waiting ones restart free rows first (``SlotQueue.turn``)."""
+        every = None if self.queue is None else self.queue.turn(self)
         caches = self.live_caches()
         if not caches:
-            return bool((self.n >= self.L).all())
+            return bool((self.n >= self.L).all()) if every is None else every
         flags = torch.stack([(self.n >= self.L).all().long(), *(c.length.max() for c in caches)]).tolist()
         for cache, longest in zip(caches, flags[1:]):
             cache.refresh(longest)
-        return bool(flags[0])
+        return bool(flags[0]) if every is None else every
+
+    def restart_rows(self, rows: torch.Tensor, first: torch.Tensor) -> None:
+        """Rows ``rows`` start a new sample whose first token is ``first`` (drawn from its prefix's law, a
+        forward of its own: counted as the row's first): the committed buffer holds it alone."""
+        for buf in (self.tokens, self.accept_map, self.filled):
+            buf[rows] = 0
+        self.tokens[rows, 0] = first
+        self.filled[rows, 0] = True
+        self.accept_map[rows, 0] = 1
+        self.n[rows] = 1
+        self.active_forwards[rows] = 1
 
     def verify(self, p: DiscreteLaw, proposal: Chain | Tree) -> Verdict:
         """The acceptance rule's walk over ``proposal`` against the target laws ``p`` of its positions
@@ -183,10 +207,11 @@ class DecodeContext:
         return torch.where((f >= 0)[..., None], torch.zeros_like(q).scatter_(-1, f.clamp_min(0)[..., None], 1.0), q)
 
     def image_tokens(self) -> torch.Tensor:
-        """(B, H*W) the committed image codes, structural tokens removed."""
+        """(B, H*W) the committed image codes, structural tokens removed (every sample's, with a queue)."""
+        tokens = self.tokens[:, : self.L] if self.queue is None else self.queue.tokens
         if not self.layout.row_end:
-            return self.tokens[:, : self.L]
-        return self.tokens[:, self.layout.image_index(self.device)]
+            return tokens
+        return tokens[:, self.layout.image_index(self.device)]
 
     def positions(self, start: torch.Tensor, n: int) -> torch.Tensor:
         """Grid indices (B, n) start, start+1, ... for a chain of n tokens."""
@@ -195,18 +220,20 @@ class DecodeContext:
     def stats(self, wall_s: float) -> Stats:
         """``tokens`` counts image tokens only; the heatmap covers the image grid; draft forwards are the
         draft model's and the EAGLE drafter's (their views count them); ``extra`` the method's record."""
-        B = self.n.shape[0]
         H, W = self.layout.height, self.layout.width
         N, fwd = self.layout.num_tokens, self.target.forwards
-        grid = self.accept_map[:, : self.L] if not self.layout.row_end else self.accept_map[:, self.layout.image_index(self.device)]
+        q = self.queue
+        accept, active = (self.accept_map[:, : self.L], self.active_forwards) if q is None else (q.accept_map, q.active_forwards)
+        grid = accept if not self.layout.row_end else accept[:, self.layout.image_index(self.device)]
+        per_row = 1.0 if q is None else q.samples / q.rows  # samples a row ran: tokens per row over the forwards
         return Stats(
             tokens=N,
             target_forwards=fwd,
             draft_forwards=sum(v.forwards for v in (self.draft, self.drafter) if v is not None),
-            step_compression=N / max(fwd, 1),
-            mean_accepted_length=float((N / self.active_forwards.clamp_min(1).float()).mean()),
+            step_compression=N * per_row / max(fwd, 1),
+            mean_accepted_length=float((N / active.clamp_min(1).float()).mean()),
             wall_s=wall_s,
-            accept_map=grid.reshape(B, H, W).cpu(),
+            accept_map=grid.reshape(-1, H, W).cpu(),
             extra={} if self.method_stats is None else asdict(self.method_stats),
             block_sizes=self.block_sizes(),
             live_spans=self.live_spans(),

@@ -86,6 +86,7 @@ class PJD(RuleMethod):
     name = "pjd"
     walk = "chain"
     pad = MAX_ROWS
+    refills = True
 
     @property
     def lossless(self) -> bool:
@@ -165,5 +166,9 @@ class PJD(RuleMethod):
             st["Q"] = torch.where(keep[..., None], old_q, p_j)
             st["has"] = (keep | redraw) & rows.open[..., None]
 
-        ctx.run(round_, capture=False)
+        def restart(fresh: torch.Tensor, _law) -> None:  # a new sample: its rows from the start, no drafts
+            rows.restart(fresh)
+            st["has"].masked_fill_(fresh[:, None, None], False)
+
+        ctx.run(round_, capture=False, refill=restart)
         ctx.record(rows.stats())

@@ -125,6 +125,16 @@ class Rows:
         self.c[:, 0] = 1
         self._last_row_done()
 
+    def restart(self, fresh: torch.Tensor) -> None:
+        """Samples ``fresh`` (B,) bool start anew (continuous batching: their first token is committed)."""
+        f = fresh[:, None]
+        self.c = torch.where(f, 0, self.c)
+        for flags in (self.started, self.tail_cached, self.last_cached, self.due_tail):
+            flags.masked_fill_(f, False)
+        self.started[:, 0] |= fresh
+        self.c[:, 0] += fresh.long()
+        self._last_row_done()
+
     # ------------------------------------------------------------------ row schedule
     @property
     def open(self) -> torch.Tensor:

@@ -75,6 +75,7 @@ from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option
 from ..options import Options, option
 from ..sampling import exponential, rows_at, sample, uniform
 from .base import DecodeContext
+from .laws import DiscreteLaw
 from .round import Chain, Verdict
 
 INITS = ("random", "horizontal-repeat", "vertical-repeat", "horizontal-sample", "vertical-sample")
@@ -87,6 +88,7 @@ class Jacobi(Options):
 
     window: int = option(16, low=1, stream=True, help="Jacobi window: draft tokens verified per round")
     name = "jacobi"
+    refills = True
     lossless = True
     acceptance = None
 
@@ -115,7 +117,11 @@ class Jacobi(Options):
             fresh = torch.randint(V, (B, W), device=ctx.device, generator=gen)
             draft.copy_(ctx.force(torch.where(src <= W, guess.gather(1, src.clamp_max(W)), fresh), ctx.positions(ctx.n, W)))
 
-        ctx.run(round_)
+        def restart(fresh: torch.Tensor, _law) -> None:  # a new sample: a random window after its token 0
+            new = ctx.force(torch.randint(V, (B, W), device=ctx.device, generator=gen), ctx.positions(ctx.n, W))
+            draft.copy_(torch.where(fresh[:, None], new, draft))
+
+        ctx.run(round_, refill=restart)
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,7 @@ class SJD(RuleMethod):
                                                              "draft (MC-SJD; exact): none, maximal or gumbel")
     acceptance: AcceptanceRule = rule_option()
     name = "sjd"
+    refills = True
     walk = "chain"
 
     @property
@@ -163,7 +170,12 @@ class SJD(RuleMethod):
             draft.copy_(new_draft)
             q.copy_(new_q)
 
-        ctx.run(round_)
+        def restart(fresh: torch.Tensor, p0: DiscreteLaw) -> None:  # a new sample: its first window
+            new_draft, new_q = win.restart(fresh, p0.probs, ctx.n)
+            draft.copy_(torch.where(fresh[:, None], new_draft, draft))
+            q.copy_(torch.where(fresh[:, None, None], new_q, q))
+
+        ctx.run(round_, refill=restart)
 
 
 def coupling_step(p_new: torch.Tensor, p_old: torch.Tensor, x: torch.Tensor,
@@ -203,6 +215,18 @@ class _Initialiser:
             self.ring = torch.zeros(ctx.n.shape[0], self.R, self.V, device=dev)
         if coupling == "gumbel":  # E_m of the positions in the window, slot-aligned like the drafts
             self.race = torch.ones(ctx.n.shape[0], window, self.V, device=dev, dtype=torch.float64)
+
+    def restart(self, fresh: torch.Tensor, p0: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first window (as after the prefill) of rows ``fresh``, restarted with a new sample whose
+        token 0 was drawn from ``p0`` (B, V); the other rows' laws and races are kept."""
+        state = [t for t in (self.ring, self.race if self.coupling == "gumbel" else None) if t is not None]
+        kept = [t.clone() for t in state]
+        if self.ring is not None:
+            self.ring.masked_fill_(fresh[:, None, None], 0.0)
+        window = self.next_window(p0[:, None], base=n - 1, start=n, first_init=n)
+        for t, old in zip(state, kept):
+            t.copy_(torch.where(fresh[:, None, None], t, old))
+        return window
 
     def _ring_write(self, pos: torch.Tensor, laws: torch.Tensor) -> None:
         rows = torch.arange(pos.shape[0], device=pos.device)[:, None] * self.R

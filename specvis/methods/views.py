@@ -16,6 +16,7 @@ import torch
 
 from ..models.base import CachedTokenModel, Condition, KVCache
 from ..models.continuous import ContinuousAR
+from ..models.decoder import Prefixes
 from ..sampling import Sampling
 from .laws import ContinuousLaw, DiscreteLaw, GuidedHead
 
@@ -92,6 +93,23 @@ class GuidedModel:
         law = self._law(logits, positions + 1)
         self.seconds += time.perf_counter() - t0
         return law
+
+    def prefill_apart(self, condition: Condition) -> tuple[DiscreteLaw, Prefixes]:
+        """Law (k, V) of image token 0 of k more samples and their prefixes (both CFG halves), computed in
+        one forward apart from the running cache (continuous batching, ``methods/slots.py``)."""
+        t0 = time.perf_counter()
+        logits, prefixes = self.model.prefill_prefixes(condition.rows(self.cfg))
+        self.count(1)
+        law = self._law(logits[:, None], torch.zeros(condition.batch, 1, dtype=torch.long, device=logits.device))
+        self.seconds += time.perf_counter() - t0
+        return law[:, 0], prefixes
+
+    def load_prefixes(self, slots: torch.Tensor, prefixes: Prefixes, which: torch.Tensor) -> None:
+        """Samples ``slots`` restart from prefixes ``which`` of ``prefill_apart`` (both CFG halves)."""
+        if self.cfg:
+            k = prefixes.lengths.shape[0] // 2
+            slots, which = torch.cat([slots, slots + self.batch]), torch.cat([which, which + k])
+        self.model.load_prefixes(slots, prefixes, which)
 
     def count(self, n: int) -> None:
         """One forward over ``n`` tokens per row (a static shape: no device read)."""

@@ -50,6 +50,7 @@ class ZipAR(Options):
     lossless = False
     acceptance = None
     pad = MAX_ROWS
+    refills = True
 
     def decode(self, ctx: DecodeContext) -> None:
         gen = ctx.generator
@@ -64,5 +65,5 @@ class ZipAR(Options):
             law = rows.chain_laws(block, p.probs)  # (B, H, 1, V): the law of column c of each row
             rows.commit(block, rows.open.long(), sample(law, gen))
 
-        ctx.run(round_, capture=False)
+        ctx.run(round_, capture=False, refill=lambda fresh, _law: rows.restart(fresh))
         ctx.record(rows.stats())

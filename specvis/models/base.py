@@ -186,6 +186,10 @@ class Captions:
     def __len__(self) -> int:
         return self.embeddings.shape[0]
 
+    def __getitem__(self, rows) -> "Captions":
+        """The captions of ``rows`` (a slice or index tensor), at the same padded width."""
+        return Captions(self.embeddings[rows], self.lengths[rows], None if self.null is None else self.null[rows])
+
     def null_mask(self) -> torch.Tensor:
         """(R,) bool: rows that are the model's own unconditional caption."""
         if self.null is None:
@@ -227,6 +231,11 @@ class Condition:
         if isinstance(self.cond, (Prompts, Captions)):
             return self.cond.cat(self.uncond)
         return torch.cat([self.cond, self.uncond])
+
+    def __getitem__(self, rows) -> "Condition":
+        """Samples ``rows`` (a slice) of both halves; prompts and captions keep their padded width, so
+        every part of one condition has the same prefix length (``methods/slots.py``)."""
+        return Condition(self.cond[rows], None if self.uncond is None else self.uncond[rows])
 
     @classmethod
     def of(cls, model, conditions, negative=None) -> "Condition":

@@ -207,6 +207,17 @@ class DrafterParts:
     block_size: int
 
 
+@dataclass(frozen=True)
+class Prefixes:
+    """Condition prefixes computed apart (``CachedStack.prefill_prefixes``): keys and values (layers, rows,
+    kv heads, slots, head dim) of the longest prefix's slots, each row's cache length and prefix length."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    lengths: torch.Tensor
+    prefix_lengths: torch.Tensor
+
+
 class CachedStack:
     """Cached decoding over ``self.layers`` / ``self.norm`` (mixed into a family's ``nn.Module``).
 
@@ -280,6 +291,36 @@ class CachedStack:
         self.cache.length.copy_(lengths)
         last = (lengths - 1)[:, None, None]
         return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0], h.gather(1, last.expand(-1, 1, h.shape[-1]))[:, 0]
+
+    def prefill_prefixes(self, conditions) -> tuple[torch.Tensor, "Prefixes"]:
+        """``prefill`` of other rows than the cache's, into a cache of their own: the logits after each
+        row's prefix and the prefixes' keys and values, to be loaded into rows of the running cache
+        (``load_prefixes``; continuous batching, ``methods/slots.py``). The running cache is untouched."""
+        running = self.cache, self._plan, self.prefix_lengths
+        try:
+            self.setup_cache(len(conditions), 0)
+            logits, _ = self.prefill(conditions)
+            own = self.cache
+            width = int(own.length.max())
+            prefixes = Prefixes(own.k[:, :, :, :width].clone(), own.v[:, :, :, :width].clone(),
+                                own.length.clone(), self.prefix_lengths.clone())
+        finally:
+            self.cache, self._plan, self.prefix_lengths = running
+        return logits, prefixes
+
+    def load_prefixes(self, rows: torch.Tensor, prefixes: "Prefixes", which: torch.Tensor) -> None:
+        """Cache rows ``rows`` restart from prefixes ``which`` (``prefill_prefixes``): their keys and values,
+        lengths and prefix lengths; nothing of the stream is committed and no slot holds a position."""
+        width = prefixes.k.shape[3]
+        if width > self.cache.slots - self.layout.stream_len - self._plan[1]:
+            raise ValueError(f"a prefix of {width} tokens does not fit the cache ({self.cache.slots} slots): "
+                             f"the first prefill's prompts must be padded to the longest")
+        self.cache.k[:, rows, :, :width] = prefixes.k[:, which]
+        self.cache.v[:, rows, :, :width] = prefixes.v[:, which]
+        self.cache.length[rows] = prefixes.lengths[which]
+        self.prefix_lengths[rows] = prefixes.prefix_lengths[which]
+        if self.cache.pos is not None:
+            self.cache.pos[rows] = -1
 
     def stream_rope_index(self, positions: torch.Tensor) -> torch.Tensor:
         """The ``rope_at`` index of stream positions (R, n): by default the sequence index, each row's
