@@ -24,6 +24,7 @@ ORACLE = "tests/test_oracle.py"
 EXACT = "tests/test_exactness.py"
 PROMPT = "tests/test_prompt_core.py"
 HOSTILE = "tests/test_hostile_inputs.py"
+SLOTS = "tests/test_slots.py"
 ROWS2D = "tests/test_rows2d.py"
 
 
@@ -525,7 +526,23 @@ MUTANTS = [
     Mutant("rows2d: a sample's queries see the padding of a block its neighbours made longer", "specvis/methods/rows2d.py",
            "see = (valid & ky)[:, None, :] & (ps[:, None, :] < ps[:, :, None])",
            "see = ky[:, None, :] & (ps[:, None, :] < ps[:, :, None])", (ROWS2D, "-k", "neighbours")),
-
+    Mutant("slots: a restarted row keeps its previous sample's tracked positions", "specvis/models/decoder.py",
+           "            self.cache.pos[rows] = -1", "            pass", (SLOTS, "-k", "as_alone and zipar")),
+    Mutant("slots: a restarted row keeps its previous sample's prefix length", "specvis/models/decoder.py",
+           "        self.prefix_lengths[rows] = prefixes.prefix_lengths[which]", "        pass",
+           (SLOTS, "-k", "as_alone and janus")),
+    Mutant("slots: a restarted sample takes the first prefix of the computed wave, not its own", "specvis/methods/slots.py",
+           "which = torch.arange(self.started - first, self.started - first + len(take), device=ctx.device)",
+           "which = torch.arange(0, len(take), device=ctx.device)", (SLOTS, "-k", "exact_law and ar")),
+    Mutant("slots: a restarted sample's first token is the prefix law's mode, not a draw", "specvis/methods/slots.py",
+           "ctx.restart_rows(rows, law[which].sample(ctx.generator))",
+           "ctx.restart_rows(rows, law[which].probs.argmax(-1))", (SLOTS, "-k", "exact_law and ar")),
+    Mutant("slots: a restarted row's 2-D row state is its previous sample's", "specvis/methods/rows2d.py",
+           "        self.c = torch.where(f, 0, self.c)", "        pass", (SLOTS, "-k", "as_alone and zipar")),
+    Mutant("slots: a finished sample's tokens are stored under its row, not its condition", "specvis/methods/slots.py",
+           "            ids = self.sample_of[rows]", "            ids = rows", (SLOTS, "-k", "as_alone and ar")),
+    Mutant("slots: step compression counts the samples, not each row's share", "specvis/methods/base.py",
+           "per_row = 1.0 if q is None else q.samples / q.rows", "per_row = 1.0", (SLOTS, "-k", "forwards_of_its_batches")),
 ]
 
 
