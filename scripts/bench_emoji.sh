@@ -125,16 +125,19 @@ case "${1:-main}" in
     specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel,sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=8"
     specs+=",zipar:window=2,zipar:window=4,pjd:init=vertical-repeat,pjd:window=16:lag=4:init=vertical-repeat"
     specs+=",pjd:window=16:lag=4:init=vertical-repeat:accept=gsd:group=8"
-    # at T = 1 both models also ran the settings the count sweep (scripts/rows2d_explore.py) found for the
-    # goals, resumed into the same JSON afterwards (so their images/s come from a later, differently loaded window)
+    # at T = 1 both models also run the settings the count sweep (scripts/rows2d_explore.py) found for the goals
+    # (the first, busy-machine runs added them later by resuming the JSON; a fresh run takes them in one pass)
     lantern="pjd:window=16:lag=4:init=vertical-repeat:accept=lantern:k=50"
     more=",zipar:window=1,$lantern:delta=0.2,$lantern:delta=0.05,$lantern:delta=0.1"
     [ "$model" = emoji-t2i ] && more+=",pjd:window=16:lag=2:init=vertical-repeat:accept=gsd:group=32:delta_p=0.5"
+    # batch 8 is continuous batching (each method's images in one call through 8 rows); pinned to core CORE
     for tbn in "1 1 32" "1 8 32" "0 8 16" "0 1 8"; do
       set -- $tbn
       all=$specs; [ $1 = 1 ] && all+=$more
-      specvis bench --model "$model" $extra --methods "$all" --num $3 --batch-size $2 --seed 777 --repeats 1 \
-        --temperature $1 --warmup row --no-cost-curve --json $out/rows2d-$model-b$2-t$1.json --md $out/rows2d-$model-b$2-t$1.md
+      cont=""; [ $2 = 8 ] && cont="--continuous"
+      taskset -c "${CORE:-0}" specvis bench --model "$model" $extra --methods "$all" --num $3 --batch-size $2 $cont \
+        --seed 777 --repeats 1 --temperature $1 --warmup row --no-cost-curve \
+        --json $out/rows2d-$model-b$2-t$1.json --md $out/rows2d-$model-b$2-t$1.md
     done ;;
   rows2d-q64) # the quality check of rows2d-emoji-t2i.md: the settings nearest issue 48's goals, 64 images, batch 8, seed 4848
     specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel,pjd:window=16:lag=4:init=vertical-repeat:accept=gsd:group=8"

@@ -1,4 +1,4 @@
-"""Where batch 8 loses step compression for the 2-D methods (issue 48's batch goal): the tail or a coupling.
+"""Where batch 8 loses step compression for the 2-D methods (issue 48's batch goal), and continuous batching.
 
     python scripts/rows2d_batch_tail.py [--prompts 32] [--batch 8] [--seed 777] [--specs SPEC,...]
                                         [--out docs/results/data/rows2d-batch-tail.json]
@@ -16,7 +16,11 @@ token (its top row), and each token's accept-map entry is the count its round co
   accepted length) against batch 1's on the same prompts (other seeds: equal up to sampling noise if no
   sample is slowed by a neighbour), and the mean per-image difference of forwards with its standard error;
 - the tail model: batch 1's per-image forwards grouped into the same batches, max per batch, as the
-  predicted batch step compression, against the measured one.
+  predicted batch step compression, against the measured one;
+- continuous batching (``pipe(..., batch_size=batch)``, ``specvis/methods/slots.py``): all images in one
+  call through ``batch`` rows, a finished image's row taking the next prompt, seed ``seed``; its step
+  compression (each row's tokens over the batched forwards, the prefix forwards of later images
+  included) against batch 1's.
 Step compression as the bench reports it: the mean over images of N / the forwards each took.
 Counts only: no time, no quality.
 """
@@ -37,7 +41,7 @@ from specvis.registry import build_method, describe, parse_method_spec
 from specvis.shards import batches
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECS = ["pjd:window=16:lag=4:init=vertical-repeat",
+SPECS = ["pjd", "pjd:window=16:lag=4:init=vertical-repeat",
          "pjd:window=16:lag=2:init=vertical-repeat:accept=gsd:group=32:delta_p=0.5",
          "zipar:window=1"]
 
@@ -59,6 +63,16 @@ def run(pipe, prompts: list[str], method, work: list, sampling) -> tuple[int, li
             raise RuntimeError(f"own forwards {own} disagree with mean accepted length {g.stats.mean_accepted_length}")
         out.append((g.stats.target_forwards, own))
     return N, out
+
+
+def run_continuous(pipe, prompts: list[str], method, images: int, batch: int, seed: int, sampling) -> dict:
+    """All ``images`` in one call through ``batch`` rows (continuous batching): its counts."""
+    g = pipe(prompts=[prompts[i % len(prompts)] for i in range(images)], method=method, sampling=sampling, seed=seed,
+             decode=False, batch_size=batch)
+    own = own_forwards(g.stats.accept_map)
+    return {"continuous_forwards": g.stats.target_forwards, "continuous_own_forwards": own,
+            "step_compression_continuous": g.stats.step_compression,
+            "step_compression_own_continuous": sum(g.stats.tokens / f for f in own) / len(own)}
 
 
 def summarise(spec: str, N: int, b: list[tuple[int, list[int]]], one: list[tuple[int, list[int]]], batch: int) -> dict:
@@ -105,17 +119,21 @@ def main() -> None:
     meta = {"model": "emoji-t2i", "images": a.prompts, "batch": a.batch, "seed": a.seed, "sampling": repr(sampling)}
     rows = data.get("rows", []) if all(data.get(k) == v for k, v in meta.items()) else []
     for spec in a.specs.split(","):
-        if any(r["spec"] == spec for r in rows):
-            continue  # resumed
         method = build_method(*parse_method_spec(spec))
-        N, b = run(pipe, prompts, method, work_b, sampling)
-        _, one = run(pipe, prompts, method, work_1, sampling)
-        name, config, rule = describe(method)
-        rows.append({"method": name, "config": config, "acceptance": rule, **summarise(spec, N, b, one, a.batch)})
-        r = rows[-1]
+        r = next((r for r in rows if r["spec"] == spec), None)
+        if r is None:
+            N, b = run(pipe, prompts, method, work_b, sampling)
+            _, one = run(pipe, prompts, method, work_1, sampling)
+            name, config, rule = describe(method)
+            r = {"method": name, "config": config, "acceptance": rule, **summarise(spec, N, b, one, a.batch)}
+            rows.append(r)
+        if "step_compression_continuous" not in r:  # resumed rows from before continuous batching
+            r.update(run_continuous(pipe, prompts, method, a.prompts, a.batch, a.seed, sampling))
+            r["continuous_over_batch1"] = r["step_compression_continuous"] / r["step_compression_batch1"]
         print(f"{spec}: batch {r['step_compression_batch']:.3f}  own at batch {a.batch} {r['step_compression_own_batch']:.3f}  "
               f"batch 1 {r['step_compression_batch1']:.3f}  tail model {r['step_compression_tail_model']:.3f}  "
-              f"forwards = max own: {r['batch_forwards_equal_max_own']}", flush=True)
+              f"forwards = max own: {r['batch_forwards_equal_max_own']}  continuous {r['step_compression_continuous']:.3f} "
+              f"({r['continuous_over_batch1']:.3f}x batch 1)", flush=True)
         write_text(path, json.dumps({**meta, "rows": rows}, indent=1))
 
 

@@ -104,7 +104,9 @@ def joint_labels(*reports: dict) -> list[list[str]]:
 def later(run: dict) -> bool:
     """A setting added after the first pass (scripts/bench_emoji.sh rows2d ``more``: ZipAR window 1, PJD with
     LANTERN, PJD lag 2 with GSD, resumed into the same JSON): its images/s come from a later, differently
-    loaded window."""
+    loaded window. A run made alone ran every setting in one pass."""
+    if (_load("rows2d-load.json") or {}).get("alone"):
+        return False
     return (run["method"] == "zipar" and run["config"].get("window") == 1) or \
         (run["method"] == "pjd" and (run["acceptance"] == "lantern" or run["config"].get("lag") == 2))
 
@@ -246,9 +248,31 @@ def goals() -> list[str]:
     r8 = dict(zip(lab8, b8["runs"]))
     ratios = {k: r8[k]["step_compression"] / runs[k]["step_compression"] for k in runs if k in r8 and runs[k]["method"] in ("pjd", "zipar")}
     low = [k for k, v in ratios.items() if v < 0.9]
-    lines.append(f"- Batch 8 step compression >= 0.9x batch 1 (PJD, ZipAR): **{'met' if not low else 'not met for ' + ', '.join(low)}** "
+    lines.append(f"- Batch 8 step compression >= 0.9x batch 1 (PJD, ZipAR), batches of 8 run one by one: "
+                 f"**{'met' if not low else 'not met for ' + ', '.join(low)}** "
                  "(" + ", ".join(f"{k}: {v:.3f}" for k, v in ratios.items()) + ")." + tail_sentence())
+    lines += continuous_verdict({ident(runs[k]): k for k in ratios})
     return lines + [""]
+
+
+def continuous_verdict(labels: dict[str, str]) -> list[str]:
+    """The batch goal with continuous batching (rows2d-batch-tail.json: the 32 images in one call through 8
+    rows), for every PJD / ZipAR setting of the batch-8 table."""
+    d = _load(TAIL)
+    rows = {ident(r): r for r in (d or {}).get("rows", []) if "step_compression_continuous" in r}
+    if not rows:
+        return []
+    seen = {k: rows[i] for i, k in labels.items() if i in rows}
+    missing = [k for i, k in labels.items() if i not in rows]
+    low = [k for k, r in seen.items() if r["continuous_over_batch1"] < 0.9]
+    verdict = "met" if not low and not missing else "not met for " + ", ".join(low + [f"{k} (not run)" for k in missing])
+    return [f"- Batch 8 step compression >= 0.9x batch 1 with continuous batching (`batch_size=8`: the {d['images']} images "
+            f"in one call through {d['batch']} rows, a finished image's row taking the next prompt; "
+            f"rows2d-batch-tail.json, `python scripts/rows2d_batch_tail.py`): **{verdict}** ("
+            + ", ".join(f"{k}: {r['step_compression_continuous']:.2f} against {r['step_compression_batch1']:.2f}, "
+                        f"{r['continuous_over_batch1']:.3f}" for k, r in seen.items())
+            + "). The loss left is one tail per call (the last images' rows idle) and one prefix forward per 8 later "
+              "images, instead of a tail per batch."]
 
 
 def decision(target: float) -> list[str]:
@@ -369,7 +393,7 @@ def tail_table() -> list[str]:
     d = _load(TAIL)
     if d is None:
         return []
-    out = ["## Batch 8: the tail (counts)", "",
+    out = ["## Batch 8: the tail, and continuous batching (counts)", "",
            f"From [data/{TAIL}](data/{TAIL}) (`python scripts/rows2d_batch_tail.py`): the {d['images']} images of the "
            f"batch-1 and batch-8 runs (image i prompt i mod 64; batch j seed {d['seed']} + j), each setting run at batch "
            f"{d['batch']} and at batch 1. A sample's *own* forwards are the rounds it was active in (from its accept map); "
@@ -377,16 +401,23 @@ def tail_table() -> list[str]:
            "/ forwards). *own* at batch 8 is the "
            "bench's mean accepted length; the tail model groups batch 1's per-image forwards into the same batches and "
            "takes each batch's maximum. Batch 1 and batch 8 draw other random numbers, so own figures agree up to "
-           "sampling noise (the difference in forwards per image is given with its standard error).", "",
+           "sampling noise (the difference in forwards per image is given with its standard error). *Continuous*: the "
+           f"same {d['images']} prompts in one call through {d['batch']} rows (`batch_size={d['batch']}`, seed "
+           f"{d['seed']}), a finished image's row restarting with the next prompt (specvis/methods/slots.py); its step "
+           "compression is each row's tokens over the batched forwards, the prefix forwards of the later images "
+           "included.", "",
            "| method | batch 1 | own at batch 8 | own forwards - batch 1's, per image | batch 8 (the batch's forwards) "
-           "| tail model | batch / own | batch forwards = slowest sample's |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+           "| tail model | batch / own | batch forwards = slowest sample's | continuous (one call, 8 rows) "
+           "| continuous / batch 1 |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for r in d["rows"]:
+        cont = ("- | -" if "step_compression_continuous" not in r else
+                f"{r['step_compression_continuous']:.2f} | {r['continuous_over_batch1']:.3f}")
         out.append(f"| {r['spec']} | {r['step_compression_batch1']:.2f} | {r['step_compression_own_batch']:.2f} | "
                    f"{r['own_minus_batch1_forwards_mean']:+.1f} ± {r['own_minus_batch1_forwards_se']:.1f} | "
                    f"{r['step_compression_batch']:.2f} | {r['step_compression_tail_model']:.2f} | "
                    f"{r['step_compression_batch'] / r['step_compression_own_batch']:.3f} | "
-                   f"{'yes' if r['batch_forwards_equal_max_own'] else 'no'} |")
+                   f"{'yes' if r['batch_forwards_equal_max_own'] else 'no'} | {cont} |")
     return out + [""]
 
 
@@ -413,6 +444,17 @@ def counts_table(name: str, title: str) -> list[str]:
     return out + [""]
 
 
+def speed_note() -> list[str]:
+    """How the speed columns were measured: alone (rows2d-load.json says so) or on the busy shared machine."""
+    if (_load("rows2d-load.json") or {}).get("alone"):
+        return ["**Speed was measured alone**: one benchmark at a time, one torch thread pinned to core 0, no other "
+                "job on the 2-core machine (the load averages are below). Step compression, mean accepted length "
+                "and quality do not depend on the load."]
+    return ["**Speed is measured on a busy shared 2-core machine** (other sessions' jobs ran alongside; the load "
+            "averages are below): images/s and speedup are what that machine gave, not a timing claim. Step "
+            "compression, mean accepted length and quality do not depend on the load."]
+
+
 def load_table(model: str) -> list[str]:
     d = _load("rows2d-load.json")
     rows = [r for r in (d or {}).get("runs", []) if r["run"].startswith(f"rows2d-{model}-b")]
@@ -424,8 +466,8 @@ def load_table(model: str) -> list[str]:
     one = [x[1] for x in d.get("load_log", [])]
     if one:
         out += ["", f"Read once a minute from {d['load_log'][0][0]} to {d['load_log'][-1][0]} UTC, the 1-minute load "
-                f"ranged {min(one):.2f}-{max(one):.2f} (mean {sum(one) / len(one):.2f}) on the 2 cores: each run had "
-                "well under one core to itself."]
+                f"ranged {min(one):.2f}-{max(one):.2f} (mean {sum(one) / len(one):.2f}) on the 2 cores"
+                + (": the benchmark's own thread." if d.get("alone") else ": each run had well under one core to itself.")]
     return out + [""]
 
 
@@ -444,17 +486,18 @@ def page(model: str) -> str:
            "at T = 1 (the model's sampling) and greedy, batch 1 and 8, one timed pass, one torch thread "
            "(`OMP_NUM_THREADS=1`), `--warmup row --no-cost-curve` (the exact commands: `scripts/bench_emoji.sh rows2d "
            f"{model}`). SJD is window 16, vertical-sample init, Gumbel coupling; GSD is that SJD with `accept=gsd:group=8`; "
-           "PJD and ZipAR as the spec column says (`pjd:...:accept=gsd` is PJD with GSD's rule on the top row).", "",
-           "**Speed is measured on a busy shared 2-core machine** (other sessions' jobs ran alongside; the load "
-           "averages are below): images/s and speedup are what that machine gave, not a timing claim. Step "
-           "compression, mean accepted length and quality do not depend on the load.", "",
+           "PJD and ZipAR as the spec column says (`pjd:...:accept=gsd` is PJD with GSD's rule on the top row)."
+           + (" Batch 8 is continuous batching (`--continuous`): each method's images in one call through 8 rows, a "
+              "finished image's row taking the next; its step compression is each row's tokens over the batched forwards."
+              if (_load(f"rows2d-{model}-b8-t1.json") or {}).get("continuous") else ""), "",
+           *speed_note(), "",
            "Quality: FID proxy (the bundle classifier's features against its reference set) with ± the std over "
            "the seed groups (consecutive batches; their number is in each quality table's heading); class accuracy with ± the std of the per-group "
            "accuracy. \"vs AR\" is the FID proxy's difference from AR's in the same run: *inside* when within AR's "
            "seed-group std (the goal's test, noise), else better/worse, and whether it is still within the combined spread "
            "sqrt(std_AR^2 + std^2). SJD and AR sample the same law (SJD is exact), so SJD's difference from AR is "
            "pure noise: it shows how far an equal-law method lands from AR at these image counts. The image counts (in each "
-           "table's heading) are small because the shared machine gave each run about a fifth of a core: a "
+           "table's heading) are small (a 2-core machine): a "
            "group's FID proxy comes from 2-8 images, so spreads are wide and only large changes are measurable.", ""]
     out += load_table(model)
     if model == "emoji-t2i":
