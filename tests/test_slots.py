@@ -5,6 +5,7 @@ The tiny models' laws depend on the whole prefix and on position (``exactness.ti
 restarted row that kept any key or value of its previous sample, its prefix length, its tracked
 positions or its committed buffer would change greedy tokens."""
 
+import fake_cuda
 import pytest
 import torch
 from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_model
@@ -114,3 +115,18 @@ def test_restarted_rows_sample_the_exact_law(target, method):
     or the kept rows' ring or race overwritten by a restart."""
     sampling = sv.Sampling(temperature=0.7, cfg_scale=2.5)
     assert check_method(target, method, sampling, batch=5000, batch_size=97) > 1e-3
+
+
+@pytest.mark.parametrize("method", [sv.AR(), sv.SJD(window=4, init="vertical-sample")], ids=["ar", "sjd"])
+def test_captured_rounds_restart_rows_as_eager_rounds_do(layouts, method, monkeypatch):
+    """Rows restart between replays of a captured round (the CPU stand-in of the CUDA graph API):
+    the same tokens and forwards as eager rounds at temperature 1, so a restart writes only state the
+    captured round reads in place."""
+    m = layouts["row-end"]
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    eager = sv.generate(m, condition_rows(m, ORDER), method, sampling, seed=5, batch_size=3)
+    fake = fake_cuda.install(monkeypatch)
+    graphed = sv.generate(m, condition_rows(m, ORDER), method, sampling, seed=5, batch_size=3, graphs=True)
+    assert torch.equal(eager.tokens, graphed.tokens)
+    assert eager.stats.target_forwards == graphed.stats.target_forwards
+    assert fake.replays >= 1
