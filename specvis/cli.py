@@ -430,6 +430,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     name, config, rule = describe(method if out.calibration is not None else ran)
     stats = {"model": a.model, "method": name, "config": config, "acceptance": rule, "lossless": bool(method.lossless),
              "default_method": not a.method, **conditions, "seed": a.seed,
+             **({"batch_size": a.batch_size} if a.batch_size is not None else {}),
              "sampling": vars(sampling) if hasattr(sampling, "__dict__") else {},
              **s.to_dict(), **({"compare_ar": compare} if compare else {}), "accept_map": s.accept_map.tolist()}
     if out.calibration is not None:  # sv.Auto: the method it ran, and why

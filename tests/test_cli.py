@@ -24,6 +24,22 @@ def test_generate_random_tiny_writes_pngs_and_stats(tmp_path):
     assert len(stats["accept_map"]) == 4
 
 
+def test_generate_batch_size_runs_the_images_through_fewer_rows(tmp_path, capsys):
+    """--batch-size 2 with 5 images: continuous batching, the images of a one-call run (AR: 3 waves of
+    the 64-token stream), recorded in stats.json; a method that cannot restart rows exits 2 in one line."""
+    assert main(["generate", "--model", "random-tiny", "--method", "ar", "--num", "5", "--batch-size", "2",
+                 "--out", str(tmp_path / "a")]) == 0
+    stats = json.loads((tmp_path / "a" / "stats.json").read_text())
+    assert stats["batch_size"] == 2 and len(stats["accept_map"]) == 5 and stats["target_forwards"] == 3 * 64
+    assert len(list((tmp_path / "a").glob("00*.png"))) == 5
+    capsys.readouterr()
+    assert main(["generate", "--model", "random-tiny", "--method", "speculative", "--num", "5", "--batch-size", "2",
+                 "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "method speculative does not support" in err and err.count("\n") == 1
+    assert not (tmp_path / "s").exists()
+
+
 def test_generate_speculative_counts_draft_forwards(tmp_path):
     assert main(["generate", "--model", "random-tiny", "--method", "speculative", "--gamma", "3",
                  "--class", "1", "2", "--out", str(tmp_path)]) == 0
@@ -39,6 +55,7 @@ def test_generate_speculative_counts_draft_forwards(tmp_path):
     (["generate", "--model", "random-tiny", "--gamma", "x"], "--gamma"),
     (["generate", "--model", "random-tiny", "--method", "warp"], "unknown method 'warp'"),
     (["generate", "--model", "random-tiny", "--method", "speculative", "--gamma", "0"], "gamma"),
+    (["generate", "--model", "random-tiny", "--batch-size", "0"], "--batch-size must be >= 1"),
     (["bench", "--model", "random-tiny", "--num", "0"], "--num"),
 ])
 def test_bad_input_is_one_line(args, needle, tmp_path):
