@@ -1,7 +1,7 @@
 """Faithfulness of ``sv.PJD`` to the official PJD loop (Lumina-mGPT), greedily, on a tiny random Lumina-mGPT.
 
-    python scripts/faithfulness_pjd.py PATH/TO/PJD_CHECKOUT [--grid 8] [--settings 8:8 4:2 8:2]
-        [--prompts 4] [--sharp 1000] [--out docs/results/archive/pjd-faithfulness]
+    python scripts/faithfulness_pjd.py PATH/TO/PJD_CHECKOUT [--grid 8] [--settings 8:8 4:4 4:2]
+        [--prompts 4] [--sharp 1e6] [--sweep 10] [--out docs/results/archive/pjd-faithfulness]
 
 It needs transformers 4.44-4.46 (the official ``_sample`` override takes ``logits_warper`` and reads
 ``DynamicCache.key_cache``), so it runs in its own environment, with specvis from the working tree::
@@ -58,15 +58,19 @@ CFG, image and top-k processors, greedy) vs ``sv.AR``.
 Greedy. The official ``do_sample=False`` still runs the probabilistic test r < min(1, p/q) on the softmax of
 the guided logits and draws residuals from it (pjd_zipar_brief A6-5): at unit scale it is not greedy. With
 ``--sharp`` s the logits are s times larger, the softmax is one-hot in float32 and the official loop
-becomes deterministic greedy Jacobi decoding, which is what specvis's temperature 0 runs; the unit-scale
-model (``--sharp 1``) shows the stochastic case.
+becomes deterministic greedy Jacobi decoding, which is what specvis's temperature 0 runs (at 1e3 a near
+tie in the raw logits still left a p of 0.59); the unit-scale model (``--sharp 1``) shows the stochastic case.
 
 Reported per setting (window:lag): equal image tokens overall and per image row, and forwards: the
 official model's forward calls (a hook; Lumina-mGPT's AR also calls the model for its unconditional
 branch: not counted) and specvis's ``target_forwards``. specvis prefills [begin-image, h, w] with the
 prompt; the official loop spends three more forwards generating them, so "forwards equal" compares the
-official count minus 3. And, from a mask dump of every official Jacobi step, the steps whose Row-Causal
-Mask leaves a draft of an active row above visible to a query of a lower row (A6-1).
+official count minus 3. From a mask dump of every official Jacobi step, the steps whose Row-Causal Mask
+leaves a draft of an active row above visible to a query of a lower row (A6-1). Each loop against itself at
+seed + 1 (the official's random first drafts come from the global RNG, specvis's from its generator: the
+noise floor of a comparison). And a seed sweep (``--sweep`` seeds per prompt, each official loop and
+specvis): the share of official runs whose grid, and whose forward count minus 3, specvis also produced
+for that prompt under some seed.
 """
 
 from __future__ import annotations
@@ -331,16 +335,35 @@ def compare(theirs: list[list[int]], mine: list[list[int]], grid: int) -> dict:
     return {"equal_tokens": round(float(eq.mean()), 4), "equal_by_row": [round(float(x), 3) for x in eq.mean((0, 2))]}
 
 
+def sweep(setting: str, name: str, theirs: list[list[tuple]], mine: list[list[tuple]]) -> dict:
+    """Over seeds (runs per prompt: (tokens, forwards)): how often an official run's grid (its forward count
+    minus the 3 structure steps) is one that specvis produced for that prompt under some seed, and the
+    distinct grids each produced."""
+    grid_hits = fwd_hits = runs = 0
+    for t_runs, m_runs in zip(theirs, mine):
+        grids, fwds = {tuple(t) for t, _ in m_runs}, {f for _, f in m_runs}
+        grid_hits += sum(tuple(t) in grids for t, _ in t_runs)
+        fwd_hits += sum(f - 3 in fwds for _, f in t_runs)
+        runs += len(t_runs)
+    return {"setting": setting, "official": name, "runs": runs,
+            "grid_in_specvis_grids": round(grid_hits / runs, 3), "forwards_in_specvis_counts": round(fwd_hits / runs, 3),
+            "official_distinct_grids": [len({tuple(t) for t, _ in r}) for r in theirs],
+            "specvis_distinct_grids": [len({tuple(t) for t, _ in r}) for r in mine],
+            "official_forwards_minus_3": [sorted({f - 3 for _, f in r}) for r in theirs],
+            "specvis_forwards": [sorted({f for _, f in r}) for r in mine]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("pjd", type=Path, help="the assembled checkout (module docstring)")
     ap.add_argument("--grid", type=int, default=8, help="image tokens per side (square: the official loop assumes H = W)")
     ap.add_argument("--settings", nargs="+", default=["8:8", "4:4", "4:2"], help="window:lag (official 8:8)")
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--sharp", type=float, default=1000.0, help="lm_head scale (1: unit-scale logits)")
+    ap.add_argument("--sharp", type=float, default=1e6, help="lm_head scale (1: unit-scale logits)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variants", nargs="*", default=sorted(VARIANTS), choices=sorted(VARIANTS),
                     help="diagnostic variants of the official loop (module docstring)")
+    ap.add_argument("--sweep", type=int, default=10, help="seeds per prompt of the seed sweep (0: none)")
     ap.add_argument("--out", help="write OUT.json and OUT.md")
     a = ap.parse_args()
     for f in ("scheduler/jacobi_iteration_lumina_mgpt.py", "scheduler/logit_processor_3dim.py",
@@ -365,6 +388,7 @@ def main() -> None:
     rows = []
 
     grid = a.grid
+    sweeps = []
 
     def pair(setting: str, a: str, b: str, ra: list, rb: list) -> None:
         """One comparison: run ``a`` against run ``b``, per prompt (tokens, forwards[, mask dump])."""
@@ -395,12 +419,18 @@ def main() -> None:
             for v, o in variants.items():
                 pair(setting, f"official ({v})", "specvis, PJD's uncond rows",
                      [official_pjd(o, path, p, grid, w, l, a.seed) for p in prompts], pjd)
-    for r in rows:
+            if a.sweep:
+                seeds = range(a.seed, a.seed + a.sweep)
+                mine = [[specvis_run(ours, p, grid, method, pjd_uncond, s) for s in seeds] for p in prompts]
+                for name, o in [("official", off)] + [(f"official ({v})", o) for v, o in variants.items()]:
+                    theirs = [[official_pjd(o, path, p, grid, w, l, s)[:2] for s in seeds] for p in prompts]
+                    sweeps.append(sweep(setting, name, theirs, mine))
+    for r in rows + sweeps:
         print(json.dumps(r))
     if a.out:
         out = Path(a.out)
         data = {"grid": grid, "seed": a.seed, "sharp": a.sharp, "cfg": CFG, "settings": a.settings,
-                "prompts": prompts, "rows": rows}
+                "prompts": prompts, "rows": rows, "sweep_seeds": a.sweep, "sweeps": sweeps}
         lines = [f"# PJD: specvis vs the official PJD loop (tiny Lumina-mGPT, {grid}x{grid}, greedy, CFG {CFG:g}, "
                  f"lm_head x{a.sharp:g})", "",
                  f"Produced by `python scripts/faithfulness_pjd.py PJD_CHECKOUT --grid {grid} --settings "
@@ -416,6 +446,18 @@ def main() -> None:
             lines.append(f"| {r['setting']} | {r['a']} | {r['b']} | {' '.join(map(str, r['a_forwards']))} | "
                          f"{' '.join(map(str, r['b_forwards']))} | {r['equal_tokens']:.3f} | "
                          f"{' '.join(f'{x:.2f}' for x in r['equal_by_row'])} | {mask} |")
+        if sweeps:
+            lines += ["", f"Seed sweep: each prompt decoded with seeds {a.seed}..{a.seed + a.sweep - 1} by each official "
+                      "loop and by specvis (PJD's unconditional rows); share of official runs whose grid (forward count "
+                      "minus 3) specvis also produced for that prompt, and distinct grids / forward counts per prompt.", "",
+                      "| setting | official | runs | grid among specvis's | forwards among specvis's | official distinct "
+                      "grids | specvis distinct grids | official forwards - 3 | specvis forwards |",
+                      "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- |"]
+            fmt = lambda xs: " ".join("/".join(map(str, x)) if isinstance(x, list) else str(x) for x in xs)
+            lines += [f"| {r['setting']} | {r['official']} | {r['runs']} | {r['grid_in_specvis_grids']:.2f} | "
+                      f"{r['forwards_in_specvis_counts']:.2f} | {fmt(r['official_distinct_grids'])} | "
+                      f"{fmt(r['specvis_distinct_grids'])} | {fmt(r['official_forwards_minus_3'])} | "
+                      f"{fmt(r['specvis_forwards'])} |" for r in sweeps]
         for suffix, text in ((".json", json.dumps(data, indent=1)), (".md", "\n".join(lines) + "\n")):
             write_text(out.with_suffix(suffix), text)
 
