@@ -370,6 +370,14 @@ def main() -> None:
               "lumina_mgpt/model/chameleon/modeling_chameleon.py", "lumina_mgpt/inference_solver.py"):
         if not (a.pjd / f).is_file():
             ap.error(f"{a.pjd} is not an assembled PJD checkout (no {f}; see the module docstring)")
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    if (major, minor) < (4, 44) or (major, minor) > (4, 46):
+        ap.error(f"the official loop needs transformers 4.44-4.46, this environment has {transformers.__version__} "
+                 "(set-up in the module docstring)")
+    if a.prompts < 1 or a.sweep < 0 or not a.sharp > 0:
+        ap.error(f"--prompts must be >= 1, --sweep >= 0 and --sharp > 0, got {a.prompts}, {a.sweep}, {a.sharp}")
     if a.grid < 2 or a.grid % 2:
         ap.error(f"--grid must be an even number >= 2 (Lumina-mGPT's 32-px size tokens), got {a.grid}")
     settings = []
