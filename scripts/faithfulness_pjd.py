@@ -398,9 +398,11 @@ def main() -> None:
     grid = a.grid
     sweeps = []
 
-    def pair(setting: str, a: str, b: str, ra: list, rb: list) -> None:
-        """One comparison: run ``a`` against run ``b``, per prompt (tokens, forwards[, mask dump])."""
+    def pair(setting: str, a: str, b: str, ra: list, rb: list, a_off: int = 0, b_off: int = 0) -> None:
+        """One comparison: run ``a`` against run ``b``, per prompt (tokens, forwards[, mask dump]); their forward
+        counts are compared after subtracting ``a_off`` / ``b_off`` (the official loops' structure steps)."""
         row = {"setting": setting, "a": a, "b": b, "a_forwards": [r[1] for r in ra], "b_forwards": [r[1] for r in rb],
+               "forwards_equal": sum(x[1] - a_off == y[1] - b_off for x, y in zip(ra, rb)),
                **compare([r[0] for r in ra], [r[0] for r in rb], grid)}
         if len(ra[0]) > 2:
             row["a_mask"] = [r[2] for r in ra]
@@ -411,22 +413,22 @@ def main() -> None:
         ours = load_decoder(path, grid, grid)
         pjd_uncond = [EOT, BOI, SIZE0 + grid // 2, SIZE0 + grid // 2]
         pair("ar", "official (Lumina-mGPT generate)", "specvis AR", [official_ar(off, path, p, grid) for p in prompts],
-             [specvis_run(ours, p, grid, sv.AR(), None, a.seed) for p in prompts])
+             [specvis_run(ours, p, grid, sv.AR(), None, a.seed) for p in prompts], a_off=4)
         variants = {v: Official(a.pjd, v) for v in a.variants}
         for w, l in settings:
             setting, method = f"pjd {w}:{l}", sv.PJD(window=w, lag=l)
             theirs = [official_pjd(off, path, p, grid, w, l, a.seed) for p in prompts]
             pjd = [specvis_run(ours, p, grid, method, pjd_uncond, a.seed) for p in prompts]
-            pair(setting, "official", "specvis, PJD's uncond rows", theirs, pjd)
+            pair(setting, "official", "specvis, PJD's uncond rows", theirs, pjd, a_off=3)
             pair(setting, "official", "specvis, Lumina-mGPT's uncond rows", theirs,
-                 [specvis_run(ours, p, grid, method, None, a.seed) for p in prompts])
+                 [specvis_run(ours, p, grid, method, None, a.seed) for p in prompts], a_off=3)
             pair(setting, f"official, seed {a.seed + 1}", "official",
                  [official_pjd(off, path, p, grid, w, l, a.seed + 1) for p in prompts], theirs)
             pair(setting, f"specvis, PJD's uncond rows, seed {a.seed + 1}", "specvis, PJD's uncond rows",
                  [specvis_run(ours, p, grid, method, pjd_uncond, a.seed + 1) for p in prompts], pjd)
             for v, o in variants.items():
                 pair(setting, f"official ({v})", "specvis, PJD's uncond rows",
-                     [official_pjd(o, path, p, grid, w, l, a.seed) for p in prompts], pjd)
+                     [official_pjd(o, path, p, grid, w, l, a.seed) for p in prompts], pjd, a_off=3)
             if a.sweep:
                 seeds = range(a.seed, a.seed + a.sweep)
                 mine = [[specvis_run(ours, p, grid, method, pjd_uncond, s) for s in seeds] for p in prompts]
@@ -444,15 +446,18 @@ def main() -> None:
                  f"Produced by `python scripts/faithfulness_pjd.py PJD_CHECKOUT --grid {grid} --settings "
                  f"{' '.join(a.settings)} --prompts {a.prompts} --sharp {a.sharp:g} --seed {a.seed}` (checkout, "
                  "substitutions, setting and variants in its docstring). Forwards per prompt; an official count "
-                 "includes the three steps generating begin-image, h, w, which specvis prefills (so official - 3 "
-                 "is comparable), and, for plain AR, the end-of-image step. RCM leaks: official Jacobi steps whose "
-                 "Row-Causal Mask leaves a draft of an active row above visible to a lower row, per prompt.", "",
-                 "| setting | A | B | A forwards | B forwards | equal tokens | equal by image row | A's RCM leaks / steps |",
-                 "| --- | --- | --- | --- | --- | ---: | --- | --- |"]
+                 "includes the three steps generating begin-image, h, w, which specvis prefills, and, for plain AR, "
+                 "the end-of-image step; \"equal\": prompts whose counts agree once those are subtracted. RCM "
+                 "leaks: official Jacobi steps whose Row-Causal Mask leaves a draft of an active row above visible "
+                 "to a lower row, per prompt.", "",
+                 "| setting | A | B | A forwards | B forwards | forwards equal | equal tokens | equal by image row | "
+                 "A's RCM leaks / steps |",
+                 "| --- | --- | --- | --- | --- | ---: | ---: | --- | --- |"]
         for r in rows:
             mask = " ".join(f"{d['rcm_leak_steps']}/{d['jacobi_steps']}" for d in r.get("a_mask", [])) or "-"
             lines.append(f"| {r['setting']} | {r['a']} | {r['b']} | {' '.join(map(str, r['a_forwards']))} | "
-                         f"{' '.join(map(str, r['b_forwards']))} | {r['equal_tokens']:.3f} | "
+                         f"{' '.join(map(str, r['b_forwards']))} | {r['forwards_equal']}/{len(prompts)} | "
+                         f"{r['equal_tokens']:.3f} | "
                          f"{' '.join(f'{x:.2f}' for x in r['equal_by_row'])} | {mask} |")
         if sweeps:
             lines += ["", f"Seed sweep: each prompt decoded with seeds {a.seed}..{a.seed + a.sweep - 1} by each official "
