@@ -292,7 +292,7 @@ class CachedStack:
         last = (lengths - 1)[:, None, None]
         return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0], h.gather(1, last.expand(-1, 1, h.shape[-1]))[:, 0]
 
-    def prefill_prefixes(self, conditions) -> tuple[torch.Tensor, "Prefixes"]:
+    def prefill_prefixes(self, conditions) -> tuple[torch.Tensor, Prefixes]:
         """``prefill`` of other rows than the cache's, into a cache of their own: the logits after each
         row's prefix and the prefixes' keys and values, to be loaded into rows of the running cache
         (``load_prefixes``; continuous batching, ``methods/slots.py``). The running cache is untouched."""
@@ -308,7 +308,7 @@ class CachedStack:
             self.cache, self._plan, self.prefix_lengths = running
         return logits, prefixes
 
-    def load_prefixes(self, rows: torch.Tensor, prefixes: "Prefixes", which: torch.Tensor) -> None:
+    def load_prefixes(self, rows: torch.Tensor, prefixes: Prefixes, which: torch.Tensor) -> None:
         """Cache rows ``rows`` restart from prefixes ``which`` (``prefill_prefixes``): their keys and values,
         lengths and prefix lengths; nothing of the stream is committed and no slot holds a position."""
         width = prefixes.k.shape[3]
