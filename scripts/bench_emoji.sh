@@ -136,10 +136,10 @@ case "${1:-main}" in
       all=$specs; [ $1 = 1 ] && all+=$more
       cont=""; [ $2 = 8 ] && cont="--continuous"
       run=rows2d-$model-b$2-t$1  # LOADLOG=FILE: each run's start and end with /proc/loadavg (rows2d-load.json)
-      [ -n "$LOADLOG" ] && echo "$run start $(date -u +%T) $(cut -d' ' -f1-3 /proc/loadavg)" >> "$LOADLOG"
+      if [ -n "${LOADLOG:-}" ]; then echo "$run start $(date -u +%T) $(cut -d' ' -f1-3 /proc/loadavg)" >> "$LOADLOG"; fi
       taskset -c "${CORE:-0}" specvis bench --model "$model" $extra --methods "$all" --num $3 --batch-size $2 $cont \
         --seed 777 --repeats 1 --temperature $1 --warmup row --no-cost-curve --json $out/$run.json --md $out/$run.md
-      [ -n "$LOADLOG" ] && echo "$run end $(date -u +%T) $(cut -d' ' -f1-3 /proc/loadavg)" >> "$LOADLOG"
+      if [ -n "${LOADLOG:-}" ]; then echo "$run end $(date -u +%T) $(cut -d' ' -f1-3 /proc/loadavg)" >> "$LOADLOG"; fi
     done ;;
   rows2d-q64) # the quality check of rows2d-emoji-t2i.md: the settings nearest issue 48's goals, 64 images, batch 8, seed 4848
     specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel,pjd:window=16:lag=4:init=vertical-repeat:accept=gsd:group=8"

@@ -34,6 +34,7 @@ DATA = ROOT / "docs" / "results" / "data"
 RUNS = [("T=1", "t1", 1), ("T=1", "t1", 8), ("greedy", "t0", 1), ("greedy", "t0", 8)]
 FAMILY = {"zipar": "ZipAR", "pjd": "PJD"}
 Q64, Q128, TAIL = "rows2d-emoji-t2i-b8-t1-q64.json", "rows2d-emoji-t2i-b8-t1-q128.json", "rows2d-batch-tail.json"
+TAIL128 = "rows2d-batch-tail-128.json"  # the same study with 128 images per call
 
 
 def ident(run: dict) -> str:
@@ -253,10 +254,25 @@ def goals() -> list[str]:
             "with continuous batching (the batch-8 run, T = 1 tables below: each method's 32 images in one call through 8 rows, a "
             "finished image's row taking the next prompt)", ratios)
             + " The loss left is one tail per call (the last images' rows idle) and one prefix forward per 8 later "
-              "images, instead of a tail per batch; rows2d-batch-tail.json's continuous column is the same call."]
+              "images, instead of a tail per batch; rows2d-batch-tail.json's continuous column is the same call."
+            + more_images(labels)]
     else:
         lines.append(_verdict("batches of 8 run one by one", ratios) + tail_sentence())
     return lines + [""]
+
+
+def more_images(labels: dict[str, str]) -> str:
+    """The continuous figure with more images per call (rows2d-batch-tail-128.json), where it was run."""
+    d = _load(TAIL128)
+    rows = [(labels.get(ident(r), r["spec"]), r) for r in (d or {}).get("rows", []) if "step_compression_continuous" in r]
+    if not rows:
+        return ""
+    return (f" With {d['images']} images per call (image i prompt i mod 64, seed {d['seed']}: "
+            f"[data/{TAIL128}](data/{TAIL128}), `python scripts/rows2d_batch_tail.py --prompts {d['images']}`), against "
+            "batch 1 on the same images: " + ", ".join(
+                f"{k}: {r['step_compression_continuous']:.2f} against {r['step_compression_batch1']:.2f}, "
+                f"{r['continuous_over_batch1']:.3f} (batches of 8 one by one: "
+                f"{r['step_compression_batch'] / r['step_compression_batch1']:.3f})" for k, r in rows) + ".")
 
 
 def _verdict(how: str, ratios: dict[str, float]) -> str:
