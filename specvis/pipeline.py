@@ -221,6 +221,8 @@ class Pipeline:
         images at once, a finished one's row taking the next (continuous batching, ``generate``). Each
         argument is checked before any forward; the family builds the condition, the memory plan is
         checked, the family runs and decodes."""
+        if batch_size is not None:
+            batch_size = checks.integer(batch_size, "batch_size", low=1)
         request = Request(classes, prompts, negative_prompts, height, width, positive_suffix, num_iter, cfg_schedule,
                           batch_size)
         self.family.check_request(self, request)

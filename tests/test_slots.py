@@ -130,3 +130,18 @@ def test_captured_rounds_restart_rows_as_eager_rounds_do(layouts, method, monkey
     assert torch.equal(eager.tokens, graphed.tokens)
     assert eager.stats.target_forwards == graphed.stats.target_forwards
     assert fake.replays >= 1
+
+
+def test_a_pipeline_call_checks_batch_size_before_any_forward():
+    """``pipe(..., batch_size=)``: one-line errors naming the argument, and the images of the call in
+    the classes' order (AR: 3 samples through 2 rows, two waves of the stream's forwards)."""
+    from specvis.zoo import load
+
+    pipe = load("random-tiny")
+    for bad in (0, -1, "x", 2.5):
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+            pipe([1, 2, 3], "ar", batch_size=bad)
+    out = pipe([1, 2, 3], "ar", GREEDY, batch_size=2)
+    alone = pipe([3], "ar", GREEDY)
+    assert len(out.images) == 3 and out.stats.target_forwards == 2 * pipe.target.layout.stream_len
+    assert torch.equal(out.tokens[2], alone.tokens[0])
