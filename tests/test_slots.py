@@ -145,3 +145,19 @@ def test_a_pipeline_call_checks_batch_size_before_any_forward():
     alone = pipe([3], "ar", GREEDY)
     assert len(out.images) == 3 and out.stats.target_forwards == 2 * pipe.target.layout.stream_len
     assert torch.equal(out.tokens[2], alone.tokens[0])
+
+
+@pytest.mark.parametrize("grid", [2, 6])
+@pytest.mark.parametrize("method", [sv.AR(), sv.SJD(window=4), sv.ZipAR(window=1)], ids=["ar", "sjd", "zipar"])
+def test_restarted_rows_stay_inside_the_live_span(grid, method):
+    """With live spans of 8 slots checked (``CHECK_LIVE``), no forward attends a slot past its span while
+    rows restart: the caches' bound must cover a restarted row's new prefix even when it is longer than
+    the stream of the row it replaces (2x2 grid, prompts of up to 5 tokens), and the tokens equal the
+    whole-cache run's."""
+    from test_live_attention import live
+
+    m = tiny_prompt_model(0, vocab=7, height=grid, width=grid)
+    whole = sv.generate(m, condition_rows(m, ORDER), method, GREEDY, batch_size=3)
+    with live(8):
+        spanned = sv.generate(m, condition_rows(m, ORDER), method, GREEDY, batch_size=3)
+    assert torch.equal(whole.tokens, spanned.tokens)

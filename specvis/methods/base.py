@@ -131,15 +131,19 @@ class DecodeContext:
     def done(self) -> bool:
         """True when every row has its whole grid (one host sync per decoding step). The same transfer
         reads the longest row of every live cache, which tightens its live-span bound. With more samples
-        than rows, finished samples leave and waiting ones restart free rows first (``SlotQueue.turn``)."""
-        every = None if self.queue is None else self.queue.turn(self)
+        than rows it reads which rows are complete: their samples leave and waiting ones restart free
+        rows (``SlotQueue.turn``), and it is True when every sample is done."""
+        complete = self.n >= self.L
+        if self.queue is None:
+            complete = complete.all()[None]
         caches = self.live_caches()
-        if not caches:
-            return bool((self.n >= self.L).all()) if every is None else every
-        flags = torch.stack([(self.n >= self.L).all().long(), *(c.length.max() for c in caches)]).tolist()
-        for cache, longest in zip(caches, flags[1:]):
+        flags = torch.cat([complete.long(), *(c.length.max()[None] for c in caches)]).tolist()
+        rows = len(flags) - len(caches)
+        for cache, longest in zip(caches, flags[rows:]):
             cache.refresh(longest)
-        return bool(flags[0]) if every is None else every
+        if self.queue is None:
+            return bool(flags[0])
+        return self.queue.turn(self, flags[:rows])
 
     def restart_rows(self, rows: torch.Tensor, first: torch.Tensor) -> None:
         """Rows ``rows`` start a new sample whose first token is ``first`` (drawn from its prefix's law, a

@@ -49,10 +49,9 @@ class SlotQueue:
         self.wave = None  # (law, prefixes, first sample) of the prefixes computed ahead
         self.computed = S  # samples whose prefixes were computed (the first S by the decode's prefill)
 
-    def turn(self, ctx) -> bool:
-        """Move out the samples whose rows are complete, restart free rows with waiting samples; True
-        when every sample is done (one host read)."""
-        complete = (ctx.n >= ctx.L).tolist()
+    def turn(self, ctx, complete: list[int]) -> bool:
+        """Move out the samples whose rows are ``complete`` (per row, read by the done-check), restart free
+        rows with waiting samples; True when every sample is done."""
         out = [r for r in range(self.rows) if self.held[r] and complete[r]]
         if out:
             rows = torch.tensor(out, device=ctx.device)

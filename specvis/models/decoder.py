@@ -318,6 +318,7 @@ class CachedStack:
         self.cache.k[:, rows, :, :width] = prefixes.k[:, which]
         self.cache.v[:, rows, :, :width] = prefixes.v[:, which]
         self.cache.length[rows] = prefixes.lengths[which]
+        self.cache.bound = max(self.cache.bound, width)  # the live-span bound covers the new rows (host side)
         self.prefix_lengths[rows] = prefixes.prefix_lengths[which]
         if self.cache.pos is not None:
             self.cache.pos[rows] = -1
