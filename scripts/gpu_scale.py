@@ -417,7 +417,7 @@ def skeleton(device: torch.device, dtype: torch.dtype, plan: Plan) -> dict:
         "shapes": {"7b": {"floor_ms": None, "ar_step_ms": {str(b): None for b in plan.ar_batches},
                           "cost_ms": {str(b): {str(k): None for k in plan.cost_tokens} for b in plan.cost_batches},
                           "sjd_round_ms": {str(w): None for w in plan.sjd_windows}, "spec_round_ms": None}},
-        "vs_transformers": {"1": None, "8": None},
+        "vs_transformers": {"1": None, "8": None, "transformers_patched": None},
         "emoji": {"1": json.loads(json.dumps(batch)), "8": json.loads(json.dumps(batch))},
         "emoji_t2i": {"1": json.loads(json.dumps(batch)), "8": json.loads(json.dumps(batch))},
         "projection_lumina_768_s": {"ar": None, "sjd": None,
@@ -670,6 +670,33 @@ def hf_janus(plan: Plan, device: torch.device, dtype: torch.dtype, ids: dict):
     return model
 
 
+JANUS_CACHE_FIXED = "5.23.0"  # the first version known to pass prefill_chunk_size from Janus's generate (the pin)
+
+
+def janus_generate_shim(model, version: str) -> dict | None:
+    """transformers before ``JANUS_CACHE_FIXED`` (5.17.0 is the device's): ``JanusForConditionalGeneration.
+    generate`` calls ``GenerationMixin._prepare_static_cache`` without its required ``prefill_chunk_size``
+    and fails with a TypeError. On those versions this model's own ``_prepare_static_cache`` (an instance
+    attribute; the class and other models untouched) passes ``generation_config.prefill_chunk_size`` (None
+    unless set: no chunked prefill), what the fixed Janus passes. Returns what was patched (the report's
+    ``transformers_patched``), or None where nothing was."""
+    from packaging.version import Version
+
+    if Version(version) >= Version(JANUS_CACHE_FIXED):
+        return None
+    original = model._prepare_static_cache
+
+    def prepare_static_cache(cache_implementation, batch_size, max_cache_len, model_kwargs, prefill_chunk_size=None):
+        chunk = model.generation_config.prefill_chunk_size if prefill_chunk_size is None else prefill_chunk_size
+        return original(cache_implementation=cache_implementation, batch_size=batch_size, max_cache_len=max_cache_len,
+                        prefill_chunk_size=chunk, model_kwargs=model_kwargs)
+
+    model._prepare_static_cache = prepare_static_cache
+    return {"transformers": version, "what": "JanusForConditionalGeneration._prepare_static_cache on this model: "
+            "passes generation_config.prefill_chunk_size, which Janus's generate omits before " + JANUS_CACHE_FIXED,
+            "prefill_chunk_size": model.generation_config.prefill_chunk_size}
+
+
 def specvis_janus(hf, ids: dict, side: int) -> PromptDecoder:
     """specvis's Janus decoder (``families.janus.make_decoder`` on the transformers config, built on meta)
     filled with the transformers model's weights through the route ``families.janus`` reads a
@@ -695,6 +722,7 @@ def vs_transformers(run: Run) -> None:
     vocab = plan.janus_text["vocab_size"]
     ids = {"bos": vocab - 400, "pad": vocab - 398, "boi": vocab - 384}  # arbitrary ids (random weights)
     hf = hf_janus(plan, dev, run.dtype, ids)
+    out["transformers_patched"] = janus_generate_shim(hf, transformers.__version__)
     side = math.isqrt(plan.janus_tokens)
     model = specvis_janus(hf, ids, side)
     sampling = sv.Sampling(cfg_scale=5.0, temperature=1.0)  # Janus-Pro's official generation settings
@@ -712,8 +740,7 @@ def vs_transformers(run: Run) -> None:
             mask = torch.ones_like(prompt)
 
             def hf_call():
-                return hf.generate(input_ids=prompt, attention_mask=mask, generation_mode="image", do_sample=True,
-                                   guidance_scale=5.0, temperature=1.0, top_k=0, top_p=1.0)
+                return hf_generate(hf, prompt, mask)
 
             def sv_call():
                 return sv.generate(model, Prompts.of(prompt.tolist(), dev), sv.AR(), sampling, seed=0,
@@ -726,6 +753,12 @@ def vs_transformers(run: Run) -> None:
             detail["seconds"][str(batch)] = {"transformers": t_hf, "specvis": t_sv}
             out["detail"] = detail
             run.save()
+
+
+def hf_generate(hf, prompt: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """transformers' Janus ``generate`` in image mode: CFG 5, temperature 1, no top-k / top-p."""
+    return hf.generate(input_ids=prompt, attention_mask=mask, generation_mode="image", do_sample=True,
+                       guidance_scale=5.0, temperature=1.0, top_k=0, top_p=1.0)
 
 
 def first_logits_diff(hf, model: PromptDecoder, prompt: torch.Tensor) -> float:

@@ -220,6 +220,32 @@ def test_specvis_janus_holds_the_transformers_weights():
     assert model.layout.num_tokens == plan.janus_tokens
 
 
+def test_janus_generate_shim_by_version():
+    """transformers before 5.23 gets the per-model shim (recorded), 5.23 and later none; with the shim
+    transformers' Janus generate makes the image tokens (run this file under transformers 5.17 to see
+    the unpatched call fail)."""
+    transformers = pytest.importorskip("transformers")
+    from packaging.version import Version
+
+    plan = gs.plan_for(True)
+    vocab = plan.janus_text["vocab_size"]
+    ids = {"bos": vocab - 400, "pad": vocab - 398, "boi": vocab - 384}
+    installed = transformers.__version__
+    hf = gs.hf_janus(plan, torch.device("cpu"), torch.float32, ids)
+    patched = gs.janus_generate_shim(hf, installed)
+    assert (patched is None) == (Version(installed) >= Version("5.23.0"))
+    assert ("_prepare_static_cache" in vars(hf)) == (patched is not None)
+    assert gs.janus_generate_shim(gs.hf_janus(plan, torch.device("cpu"), torch.float32, ids), "5.23.0") is None
+    old = gs.janus_generate_shim(hf, "5.17.0") if patched is None else patched
+    assert old["transformers"] in ("5.17.0", installed) and "prefill_chunk_size" in old["what"]
+    prompt = torch.tensor([[ids["bos"], 5, 6, 7, ids["boi"]]])
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        out = gs.hf_generate(hf, prompt, torch.ones_like(prompt))
+    assert out.shape == (1, plan.janus_tokens)
+    assert type(hf)._prepare_static_cache is not vars(hf)["_prepare_static_cache"]  # the class is untouched
+
+
 def test_pytest_outcomes_counts_each_outcome():
     text = ("tests/test_cuda.py::test_a[ar] PASSED  [ 25%]\ntests/test_cuda.py::test_a[sjd] FAILED  [ 50%]\n"
             "tests/test_cuda.py::test_b SKIPPED (needs CUDA)  [ 75%]\ntests/test_cuda.py::test_c ERROR\n"
