@@ -3,8 +3,10 @@ values finite and positive, and its parts do what the GPU run relies on (models 
 with the drawn weights, the floor's byte count, rounds timed mid-stream, the bench summary, the
 transformers weights mapped onto specvis's Janus decoder, the CUDA-test counts)."""
 
+import argparse
 import importlib.util
 import json
+import warnings
 import math
 import os
 import subprocess
@@ -277,3 +279,66 @@ def test_resume_adds_to_an_earlier_report_of_the_same_device(tmp_path):
     path.write_text(json.dumps({**old, "device_name": "NVIDIA H200"}))
     with pytest.raises(SystemExit, match="device_name"):
         gs.resumed(path, fresh)
+
+
+def smoke_run(tmp_path):
+    args = argparse.Namespace(budget=120.0, tests_reserve=0.0, resume=None, child_report=None,
+                              out=str(tmp_path / "r.json"), only=None)
+    return gs.Run(args, gs.plan_for(True))
+
+
+def test_capture_failure_marks_graphs_figures_eager_and_errors_keep_tracebacks(tmp_path):
+    """A "graphs" block whose rounds fell back to eager (rounds' RuntimeWarning) is marked as not captured
+    in its runs, its by_mode entry and its headline mode; every warning is recorded; a failing section
+    records its error and traceback, and the next section still runs."""
+    run = smoke_run(tmp_path)
+    entry = run.report["emoji"]["1"]
+
+    def block():
+        entry["runs"] = [{"mode": "graphs", "method": "ar"}, {"mode": "eager", "method": "ar"}]
+        entry["by_mode"]["graphs"] = {"ar_img_s": 1.0}
+        entry["mode"] = "graphs"
+        warnings.warn(f"{gs.CAPTURE_FAILED}, running eagerly: boom", RuntimeWarning)
+        warnings.warn("something else", UserWarning)
+
+    run.in_process("emoji:graphs:b1", block)
+    assert run.report["sections"]["emoji:graphs:b1"] == {"status": "done", "capture_failed": 1}
+    assert [r.get("captured") for r in entry["runs"]] == [False, None]
+    assert entry["by_mode"]["graphs"]["captured"] is False and "eager" in entry["mode"]
+    assert [w["category"] for w in run.report["warnings"]] == ["RuntimeWarning", "UserWarning"]
+
+    def broken():
+        raise ValueError("no such thing")
+
+    run.in_process("vs_transformers", broken)
+    assert run.report["sections"]["vs_transformers"]["error"] == "ValueError: no such thing"
+    assert "raise ValueError" in run.report["tracebacks"][-1]["text"]
+    run.guarded("projection", broken)
+    assert run.report["errors"] == ["projection: ValueError: no such thing"]
+
+
+def test_a_child_section_that_dies_leaves_the_parent_whole(tmp_path):
+    """A section run in a child process that dies before recording it is an error with the child's exit
+    status and output tail (its traceback); the parent's report keeps what it had."""
+    run = smoke_run(tmp_path)
+    run.report["bandwidth_gbps"] = 12.5
+    run.section("bogus", 0, lambda: None, child=True)
+    entry = run.report["sections"]["bogus"]
+    assert entry["status"] == "error" and entry["child"] == "exit 1" and "exit 1" in entry["error"]
+    assert "ValueError" in run.report["tracebacks"][-1]["text"]
+    assert run.report["bandwidth_gbps"] == 12.5
+
+
+def test_the_plan_puts_sections_in_value_order_and_skips_what_does_not_fit(tmp_path):
+    """On CUDA: 7B, the captured blocks at batch 1 then 8, transformers, the tests, the hooks, compile
+    last; a section whose expected seconds are not left is skipped and says why."""
+    names = [n for n, _ in gs.schedule(True)]
+    assert names[:2] == ["bandwidth", "7b"]
+    assert names[2:6] == ["emoji_t2i:graphs:b1", "emoji:graphs:b1", "emoji_t2i:graphs:b8", "emoji:graphs:b8"]
+    assert names[6:10] == ["vs_transformers", "cuda_tests", "serve", "seeds"]
+    assert all(":compile:" in n or ":eager:" in n for n in names[10:])
+    high = sum(e for n, e in gs.schedule(True)[:7])
+    assert high <= 420 - 100, "the sections before the tests must fit one 8-minute call"
+    run = smoke_run(tmp_path)
+    run.section("emoji:graphs:b1", 10_000, lambda: pytest.fail("ran"))
+    assert run.report["sections"]["emoji:graphs:b1"]["status"] == "skipped"
