@@ -36,13 +36,29 @@ gs = load_script()
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
+def smoke_files(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_scale") / "smoke.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out), "--log", str(out.with_suffix(".log"))],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()), out.with_suffix(".log").read_text(), proc.stdout
+
+
+@pytest.fixture(scope="module")
+def smoke(smoke_files):
+    return smoke_files[0]
+
+
+def test_smoke_log_holds_the_plan_and_the_child_output(smoke_files):
+    """The output is teed to the log: the plan with each section's expected seconds first, the 7B child's
+    lines relayed, the closing line; the report keeps the plan and records the 7B child's exit."""
+    report, log, stdout = smoke_files
+    assert set(stdout.splitlines()) <= set(log.splitlines())  # stderr joins the log too
+    assert log.index("[gpu_scale] plan:") < log.index("[gpu_scale] bandwidth (expected")
+    assert "  [7b] [gpu_scale] 7b" in log and "wrote" in log.splitlines()[-1]
+    assert [p["section"] for p in report["plan"]][:2] == ["bandwidth", "7b"]
+    assert report["sections"]["7b"]["child"] == "exit 0"
 
 
 def positive(value, where: str) -> None:
