@@ -199,7 +199,7 @@ from dataclasses import dataclass
 import torch
 
 from specvis.accept import AcceptanceRule, Exact, RuleMethod
-from specvis.methods.round import Verdict
+from specvis.methods.verdicts import Verdict
 from specvis.options import option
 
 

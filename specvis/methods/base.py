@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ..models.base import KVCache
-from .round import Chain, Tree, Verdict, verify_chain_rule, verify_tree
+from .verdicts import Chain, Tree, Verdict, verify_chain_rule, verify_tree
 from .rounds import run_plain, run_rounds
 from .slots import SlotQueue
 from .laws import DiscreteLaw

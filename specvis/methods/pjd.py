@@ -55,7 +55,7 @@ from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option
 from ..options import option
 from ..sampling import exponential, sample, uniform
 from .base import DecodeContext
-from .round import Verdict
+from .verdicts import Verdict
 from .rows2d import MAX_ROWS, Rows
 
 COUPLINGS = ("none", "gumbel")

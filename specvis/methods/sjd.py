@@ -76,7 +76,7 @@ from ..options import Options, option
 from ..sampling import exponential, rows_at, sample, uniform
 from .base import DecodeContext
 from .laws import DiscreteLaw
-from .round import Chain, Verdict
+from .verdicts import Chain, Verdict
 
 INITS = ("random", "horizontal-repeat", "vertical-repeat", "horizontal-sample", "vertical-sample")
 COUPLINGS = ("none", "maximal", "gumbel")
