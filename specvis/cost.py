@@ -157,7 +157,7 @@ def block_size_fields(stats) -> dict[str, dict[str, float]]:
     return out
 
 
-def _forward_fields(run: dict[str, Any]) -> SimpleNamespace:
+def forward_fields(run: dict[str, Any]) -> SimpleNamespace:
     """A report run's forwards by block size and their live spans, shaped like ``Stats``'s."""
     def field(kind: str, name: str, cast) -> dict[int, Any]:
         return {int(n): cast(v) for n, v in (run.get(f"{kind}_{name}") or {}).items()}
