@@ -191,3 +191,40 @@ def test_the_documented_method_is_exact(row_above, target):
     Exact; a method on the page that drafted at the wrong positions or kept a rejected draft fails."""
     method = registry.method_from_spec(f"{row_above}:gamma=2")
     assert check_method(target, method, sv.Sampling(temperature=0.9, cfg_scale=2.0)) > 1e-3
+
+
+# ------------------------------------------------------------------------------------------ the bench report
+
+def documented_bench_fields() -> set[str]:
+    """The backticked names of docs/design/api.md's bench report section (its tables' first column and
+    its sentence on the methods' own statistics)."""
+    text = (ROOT / "docs" / "design" / "api.md").read_text().split("## Bench report", 1)[1]
+    out, tables_seen = set(), False
+    for line in text.splitlines():
+        if line.startswith("|"):
+            out.update(re.findall(r"`(\w+)`", line.split("|")[1]))
+            tables_seen = True
+        elif tables_seen:  # the sentence after the tables
+            out.update(re.findall(r"`(\w+)`", line))
+    return out
+
+
+def test_every_bench_report_field_is_documented():
+    """A small bench (AR, SJD, a tree method; with the cost curve) writes no field that
+    docs/design/api.md does not describe; the method's own ``Stats.extra`` means are covered by the
+    page's sentence on them."""
+    from specvis.bench import runner
+
+    pipe = sv.load("emoji")
+    report = runner.run_bench(pipe, ["sjd:window=4", "adt:total_tokens=8"], 1, 1, progress=False, metrics=[],
+                              cost_curve=True)
+    documented = documented_bench_fields()
+    missing = sorted(set(report) - documented)
+    missing += sorted({k for r in report["runs"] for k in r} - documented)
+    assert not missing, f"bench fields not in docs/design/api.md: {missing}"
+
+
+def test_the_bench_field_reader_reads_the_tables():
+    fields = documented_bench_fields()
+    assert {"runs", "speedup", "target_block_sizes", "wall_s_repeats", "mean_tree_depth"} <= fields
+    assert "true" not in fields and "ar" not in fields  # the meaning column is not read

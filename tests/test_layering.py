@@ -11,6 +11,8 @@ as file:line.
 - No method file over 300 lines; README.md at most 200 lines.
 - No private name crosses a module: no ``from x import _name`` nor ``module._name`` of a specvis
   module, and no ``obj._name`` in one module of a private attribute another module defines.
+- docs/design/api.md (the public contract) says what the code does: its generated sections are what
+  scripts/api_page.py reads off the code now.
 - The CLI, the demo and the model zoo ask a pipeline what its model can do (``conditioning``,
   ``tokens``, ``kv_cache``, ``num_iter``), never ``isinstance`` of a pipeline class; there is one
   pipeline class (no class in specvis subclasses ``Pipeline``): what differs is the model's family.
@@ -19,6 +21,7 @@ as file:line.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -319,3 +322,29 @@ def test_the_private_name_finder_finds_them(tmp_path):
                               "def f(o):\n    return a._X, o._k, torch._dynamo, o.__dict__\n")
     assert private_crossings([pkg / "a.py", pkg / "b.py"], tmp_path) == [
         "specvis/b.py:1: from .a import _X, A", "specvis/b.py:5: a._X", "specvis/b.py:5: o._k"]
+
+
+# ---------------------------------------------------------------- the public contract
+
+
+def api_page():
+    spec = importlib.util.spec_from_file_location("api_page", ROOT / "scripts" / "api_page.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_api_page_is_what_the_code_says():
+    """docs/design/api.md's generated sections (public names, signatures, methods and rules with their
+    defaults, Sampling/Stats/Generation/MemoryPlan fields, every command's flags) are current: a
+    default, field or flag changed without ``python scripts/api_page.py`` fails here."""
+    page = api_page()
+    text = page.DOC.read_text()
+    assert page.current(text) == text, "docs/design/api.md is not current: run python scripts/api_page.py"
+
+
+def test_the_api_page_check_sees_a_stale_default():
+    page = api_page()
+    text = page.DOC.read_text()
+    stale = text.replace("`sv.Jacobi(window=16)`", "`sv.Jacobi(window=8)`")
+    assert stale != text and page.current(stale) != stale
