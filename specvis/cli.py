@@ -274,7 +274,7 @@ def build_parser() -> Parser:
     _add_sampling(g)
     _add_method_options(g)
 
-    b = sub.add_parser("bench", help="benchmark methods against AR (JSON of API.md)")
+    b = sub.add_parser("bench", help="benchmark methods against AR (report fields: docs/design/api.md)")
     b.add_argument("--model", default="emoji", help=model_help)
     b.add_argument("--methods", default="ar,speculative",
                    help="comma-separated method specs, options as name:key=value, e.g. sjd:window=8 "

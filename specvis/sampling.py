@@ -1,4 +1,4 @@
-"""One probability pipeline for every method (API.md, "Sampling").
+"""One probability pipeline for every method (docs/design/api.md, "Sampling").
 
 Per position: guided = u + s * (c - u)  ->  / temperature  ->  top-k  ->  top-p  ->  softmax.
 Temperature 0 is greedy and is represented as a point mass at the argmax, so that every acceptance
@@ -59,7 +59,7 @@ class Sampling:
         return uncond + self.cfg_scale * (cond - uncond)
 
     def probs(self, cond: torch.Tensor, uncond: torch.Tensor | None = None) -> torch.Tensor:
-        """Raw logits (..., V) -> the sampling law (..., V) in float32 (steps 2-5 of API.md)."""
+        """Raw logits (..., V) -> the sampling law (..., V) in float32 (steps 2-5 of docs/design/api.md)."""
         logits = self.guide(cond.float(), None if uncond is None else uncond.float())
         if self.greedy:
             return one_hot_argmax(logits)

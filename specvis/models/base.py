@@ -1,6 +1,6 @@
 """The model protocol that decoding methods rely on, and the static KV cache behind it.
 
-``TokenModel`` (API.md) is what a model family must offer for exactness tests: ``layout``,
+``TokenModel`` (docs/design/api.md) is what a model family must offer for exactness tests: ``layout``,
 ``null_condition`` and teacher-forced ``logits``. ``CachedTokenModel`` adds what the decoding
 methods use; every method talks to a model only through it:
 
