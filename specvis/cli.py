@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from . import __version__, demo
+from .checks import one_line
 from .io import atomic_write, clean_stale_temps, write_text
 from .registry import (ACCEPT, ACCEPTANCE, METHODS, available, build_method, describe, method_flags, method_from_spec,
                        parse_method_spec)
@@ -594,11 +595,6 @@ def out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
 
 
-def one_line(exc: BaseException) -> str:
-    """An error's message on one line (a multi-line message joined with spaces)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as one line, like the CLI's errors (not the file and source line of where it was raised)."""
     print(f"specvis: warning: {message}", file=sys.stderr if file is None else file)
@@ -618,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
             return {"generate": cmd_generate, "sample": cmd_sample, "bench": cmd_bench, "models": cmd_models,
                     "demo": demo.main}[a.command](a)
     except (UsageError, ValueError, OSError) as e:  # OSError: FileNotFoundError, PermissionError, disk full ...
-        print(f"specvis: error: {one_line(e)}", file=sys.stderr)
+        print(f"specvis: error: {one_line(e, limit=None)}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # an allocation the machine cannot make: one line, not torch's traceback
         if not out_of_memory(e):

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 
+from ..checks import one_line
 from ..models.base import Captions
-from ..models.checkpoint import one_line
 from ..pipeline import Pipeline
 from .base import OwnFormatFamily, display_name
 from .hf import read_json

@@ -45,7 +45,8 @@ import torch
 import torch.nn as nn
 
 from .base import code_grid
-from .checkpoint import build_from_state_dict, one_line
+from ..checks import one_line
+from .checkpoint import build_from_state_dict
 from .loading import read_torch_file
 from .conv_blocks import Decoder, Encoder
 from .vq import Quantizer, VQConfig
