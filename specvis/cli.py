@@ -341,7 +341,7 @@ def _check_draft(pipe, names: list[str]) -> None:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .viz import contact_sheet, heatmaps
+    from .viz import contact_sheet, heatmap_sheet
 
     if a.method:
         _method(a)  # bad flags fail before the model loads
@@ -424,7 +424,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     for i, im in enumerate(out.images):
         _save_png(im, out_dir / f"{i:03d}.png")
     _save_png(contact_sheet(out.images), out_dir / "grid.png")
-    _save_png(contact_sheet(heatmaps(s.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1))),
+    _save_png(heatmap_sheet(s.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1)),
               out_dir / "heatmap.png")
     # what ran: the method as clamped to the stream (generate.fit_to_stream); sv.Auto records its choice below
     ran = out.method if out.method is not None else method  # a MAR pipeline's generation names none
