@@ -426,7 +426,7 @@ MUTANTS = [
            (HOSTILE, "-k", "config_json")),
     Mutant("input: empty prompts accepted", "specvis/checks.py",
            "    if not allow_empty and not value.strip():", "    if False:", (HOSTILE, "-k", "prompts")),
-    # the house (issue 51): option declarations, the rule protocol, generated flags, the choice above generate
+    # the house: option declarations, the rule protocol, generated flags, the choice above generate
     Mutant("options: a lower bound admits the value below it", "specvis/options.py",
            "else value >= info.low)", "else value >= info.low - 1)", ("tests/test_options.py", "-k", "bounds")),
     Mutant("options: a bool taken for an integer option", "specvis/options.py",

@@ -25,7 +25,7 @@ d_{i-1} (``SpeculativeSampler.__call__``, sched:249-329):
 - ``rcm``: the Row-Causal Mask, drafts of other rows are never attended (sched:587-595; applied to every
   row, where the official offsets miss rows past the second, pjd_zipar_brief A6-1).
 
-Checked against the official loop on tiny random Lumina-mGPTs, greedy (``scripts/faithfulness_pjd.py``,
+Checked against the official loop on tiny random Lumina-mGPTs, greedy (``docs/results/archive/faithfulness_pjd.py``,
 docs/guide/rows2d.md): the same grids and forward counts up to the random first drafts once three official
 defects are corrected in memory (those RCM offsets, the unconditional half's Jacobi positions one below its
 prefix's, sched:569, and the verification one slot early in the step after a row end, sched:1152);
