@@ -1,4 +1,4 @@
-"""The house's gauges (issue 51), read off the source with ``ast``; every failure lists each violation
+"""The house's gauges, read off the source with ``ast``; every failure lists each violation
 as file:line.
 
 - Imports point down: no import cycle among specvis's modules, counting imports inside functions
