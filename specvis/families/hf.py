@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..models.checkpoint import one_line
+from ..checks import one_line
 from ..models.decoder import DecoderConfig
 from ..models.loading import Piece, Route, rename_with, safetensors_files
 
