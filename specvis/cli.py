@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from . import __version__, demo
+from .serve import cli as serve_cli
 from .io import atomic_write, clean_stale_temps, write_text
 from .registry import (ACCEPT, ACCEPTANCE, METHODS, available, build_method, describe, method_flags, method_from_spec,
                        parse_method_spec)
@@ -316,6 +317,7 @@ def build_parser() -> Parser:
     sub.add_parser("models", help="list model bundles")
     sub.add_parser("train-drafter", help="train an EAGLE draft head on a target (see --help)", add_help=False)
     demo.add_parser(sub)
+    serve_cli.add_parser(sub)
     return p
 
 
@@ -616,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             return {"generate": cmd_generate, "sample": cmd_sample, "bench": cmd_bench, "models": cmd_models,
-                    "demo": demo.main}[a.command](a)
+                    "demo": demo.main, "serve": serve_cli.main}[a.command](a)
     except (UsageError, ValueError, OSError) as e:  # OSError: FileNotFoundError, PermissionError, disk full ...
         print(f"specvis: error: {one_line(e)}", file=sys.stderr)
         return 2

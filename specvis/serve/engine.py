@@ -119,7 +119,8 @@ class Image:
     def partial(self, tokens: torch.Tensor, committed: int) -> None:
         while self.marks and committed >= self.marks[0]:
             self.marks.pop(0)
-        self.job.sink(("partial", self.index, tokens, committed))
+        codes, shown = self.engine.image_codes(tokens, committed)
+        self.job.sink(("partial", self.index, codes, shown))
 
     def finished(self, tokens: torch.Tensor, forwards: int) -> None:
         self.engine._finished(self, tokens, forwards)
@@ -375,9 +376,8 @@ class Engine:
         if job.cancelled or job.failed or job.quiet:
             return
         now = time.perf_counter()
-        layout = self.model.layout
-        codes = tokens if not layout.row_end else tokens[layout.image_index(tokens.device)]
-        N = layout.num_tokens
+        codes, _ = self.image_codes(tokens, len(tokens))
+        N = self.model.layout.num_tokens
         info = {"seed": job.seed + image.index, "method": image.method, "target_forwards": forwards,
                 "mean_accepted_length": N / max(forwards, 1), "queued_s": image.started_at - job.arrived,
                 "decode_s": now - image.started_at}
@@ -390,6 +390,15 @@ class Engine:
         if job.left == 0:
             m.latency.observe(now - job.arrived)
         job.sink(("image", image.index, codes, info))
+
+    def image_codes(self, tokens: torch.Tensor, committed: int) -> tuple[torch.Tensor, int]:
+        """The image codes of a row's stream tokens (structural ids removed) and how many of them are
+        among the first ``committed`` stream positions."""
+        layout = self.model.layout
+        if not layout.row_end:
+            return tokens, committed
+        index = layout.image_index(tokens.device)
+        return tokens[index], int((index < committed).sum())
 
     def _fail(self, job: Job, status: int, message: str) -> None:
         if job.failed:
