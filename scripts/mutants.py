@@ -26,6 +26,8 @@ PROMPT = "tests/test_prompt_core.py"
 HOSTILE = "tests/test_hostile_inputs.py"
 SLOTS = "tests/test_slots.py"
 ROWS2D = "tests/test_rows2d.py"
+SERVE_LAW = "tests/test_serve_law.py"
+SERVE = "tests/test_serve.py"
 
 
 @dataclass(frozen=True)
@@ -543,6 +545,13 @@ MUTANTS = [
            "            ids = self.sample_of[rows]", "            ids = rows", (SLOTS, "-k", "as_alone and ar")),
     Mutant("slots: step compression counts the samples, not each row's share", "specvis/methods/base.py",
            "per_row = 1.0 if q is None else q.samples / q.rows", "per_row = 1.0", (SLOTS, "-k", "forwards_of_its_batches")),
+    Mutant("serve: a row admitted from the live queue keeps its previous sample's prefix", "specvis/serve/rows.py",
+           "        ctx.target.load_prefixes(index, prefixes, which)", "        pass", (SERVE_LAW, "-k", "ar")),
+    Mutant("serve: a row admitted from the live queue starts from the prefix law's mode", "specvis/serve/rows.py",
+           "        ctx.restart_rows(index, law.sample(ctx.generator))",
+           "        ctx.restart_rows(index, law.probs.argmax(-1))", (SERVE_LAW, "-k", "ar")),
+    Mutant("serve: a cancelled sample keeps its row and is answered", "specvis/serve/rows.py",
+           "            if s is not None and s.cancelled:", "            if False:", (SERVE_LAW, "-k", "sjd")),
 ]
 
 

@@ -324,34 +324,28 @@ class Engine:
 
     def _resolve(self, spec: str, rows: int):
         name = self.choose(rows) if spec == "auto" else spec
-        method = method_from_spec(name)
-        return fit_to_stream(method, self.model.layout.stream_len), name
+        return fit_to_stream(method_from_spec(name), self.model.layout.stream_len), name
 
     def _decode(self, first: list[Image], quiet: bool = False) -> None:
         key = first[0].job.key
         self._set_grid(key.grid)
-        rows = len(first)
-        method, name = self._resolve(key.method, rows)
-        for image in first:
-            image.method = spec_of(method)
-        sampling = key.sampling
-        rule = bind_rule(method.acceptance, self.pipe.codebook if method.acceptance is not None
-                         and "codebook" in method.acceptance.needs else None, self.model)
-        keep_soft = sampling.greedy and rule is not None and "soft" in rule.needs
-        condition = padded(joined([image.condition for image in first]), self.model)
-        target = guided_view(self.model, condition, sampling, method.pad, keep_soft=keep_soft)
-        graphs = self.pipe.device.type == "cuda" if self.pipe.graphs is None else self.pipe.graphs
-        ctx = DecodeContext(target, make_generator(first[0].job.seed, self.pipe.device), method.pad, rule=rule,
-                            graphs=graphs)
+        method, name = self._resolve(key.method, len(first))
         label = spec_of(method)
+        for image in first:
+            image.method = label
+        codebook = self.pipe.codebook if method.acceptance is not None and "codebook" in method.acceptance.needs else None
+        graphs = self.pipe.device.type == "cuda" if self.pipe.graphs is None else self.pipe.graphs
         source = (lambda room, held: []) if quiet else (lambda room, held: self._admit(key, label, room, held))
-        ctx.queue = self._live = LiveRows(ctx, first, source, BUDGET, on_round=None if quiet else self._round)
         if not quiet:
             self.metrics.decodes.labels(name).inc()
             for image in first:
                 image.started()
-        with torch.inference_mode():
-            method.decode(ctx)
+
+        def live(ctx) -> LiveRows:
+            self._live = LiveRows(ctx, first, source, BUDGET, on_round=None if quiet else self._round)
+            return self._live
+
+        decode_live(self.model, first, method, key.sampling, first[0].job.seed, live, codebook=codebook, graphs=graphs)
 
     def _admit(self, key: Key, label: str, room: int, held: int) -> list[Image]:
         """Images for ``room`` free rows of a running decode of ``key`` (they run its method, ``label``)."""
@@ -405,6 +399,24 @@ class Engine:
             return
         job.failed = True
         job.sink(("error", status, message))
+
+
+def decode_live(model, first: list, method, sampling: Sampling, seed: int, live: Callable[[Any], LiveRows], *,
+                codebook: torch.Tensor | None = None, graphs: bool = False) -> None:
+    """Decode with ``method`` until no row holds a sample: the rows start with the samples ``first``
+    (``rows.Sample``), ``live(ctx)`` gives the ``LiveRows`` that admit more at each round boundary. As
+    ``specvis.generate`` sets a decode up (the method's fields fitted to the stream, its rule bound),
+    with the first prompts padded to the longest prefix the model takes."""
+    method = fit_to_stream(method, model.layout.stream_len)
+    rule = bind_rule(method.acceptance, codebook, model)
+    keep_soft = sampling.greedy and rule is not None and "soft" in rule.needs
+    condition = padded(joined([sample.condition for sample in first]), model)
+    target = guided_view(model, condition, sampling, method.pad, keep_soft=keep_soft)
+    device = next(model.parameters()).device
+    ctx = DecodeContext(target, make_generator(seed, device), method.pad, rule=rule, graphs=graphs)
+    ctx.queue = live(ctx)
+    with torch.inference_mode():
+        method.decode(ctx)
 
 
 def partial_marks(count: int, stream_len: int) -> list[int]:

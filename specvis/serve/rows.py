@@ -81,6 +81,9 @@ class LiveRows:
     def turn(self, ctx, complete: list[int]) -> bool:
         """Hand out finished rows, free cancelled ones, send due partial images, restart free rows with
         waiting samples; True when no row holds a sample (the decode ends)."""
+        for r, s in enumerate(self.owner):
+            if s is not None and s.cancelled:
+                self.owner[r] = None
         done = [r for r, s in enumerate(self.owner) if s is not None and complete[r]]
         if done:
             index = torch.tensor(done, device=ctx.device)
@@ -89,9 +92,6 @@ class LiveRows:
             for i, r in enumerate(done):
                 sample, self.owner[r] = self.owner[r], None
                 sample.finished(tokens[i], int(forwards[i]))
-        for r, s in enumerate(self.owner):
-            if s is not None and s.cancelled:
-                self.owner[r] = None
         self._partials(ctx)
         free = [r for r, s in enumerate(self.owner) if s is None]
         room = min(len(free), self.samples - self.started)
