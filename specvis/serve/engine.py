@@ -110,7 +110,9 @@ class Image:
         return bool(self.marks)
 
     def started(self) -> None:
+        """Its row took it (the engine's grid is the job's now: the partial images' marks are set on it)."""
         self.started_at = time.perf_counter()
+        self.marks = partial_marks(self.job.partial_images, self.engine.model.layout.stream_len)
         self.engine._started(self)
 
     def partial_due(self, committed: int) -> bool:
@@ -163,9 +165,8 @@ class Engine:
                 self.metrics.rejected.labels("queue_full").inc()
                 raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} images waiting)")
             job.left = job.n
-            marks = partial_marks(job.partial_images, self.model.layout.stream_len)
             for k in range(job.n):
-                self._waiting.append(Image(job, k, self, marks=list(marks)))
+                self._waiting.append(Image(job, k, self))
             self.metrics.queue_depth.set(len(self._waiting))
             self._cv.notify()
 
