@@ -53,7 +53,7 @@ def metric(text: str, name: str) -> float:
 
 def wait_idle(engine, seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
-    while engine.queued or engine._rows_held:
+    while not engine.idle:
         assert time.monotonic() < deadline, "the engine did not go idle"
         time.sleep(0.05)
 
@@ -298,3 +298,20 @@ def test_sigterm_drains_answers_every_accepted_request_and_exits_0():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_auto_takes_the_method_measured_fastest_at_the_rows_of_the_decode():
+    import specvis as sv
+    from specvis.serve.engine import Engine
+
+    engine = Engine(sv.load("emoji"), max_batch=8, method="auto")
+    engine.costs = {"ar": {1: 2.0, 2: 1.2, 4: 0.7, 8: 0.5}, "sjd": {1: 1.0, 2: 0.9, 4: 0.8, 8: 0.8}}
+    assert [engine.choose(r) for r in (1, 2, 3, 4, 6, 8)] == ["sjd", "sjd", "ar", "ar", "ar", "ar"]
+
+
+def test_auto_measures_its_cost_model_at_start_and_serves_with_it():
+    with Served("emoji-t2i", max_batch=2, method="auto") as s:
+        costs = s.engine.costs
+        assert set(costs) == {"ar", "sjd"} and all(set(t) == {1, 2} and min(t.values()) > 0 for t in costs.values())
+        r = s.client().images.generate(prompt="a cat", size="32x32")
+        assert r.data[0].model_extra["specvis"]["method"].split(":")[0] == s.engine.choose(1)

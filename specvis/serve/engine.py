@@ -148,6 +148,7 @@ class Engine:
         self._closing = False  # admits nothing more
         self._stopping = False  # worker exits when idle
         self._rows_held = 0
+        self._busy = False  # a decode is being set up or running
         self._calibration_seed = calibration_seed
         self._thread = threading.Thread(target=self._run, name="specvis-engine", daemon=True)
 
@@ -174,6 +175,12 @@ class Engine:
     def queued(self) -> int:
         return len(self._waiting)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waits and no decode runs."""
+        with self._cv:
+            return not self._waiting and not self._busy
+
     def close(self, grace: float) -> None:
         """Stop admitting; wait up to ``grace`` seconds for every accepted image; then answer the rest
         with an error (503) and stop the worker."""
@@ -182,7 +189,7 @@ class Engine:
             self._cv.notify_all()
         deadline = time.monotonic() + grace
         with self._cv:
-            while (self._waiting or self._rows_held) and time.monotonic() < deadline and self._thread.is_alive():
+            while (self._waiting or self._busy) and time.monotonic() < deadline and self._thread.is_alive():
                 self._cv.wait(timeout=0.05)
             left = list(self._waiting)
             self._waiting.clear()
@@ -190,7 +197,7 @@ class Engine:
             self._cv.notify_all()
         for image in left:
             self._fail(image.job, 503, "the server shut down before this image started")
-        if self._rows_held:  # rows still decoding past the grace: their jobs get an error now
+        if self._busy:  # rows still decoding past the grace: their jobs get an error at the next round
             self._abort = True
         self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
 
@@ -212,19 +219,21 @@ class Engine:
                     self._cv.wait()
                 if self._stopping and not self._waiting:
                     return
-            first = self._take(None, self.max_batch, held=0)
-            if first:
-                try:
+                self._busy = True
+            first: list[Image] = []
+            try:
+                first = self._take(None, self.max_batch, held=0)
+                if first:
                     self._decode(first)
-                except Exception as e:  # a decode that fails answers each of its jobs, and the engine goes on
-                    held = [] if self._live is None else [s for s in self._live.owner if s is not None]
-                    for image in first + held:
-                        self._fail(image.job, 503 if self._abort else 500, f"decoding failed: {e}")
-                finally:
-                    with self._cv:
-                        self._rows_held = 0
-                        self.metrics.rows_in_flight.set(0)
-                        self._cv.notify_all()
+            except Exception as e:  # a decode that fails answers each of its jobs, and the engine goes on
+                held = [] if self._live is None else [s for s in self._live.owner if s is not None]
+                for image in first + held:
+                    self._fail(image.job, 503 if self._abort else 500, f"decoding failed: {e}")
+            finally:
+                with self._cv:
+                    self._rows_held, self._busy, self._live = 0, False, None
+                    self.metrics.rows_in_flight.set(0)
+                    self._cv.notify_all()
 
     def _warm_up(self) -> None:
         """One decode of one image with the default method (and, for ``auto``, the cost model)."""
@@ -272,7 +281,8 @@ class Engine:
         while True:
             with self._cv:
                 while self._waiting and self._waiting[0].cancelled:
-                    self._drop(self._waiting.popleft())
+                    self._waiting.popleft()
+                    self.metrics.queue_depth.set(len(self._waiting))
                 if self._abort or (self._stopping and key is not None) or not self._waiting or len(out) >= room:
                     break
                 head = self._waiting[0]
@@ -295,9 +305,6 @@ class Engine:
                 continue
             out.append(head)
         return out
-
-    def _drop(self, image: Image) -> None:
-        self.metrics.queue_depth.set(len(self._waiting))
 
     def _build_or_fail(self, job: Job, key: Key) -> bool:
         try:
