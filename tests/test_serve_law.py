@@ -68,7 +68,7 @@ def served_counts(model, method, sampling) -> tuple[np.ndarray, int]:
                 s.cancelled = True
         return make(room if made[0] % 2 else min(room, 3))  # at times a few only: rows restart at different rounds
 
-    first = make(ROWS)
+    first = make(ROWS - 5) + [None] * 5  # five rows start free
     decode_live(model, first, method, sampling, 7, lambda ctx: LiveRows(ctx, first, source, SAMPLES))
     V, L = model.layout.vocab_size, model.layout.num_tokens
     counts = np.zeros((len(CONDITIONS), V ** L))

@@ -149,6 +149,7 @@ class Engine:
         self._stopping = False  # worker exits when idle
         self._rows_held = 0
         self._busy = False  # a decode is being set up or running
+        self._demand, self._peak = 1, 0  # images in the system at most during the last decode, during this one
         self._calibration_seed = calibration_seed
         self._thread = threading.Thread(target=self._run, name="specvis-engine", daemon=True)
 
@@ -335,9 +336,15 @@ class Engine:
         return fit_to_stream(method_from_spec(name), self.model.layout.stream_len), name
 
     def _decode(self, first: list[Image], quiet: bool = False) -> None:
+        """One decode of ``first`` and what it admits. Its rows: the images taken, or as many as the
+        last decode saw in the system at most (waiting or decoding; up to ``max_batch``), the rest
+        free for the next arrivals: under a steady load the rows match it, instead of a decode of
+        one row making the next request wait for it to end."""
         key = first[0].job.key
         self._set_grid(key.grid)
-        method, name = self._resolve(key.method, len(first))
+        rows = len(first) if quiet else min(self.max_batch, max(len(first), self._demand))
+        self._peak = 0
+        method, name = self._resolve(key.method, rows)
         label = spec_of(method)
         for image in first:
             image.method = label
@@ -349,11 +356,15 @@ class Engine:
             for image in first:
                 image.started()
 
+        held: list[Image | None] = list(first) + [None] * (rows - len(first))
+
         def live(ctx) -> LiveRows:
-            self._live = LiveRows(ctx, first, source, BUDGET, on_round=None if quiet else self._round)
+            self._live = LiveRows(ctx, held, source, BUDGET, on_round=None if quiet else self._round)
             return self._live
 
-        decode_live(self.model, first, method, key.sampling, first[0].job.seed, live, codebook=codebook, graphs=graphs)
+        decode_live(self.model, held, method, key.sampling, first[0].job.seed, live, codebook=codebook, graphs=graphs)
+        if not quiet:
+            self._demand = max(1, self._peak)
 
     def _admit(self, key: Key, label: str, room: int, held: int) -> list[Image]:
         """Images for ``room`` free rows of a running decode of ``key`` (they run its method, ``label``)."""
@@ -367,6 +378,7 @@ class Engine:
         self.metrics.rows_in_flight.set(held)
         with self._cv:
             self._rows_held = held
+            self._peak = max(self._peak, held + len(self._waiting))
             if self._abort:
                 raise RuntimeError("the server shut down before this image finished")
 
@@ -412,13 +424,14 @@ class Engine:
 def decode_live(model, first: list, method, sampling: Sampling, seed: int, live: Callable[[Any], LiveRows], *,
                 codebook: torch.Tensor | None = None, graphs: bool = False) -> None:
     """Decode with ``method`` until no row holds a sample: the rows start with the samples ``first``
-    (``rows.Sample``), ``live(ctx)`` gives the ``LiveRows`` that admit more at each round boundary. As
+    (``rows.Sample``; None: a free row), ``live(ctx)`` gives the ``LiveRows`` that admit more at each round boundary. As
     ``specvis.generate`` sets a decode up (the method's fields fitted to the stream, its rule bound),
     with the first prompts padded to the longest prefix the model takes."""
     method = fit_to_stream(method, model.layout.stream_len)
     rule = bind_rule(method.acceptance, codebook, model)
     keep_soft = sampling.greedy and rule is not None and "soft" in rule.needs
-    condition = padded(joined([sample.condition for sample in first]), model)
+    spare = next(sample for sample in first if sample is not None).condition  # what a free row decodes
+    condition = padded(joined([spare if sample is None else sample.condition for sample in first]), model)
     target = guided_view(model, condition, sampling, method.pad, keep_soft=keep_soft)
     device = next(model.parameters()).device
     ctx = DecodeContext(target, make_generator(seed, device), method.pad, rule=rule, graphs=graphs)

@@ -66,14 +66,16 @@ def _scattered(law: DiscreteLaw, rows: torch.Tensor, size: int) -> DiscreteLaw:
 class LiveRows:
     """The rows of one decode and the sample each holds (``ctx.queue``: ``DecodeContext.done`` calls
     ``turn`` at every round boundary). ``budget``: the most samples this decode admits after its first
-    rows (it bounds ``ctx.max_rounds``, the no-progress check); ``on_round(rows_held)``: called each turn."""
+    rows (it bounds ``ctx.max_rounds``, the no-progress check); ``on_round(rows_held)``: called each turn.
+    ``held``: the sample of each row at the start, None for a row left free (it decodes a copy of the
+    first sample's condition, thrown away, until a waiting sample takes it)."""
 
-    def __init__(self, ctx, held: list[Sample], source: Callable[[int, int], list[Sample]], budget: int,
+    def __init__(self, ctx, held: list[Sample | None], source: Callable[[int, int], list[Sample]], budget: int,
                  on_round: Callable[[int], None] | None = None) -> None:
         self.rows = ctx.n.shape[0]
         if len(held) != self.rows:
             raise ValueError(f"{len(held)} samples for {self.rows} rows")
-        self.owner: list[Sample | None] = list(held)
+        self.owner: list[Sample | None] = list(held)  # None: a free row (its first prefill's sample is nobody's)
         self.source, self.on_round = source, on_round
         self.samples = self.rows + budget  # what ``DecodeContext.max_rounds`` reads
         self.started = self.rows
