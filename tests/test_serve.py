@@ -149,6 +149,13 @@ def test_bad_requests_are_one_line_4xx_and_the_server_keeps_serving(t2i):
     assert picture(r.data[0].b64_json).size == (32, 32)
 
 
+def test_a_request_past_its_timeout_is_408_and_freed(t2i):
+    with httpx.Client(base_url=t2i.url, timeout=60) as h:
+        r = h.post("/v1/images/generations", json={"prompt": "a cat", "size": "64x64", "timeout": 0.05})
+    assert r.status_code == 408 and r.json()["error"]["code"] == "timeout"
+    wait_idle(t2i.engine)
+
+
 def test_32_concurrent_mixed_requests_complete_sharing_rows(t2i):
     c = t2i.client()
     before = t2i.engine.metrics.text().decode()
