@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
 import secrets
 import time
 from typing import Any
@@ -98,7 +99,7 @@ def make_app(engine: Engine, served: ServedModel, *, api_key: str | None = None,
             return JSONResponse({"status": "shutting_down"}, status_code=503)
         if not engine.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503)
-        return {"status": "ok", "model": served.name}
+        return {"status": "ok", "model": served.name, "pid": os.getpid()}
 
     @app.get("/metrics")
     async def metrics():

@@ -200,7 +200,8 @@ class Engine:
             self._fail(image.job, 503, "the server shut down before this image started")
         if self._busy:  # rows still decoding past the grace: their jobs get an error at the next round
             self._abort = True
-        self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
+        if self._thread.is_alive():
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
 
     # ------------------------------------------------------------------ engine thread
     _abort = False
