@@ -258,7 +258,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))
+
+
+def load_round(c, url: str) -> None:
+    """Four requests of two images and two streams left after their first partial image, at once."""
+    def leave():
+        with httpx.stream("POST", url + "/v1/images/generations", headers={"authorization": "Bearer k"}, timeout=120,
+                          json={"prompt": "a cat", "size": "48x48", "stream": True, "partial_images": 2}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    return
+
+    work = [lambda: c.images.generate(prompt="a sun", size="32x32", n=2) for _ in range(4)] + [leave, leave]
+    threads = [threading.Thread(target=w) for w in work]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+
+
 def test_sigterm_drains_answers_every_accepted_request_and_exits_0():
+    """A ``specvis serve`` process under load (no leak over two rounds of requests and disconnects),
+    then SIGTERM: new requests get 503, every accepted one gets its images, exit status 0."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "SPECVIS_API_KEY": "k"}
     proc = subprocess.Popen([sys.executable, "-m", "specvis.cli", "serve", "--model", "emoji-t2i", "--port", str(port),
@@ -277,6 +301,10 @@ def test_sigterm_drains_answers_every_accepted_request_and_exits_0():
             assert time.monotonic() < deadline
             time.sleep(0.2)
         c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, timeout=300)
+        load_round(c, url)  # no leak: a second round of the same load leaves the resident memory within 10%
+        first = rss_kib(proc.pid)
+        load_round(c, url)
+        assert rss_kib(proc.pid) <= 1.1 * first
         answers, errors = [], []
 
         def one(i):
