@@ -133,7 +133,7 @@ def _flag_help(flag) -> str:
     parts: dict[str, list[str]] = {}
     for owner, info in flag.owners:
         if flag.key == ACCEPT:
-            text = f"acceptance rule: {', '.join(ACCEPTANCE)} (default exact)"
+            text = f"acceptance rule: {', '.join(ACCEPTANCE)} (default exact; coupled under --noise keyed)"
         else:
             allowed = "" if flag.boolean else f"{info.allowed()}; "
             text = f"{info.help} ({allowed}default {spell(info.default)})"
@@ -308,8 +308,8 @@ def build_parser() -> Parser:
                         "predicted_speedup and efficiency come from")
     _add_device(b)
     _add_sampling(b)
-    b.add_argument("--accept", default="exact", help="acceptance rule of the methods that take one and whose spec "
-                                                      "names none (accept=...)")
+    b.add_argument("--accept", default=None, help="acceptance rule of the methods that take one and whose spec "
+                                                   "names none (accept=...; default exact, coupled under --noise keyed)")
 
     _add_sample_parser(sub, model_help, method_help)
 
