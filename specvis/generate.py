@@ -128,14 +128,14 @@ def keyed_method(method, sampling: Sampling):
     return method
 
 
-def keyed_seeds(method, model, sampling: Sampling, seed: int, count: int, ordered) -> list[int] | None:
-    """Under keyed noise the seeds of the call's ``count`` images (image k: seed + k); None under stream noise."""
+def keyed_seeds(model, sampling: Sampling, seed: int, conditions, ordered) -> list[int] | None:
+    """Under keyed noise the seeds of the call's images (image k: seed + k); None under stream noise."""
     if not sampling.keyed:
         return None
     if ordered is not None or isinstance(model, ContinuousAR):
         raise ValueError("sampling noise=\"keyed\" needs a discrete-token model decoded in stream order, "
                          "not a continuous-token or ordered (MAR) model")
-    return image_seeds(seed, count)
+    return image_seeds(seed, Condition.of(model, conditions).batch)
 
 
 @torch.no_grad()
@@ -180,8 +180,7 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     elif not isinstance(method, (AR, CSpD)):
         raise ValueError(f"this model reveals its tokens in its own order (MAR): method must be AR or CSpD, "
                          f"got {type(method).__name__}")
-    seeds = keyed_seeds(method, model, sampling, seed, queued.batch if queued is not None else
-                        Condition.of(model, conditions).batch, ordered)
+    seeds = keyed_seeds(model, sampling, seed, conditions if queued is None else queued, ordered)
     method = keyed_method(method, sampling)
     pad = method.pad
     rule = bind_rule(method.acceptance, codebook, model)

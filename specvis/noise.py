@@ -8,14 +8,15 @@ g = -log E), whose law is p_m exactly because E(s, m, .) is independent of every
 (the prefix is a function of E(s, <m, .) only). A lossless method verifying by ``accept.Coupled``
 then commits AR's token at every position: the picture is a function of the seed.
 
-The hash: lowbias32 (x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16), a
-32-bit bijection with low bias, computed on int64 tensors and masked to 32 bits after each multiply
-(int64 products wrap modulo 2^64, so their low 32 bits are exact). The key of (s, m) chains it over
-the seed's two 32-bit halves and the position; each code v has two words, the key mixed with
-hash(2v) and hash(2v + 1), finalised again. The words give a 53-bit integer k and U = k 2^-53 on the
-float64 grid of ``sampling.exponential``; E = -log1p(-U) clamped to >= 1e-30, so the race has the same
-resolution ((V + 3) 2^-53 per draw, ``sampling.exponential``). Torch tensor ops only, vectorised over
-rows, positions and codes, no host synchronisation: it runs inside captured CUDA graphs.
+The hash: SplitMix64's finaliser mix64 (x ^= x >> 30; x *= 0xbf58476d1ce4e5b9; x ^= x >> 27;
+x *= 0x94d049bb133111eb; x ^= x >> 31), a bijection of 64-bit words, on int64 tensors: products wrap
+modulo 2^64 (the bits of unsigned arithmetic) and each right shift is masked to be logical. The key of
+(s, m) is mix64(mix64(s + G) + (m + 1) P); code v's word is mix64(key + (v + 1) G), G the golden-ratio
+increment and P another odd constant, i.e. the SplitMix64 stream started at the key, whose outputs pass BigCrush. Its top 53 bits k
+give U = k 2^-53 on the float64 grid of ``sampling.exponential``; E = -log1p(-U) clamped to >= 1e-30, so
+the race has the same resolution ((V + 3) 2^-53 per draw, ``sampling.exponential``). Torch tensor ops only,
+vectorised over rows, positions and codes, no host synchronisation: it runs inside captured CUDA graphs,
+and costs about what ``torch.rand`` and the log of the same shape cost.
 """
 
 from __future__ import annotations
@@ -24,19 +25,31 @@ import torch
 
 from .checks import SEED_LIMIT
 
-MASK = 0xFFFFFFFF
-_M1, _M2 = 0x7FEB352D, 0x846CA68B
-_SALT_SEED, _SALT_POS = 0x9E3779B9, 0x85EBCA6B  # distinct odd constants separating the chained inputs
+
+def _signed(c: int) -> int:
+    """A 64-bit constant as the int64 with its bits."""
+    return c - 2**64 if c >= 2**63 else c
 
 
-def lowbias32(x: torch.Tensor) -> torch.Tensor:
-    """The lowbias32 finaliser of 32-bit words held in int64 (any shape): a bijection of 0 .. 2^32 - 1."""
-    x = x & MASK
-    x = x ^ (x >> 16)
-    x = (x * _M1) & MASK
-    x = x ^ (x >> 15)
-    x = (x * _M2) & MASK
-    return x ^ (x >> 16)
+_M1, _M2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)  # SplitMix64's multipliers
+GOLDEN = _signed(0x9E3779B97F4A7C15)  # 2^64 / phi, SplitMix64's increment: spaces the codes' words
+_POSITION = _signed(0xD1B54A32D192ED03)  # another odd constant: spaces the positions' keys
+
+
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser of int64 words (any shape), a bijection of 64-bit words; ``x`` is overwritten."""
+    t = x >> 30
+    t &= (1 << 34) - 1
+    x ^= t
+    x *= _M1
+    t = x >> 27
+    t &= (1 << 37) - 1
+    x ^= t
+    x *= _M2
+    t = x >> 31
+    t &= (1 << 33) - 1
+    x ^= t
+    return x
 
 
 def seed_tensor(seeds: list[int] | range, device: torch.device | str) -> torch.Tensor:
@@ -58,33 +71,28 @@ def image_seeds(seed: int, count: int) -> list[int]:
 
 
 def keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The 32-bit key (B, n) of each (seed row, stream position): the finaliser chained over the seed's
-    low word, its high word and the position."""
-    lo, hi = seeds & MASK, (seeds >> 32) & MASK
-    k = lowbias32(lo ^ _SALT_SEED)
-    k = lowbias32(k ^ hi)
-    return lowbias32(k[:, None] ^ ((positions & MASK) + _SALT_POS))
+    """The 64-bit key (B, n) of each (seed row, stream position): mix64(mix64(s + G) + (m + 1) P)."""
+    k = mix64(seeds + GOLDEN)
+    return mix64(k[:, None] + (positions + 1) * _POSITION)
 
 
-_CODE_WORDS: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+_CODE_WORDS: dict[tuple[int, str], torch.Tensor] = {}
 
 
-def _code_words(V: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """hash(2v) and hash(2v + 1) for v < V, computed once per (V, device)."""
+def _code_words(V: int, device: torch.device) -> torch.Tensor:
+    """(v + 1) G for v < V (int64, wrapping), computed once per (V, device)."""
     key = (V, str(device))
     if key not in _CODE_WORDS:
-        v = torch.arange(V, dtype=torch.int64, device=device)
-        _CODE_WORDS[key] = (lowbias32(2 * v), lowbias32(2 * v + 1))
+        _CODE_WORDS[key] = torch.arange(1, V + 1, dtype=torch.int64, device=device) * GOLDEN
     return _CODE_WORDS[key]
 
 
 def uniforms(seeds: torch.Tensor, positions: torch.Tensor, V: int) -> torch.Tensor:
     """U[0, 1) float64 draws (B, n, V) on the 2^-53 grid, a function of (seeds[b], positions[b, j], v)."""
-    a, b = _code_words(V, seeds.device)
-    k = keys(seeds, positions)[..., None]
-    hi = lowbias32(k ^ a) >> 5  # 27 bits
-    lo = lowbias32(k ^ b) >> 6  # 26 bits
-    return ((hi << 26) | lo).double() * 2.0**-53
+    x = mix64(keys(seeds, positions)[..., None] + _code_words(V, seeds.device))
+    x >>= 11
+    x &= (1 << 53) - 1
+    return x.double().mul_(2.0**-53)
 
 
 def exponentials(seeds: torch.Tensor, positions: torch.Tensor, V: int) -> torch.Tensor:

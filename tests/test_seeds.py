@@ -263,3 +263,28 @@ def test_greedy_keyed_is_greedy(models):
     ar = sv.generate(target, cond, sv.AR(), greedy).tokens
     assert torch.equal(sv.generate(target, cond, sv.SJD(window=4), sv.Sampling(temperature=0.0, cfg_scale=2.0,
                                                                                noise="keyed"), seed=9).tokens, ar)
+
+
+# ---- the embedded models (fp32, CPU) ----
+EMBEDDED = {"emoji": (["sjd", "speculative:gamma=4", "eagle:total_tokens=16", "static-tree"], {"classes": [0, 7]}),
+            "emoji-t2i": (["sjd", "speculative:gamma=4"], {"prompts": ["cat face", "red heart"]})}
+
+
+@pytest.mark.parametrize("bundle", list(EMBEDDED))
+def test_embedded_models_give_ar_images_for_every_lossless_method(bundle):
+    """The trained emoji targets with their draft model and EAGLE drafter at temperature 1: two images (seeds
+    0 and 1) are AR's for a chain, a self-drafting window, a deterministic and a sampled tree, at batch 2
+    and with continuous batching (batch_size 1); image 1 alone (seed 1) is image 1 of the call. (Seeds
+    0..N-1 for every method: ``scripts/bench_seeds.py``, ``equal_to_ar``.)"""
+    specs, call = EMBEDDED[bundle]
+    pipe = sv.load(bundle)
+    sampling = dataclasses.replace(pipe.default_sampling, temperature=1.0, noise="keyed")
+    ar = pipe(method=sv.AR(), sampling=sampling, seed=0, decode=False, **call).tokens
+    for spec in specs:
+        method = method_from_spec(spec)
+        out = pipe(method=method, sampling=sampling, seed=0, decode=False, **call)
+        assert out.method.acceptance == Coupled() and torch.equal(out.tokens, ar), spec
+    refill = pipe(method=sv.SJD(), sampling=sampling, seed=0, decode=False, batch_size=1, **call)
+    assert torch.equal(refill.tokens, ar)
+    one = {k: v[1:] for k, v in call.items()}
+    assert torch.equal(pipe(method=sv.AR(), sampling=sampling, seed=1, decode=False, **one).tokens[0], ar[1])
