@@ -537,7 +537,7 @@ MUTANTS = [
            "which = torch.arange(self.started - first, self.started - first + len(take), device=ctx.device)",
            "which = torch.arange(0, len(take), device=ctx.device)", (SLOTS, "-k", "exact_law and ar")),
     Mutant("slots: a restarted sample's first token is the prefix law's mode, not a draw", "specvis/methods/slots.py",
-           "ctx.restart_rows(rows, law[which].sample(ctx.generator))",
+           "ctx.restart_rows(rows, ctx.draw(law[which], torch.zeros_like(rows), rows=rows))",
            "ctx.restart_rows(rows, law[which].probs.argmax(-1))", (SLOTS, "-k", "exact_law and ar")),
     Mutant("slots: a restarted row's 2-D row state is its previous sample's", "specvis/methods/rows2d.py",
            "        self.c = torch.where(f, 0, self.c)", "        pass", (SLOTS, "-k", "as_alone and zipar")),
