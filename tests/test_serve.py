@@ -6,6 +6,7 @@ queue bound, the API key, disconnects, and SIGTERM on a ``specvis serve`` proces
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import os
@@ -156,6 +157,41 @@ def test_a_request_past_its_timeout_is_408_and_freed(t2i):
     wait_idle(t2i.engine)
 
 
+def test_an_image_is_a_function_of_its_seed_alone_or_among_others_as_offline(t2i):
+    """Keyed noise: image k of a request with seed s is offline ``pipe(..., seed=s)``'s image k (AR under
+    the same sampling), served alone with SJD or admitted into a running decode among other requests."""
+    import numpy as np
+
+    import specvis as sv
+    from specvis.serve.images import render
+
+    pipe = sv.load("emoji-t2i")
+    sampling = dataclasses.replace(pipe.default_sampling, noise="keyed")
+    out = pipe(prompts=["a red heart"] * 2, sampling=sampling, seed=40, height=8, width=8, method="ar", decode=False)
+    want = [np.asarray(render(pipe, out.tokens[k], (8, 8))) for k in range(2)]
+    c = t2i.client()
+
+    def ours(method: str) -> list:
+        r = c.images.generate(prompt="a red heart", n=2, size="32x32", extra_body={"seed": 40, "method": method})
+        return [np.asarray(picture(d.b64_json).convert("RGB")) for d in r.data]
+
+    wait_idle(t2i.engine)
+    assert all(np.array_equal(a, b) for a, b in zip(ours("sjd"), want))  # alone
+    others = [threading.Thread(target=lambda i=i: c.images.generate(
+        prompt=("a cat", "a sun", "a dog")[i % 3], n=2, size="32x32", extra_body={"seed": 7 + 9 * i, "method": "sjd"}))
+        for i in range(4)]
+    for t in others:
+        t.start()
+    deadline = time.monotonic() + 60
+    while metric(t2i.engine.metrics.text().decode(), "specvis_rows_in_flight") < 1:  # ours comes while theirs decode
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    among = ours("sjd")
+    for t in others:
+        t.join(120)
+    assert all(np.array_equal(a, b) for a, b in zip(among, want))
+
+
 def test_32_concurrent_mixed_requests_complete_sharing_rows(t2i):
     c = t2i.client()
     before = t2i.engine.metrics.text().decode()
@@ -203,7 +239,7 @@ def test_no_request_waits_behind_a_later_one(t2i):
     served = t2i.app.state.served
     jobs = []
     for i in range(10):
-        sampling = served.default_sampling if i % 3 else served.default_sampling.__class__(cfg_scale=2.0)
+        sampling = served.default_sampling if i % 3 else dataclasses.replace(served.default_sampling, cfg_scale=2.0)
         grid = served.sizes[("32x32", "48x48")[i % 2]]
         jobs.append(Job("a cat", 1 + i % 2, i, Key(("ar", "sjd")[i % 4 == 0], sampling, grid), sink(i)))
     for job in jobs:

@@ -8,10 +8,10 @@ takes from the head of the queue, so when the head needs another key (or more im
 decode smaller than ``max_batch`` has free rows) the decode stops admitting, drains and the next one
 starts with the head. With nothing waiting the worker blocks on a condition variable (no spinning).
 
-The law: each image is drawn from the target's law given its condition (every method served is
-lossless, and a restarted row decodes as if alone: ``methods/slots.py``). The pictures are not yet a
-function of the seed alone: the rows of a decode share one generator (seeded by the decode's first
-image's seed), so an image depends on what else was decoding.
+The law: each image is drawn from the target's law given its condition (every method served restarts
+rows exactly: ``methods/slots.py``). The server samples under keyed noise (``request.parse``): row r races the
+noise of its image's seed (request seed + k) alone, so under AR or a method verifying by
+``accept.Coupled`` the image is a function of its seed, whatever else is decoding.
 
 ``method="auto"``: at start the engine times each of ``AUTO_CANDIDATES`` on decodes of 1, 2, 4, ...,
 ``max_batch`` rows (the cost model: seconds per image by rows), and each decode runs the candidate
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..generate import bind_rule, fit_to_stream
+from ..generate import bind_rule, fit_to_stream, keyed_method
 from ..methods.base import DecodeContext
 from ..models.base import Condition, Prompts
 from ..options import Options
@@ -100,6 +100,10 @@ class Image:
     @property
     def condition(self) -> Condition:
         return self.job.condition[self.index: self.index + 1]
+
+    @property
+    def seed(self) -> int:
+        return self.job.seed + self.index
 
     @property
     def cancelled(self) -> bool:
@@ -239,7 +243,7 @@ class Engine:
 
     def _warm_up(self) -> None:
         """One decode of one image with the default method (and, for ``auto``, the cost model)."""
-        sampling = self.pipe.default_sampling
+        sampling = dataclasses.replace(self.pipe.default_sampling, noise="keyed")
         if self.method == "auto":
             self.costs = self._measure(sampling)
         else:
@@ -332,9 +336,9 @@ class Engine:
         if (L.height, L.width) != tuple(grid):
             self.pipe.set_grid(*grid)
 
-    def _resolve(self, spec: str, rows: int):
+    def _resolve(self, spec: str, rows: int, sampling: Sampling):
         name = self.choose(rows) if spec == "auto" else spec
-        return fit_to_stream(method_from_spec(name), self.model.layout.stream_len), name
+        return keyed_method(fit_to_stream(method_from_spec(name), self.model.layout.stream_len), sampling), name
 
     def _decode(self, first: list[Image], quiet: bool = False) -> None:
         """One decode of ``first`` and what it admits. Its rows: the images taken, or as many as the
@@ -345,7 +349,7 @@ class Engine:
         self._set_grid(key.grid)
         rows = len(first) if quiet else min(self.max_batch, max(len(first), self._demand))
         self._peak = 0
-        method, name = self._resolve(key.method, rows)
+        method, name = self._resolve(key.method, rows, key.sampling)
         label = spec_of(method)
         for image in first:
             image.method = label
@@ -428,14 +432,16 @@ def decode_live(model, first: list, method, sampling: Sampling, seed: int, live:
     (``rows.Sample``; None: a free row), ``live(ctx)`` gives the ``LiveRows`` that admit more at each round boundary. As
     ``specvis.generate`` sets a decode up (the method's fields fitted to the stream, its rule bound),
     with the first prompts padded to the longest prefix the model takes."""
-    method = fit_to_stream(method, model.layout.stream_len)
+    method = keyed_method(fit_to_stream(method, model.layout.stream_len), sampling)
     rule = bind_rule(method.acceptance, codebook, model)
     keep_soft = sampling.greedy and rule is not None and "soft" in rule.needs
-    spare = next(sample for sample in first if sample is not None).condition  # what a free row decodes
-    condition = padded(joined([spare if sample is None else sample.condition for sample in first]), model)
+    spare = next(sample for sample in first if sample is not None)  # what a free row decodes (thrown away)
+    condition = padded(joined([(spare if s is None else s).condition for s in first]), model)
+    seeds = [(spare if s is None else s).seed for s in first] if sampling.keyed else None
     target = guided_view(model, condition, sampling, method.pad, keep_soft=keep_soft)
     device = next(model.parameters()).device
-    ctx = DecodeContext(target, make_generator(seed, device), method.pad, rule=rule, graphs=graphs)
+    ctx = DecodeContext(target, make_generator(seed, device), method.pad, rule=rule, graphs=graphs, seeds=seeds,
+                        coupled=rule is not None and "noise" in method.acceptance.needs)
     ctx.queue = live(ctx)
     with torch.inference_mode():
         method.decode(ctx)

@@ -166,7 +166,7 @@ def parse(body: Any, served: ServedModel) -> Generation:
     sampling = Sampling(temperature=base.temperature if temperature is None else temperature,
                         top_k=base.top_k if top_k is None else top_k,
                         top_p=base.top_p if top_p is None else top_p,
-                        cfg_scale=base.cfg_scale if guidance is None else guidance)
+                        cfg_scale=base.cfg_scale if guidance is None else guidance, noise=base.noise)
     timeout = _number(body, "timeout", 0.0, MAX_TIMEOUT_S, low_open=True)
     return Generation(prompt, n, size, served.sizes[size], output_format, stream, partial, seed, method, negative,
                       sampling, timeout)

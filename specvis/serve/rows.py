@@ -8,6 +8,8 @@ tokens to its sample at once. A cancelled sample's row is freed at the same boun
 
 Exact for the same reason as ``SlotQueue``: a restarted row's cache holds its prefix only and its
 committed buffer is cleared, so every later forward computes the row's law as if the sample ran alone.
+Under keyed noise the row takes its new sample's seed before its first draw, so its tokens are the
+sample's alone (AR's tokens for that seed, with a method verifying by ``accept.Coupled``).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import torch
 
 from ..methods.laws import DiscreteLaw
 from ..models.base import Condition, Prompts
+from ..noise import seed_tensor
 
 
 class Sample(Protocol):
     """One image a row decodes: its condition (one sample, both CFG halves), and the callbacks."""
 
     condition: Condition
+    seed: int  # the image's seed: its keyed noise (``Sampling(noise="keyed")``)
     cancelled: bool
 
     @property
@@ -122,7 +126,9 @@ class LiveRows:
         law, prefixes = ctx.target.prefill_apart(joined([s.condition for s in fresh]))
         index = torch.tensor(rows, device=ctx.device)
         which = torch.arange(len(rows), device=ctx.device)
-        ctx.restart_rows(index, law.sample(ctx.generator))
+        if ctx.keyed is not None:  # the rows race their new images' keyed noise from now on
+            ctx.keyed.seeds[index] = seed_tensor([s.seed for s in fresh], ctx.device)
+        ctx.restart_rows(index, ctx.draw(law, torch.zeros_like(index), rows=index))
         ctx.target.load_prefixes(index, prefixes, which)
         for r, s in zip(rows, fresh):
             self.owner[r] = s

@@ -7,6 +7,7 @@ A second signal stops at once."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import threading
 
@@ -45,7 +46,7 @@ def served_model(pipe, name: str, method: str) -> ServedModel:
     sizes = {f"{w * per_col}x{h * per_row}": (h, w) for h, w in sorted(grids)}
     classes = None if pipe.conditioning != "class" else (pipe.class_names or [str(i) for i in range(pipe.num_classes)])
     return ServedModel(name, classes, sizes, f"{native[1] * per_col}x{native[0] * per_row}", L.law_size,
-                       pipe.default_sampling, method)
+                       dataclasses.replace(pipe.default_sampling, noise="keyed"), method)
 
 
 def build(pipe, name: str, *, max_batch: int, max_queue: int, method: str, api_key: str | None):
