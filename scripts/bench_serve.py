@@ -17,6 +17,7 @@ The same on a GPU: add --device cuda.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -164,7 +165,8 @@ def open_loop(url: str, prompts: list[str], rate: float, requests: int, size: st
 
 
 def offline(model: str, prompts: list[str], a: argparse.Namespace, method: str) -> dict:
-    """``pipe(..., batch_size=max_batch)`` over ``prompts`` in this process (continuous batching)."""
+    """``pipe(..., batch_size=max_batch)`` over ``prompts`` in this process (continuous batching), under
+    the server's sampling (the model's, with keyed noise), decoded to images as the server does."""
     import torch
 
     import specvis as sv
@@ -178,10 +180,11 @@ def offline(model: str, prompts: list[str], a: argparse.Namespace, method: str) 
         per = pipe.to_images(torch.zeros(1, pipe.target.layout.num_tokens, dtype=torch.long, device=pipe.device))[0].width \
             // pipe.target.layout.width
         kw.update(height=h // per, width=w // per)
+    sampling = dataclasses.replace(pipe.default_sampling, noise="keyed")  # the server's sampling
     pipe(**{**kw, **({"classes": kw["classes"][:2]} if classes else {"prompts": prompts[:2]})}, method=method,
-         batch_size=2, decode=False)  # warm-up
+         sampling=sampling, batch_size=2, decode=False)  # warm-up
     t0 = time.perf_counter()
-    pipe(**kw, method=method, batch_size=a.max_batch, seed=0)
+    pipe(**kw, method=method, sampling=sampling, batch_size=a.max_batch, seed=0)
     wall = time.perf_counter() - t0
     return {"load": "offline", "method": method, "images": len(prompts), "wall_s": wall,
             "images_per_s": len(prompts) / wall, "batch_size": a.max_batch}

@@ -15,10 +15,6 @@ from specvis.serve.server import build
 
 class Served:
     def __init__(self, model: str = "emoji", **options) -> None:
-        torch_threads = options.pop("threads", None)
-        if torch_threads is not None:
-            import torch
-            torch.set_num_threads(torch_threads)
         self.pipe = sv.load(model)
         self.engine, self.app = build(self.pipe, model, **{"max_batch": 4, "max_queue": 256, "method": "ar",
                                                             "api_key": None, **options})
@@ -46,6 +42,7 @@ class Served:
         self.sock.close()
 
     def client(self, **kw):
+        """The official openai client of this server (no retries: a test sees every error)."""
         import openai
         return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0,
                              timeout=kw.pop("timeout", 120), **kw)
