@@ -177,6 +177,7 @@ def test_an_image_is_a_function_of_its_seed_alone_or_among_others_as_offline(t2i
 
     wait_idle(t2i.engine)
     assert all(np.array_equal(a, b) for a, b in zip(ours("sjd"), want))  # alone
+    assert all(np.array_equal(a, b) for a, b in zip(ours("auto"), want))  # auto's rounds (AR's here: no cost model)
     others = [threading.Thread(target=lambda i=i: c.images.generate(
         prompt=("a cat", "a sun", "a dog")[i % 3], n=2, size="32x32", extra_body={"seed": 7 + 9 * i, "method": "sjd"}))
         for i in range(4)]
@@ -385,4 +386,6 @@ def test_auto_measures_its_cost_model_at_start_and_serves_with_it():
         costs = s.engine.costs
         assert set(costs) == {"ar", "sjd"} and all(set(t) == {1, 2} and min(t.values()) > 0 for t in costs.values())
         r = s.client().images.generate(prompt="a cat", size="32x32")
-        assert r.data[0].model_extra["specvis"]["method"].split(":")[0] == s.engine.choose(1)
+        assert r.data[0].model_extra["specvis"]["method"] == "auto"
+        text = s.engine.metrics.text().decode()
+        assert metric(text, f'specvis_auto_rounds_total{{method="{s.engine.choose(1)}"}}') > 0

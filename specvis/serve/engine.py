@@ -13,9 +13,10 @@ rows exactly: ``methods/slots.py``). The server samples under keyed noise (``req
 noise of its image's seed (request seed + k) alone, so under AR or a method verifying by
 ``accept.Coupled`` the image is a function of its seed, whatever else is decoding.
 
-``method="auto"``: at start the engine times each of ``AUTO_CANDIDATES`` on decodes of 1, 2, 4, ...,
-``max_batch`` rows (the cost model: seconds per image by rows), and each decode runs the candidate
-with the least seconds per image at the measured row count nearest (in log) to its own.
+``method="auto"``: at start the engine times AR and SJD on decodes of 1, 2, 4, ..., ``max_batch`` rows
+(the cost model: seconds per image by rows); an auto decode then runs, at every round boundary, AR's
+or SJD's round, whichever has the least seconds per image at the measured row count nearest (in log)
+to the rows in flight (``switch.Switching``: exact, and under keyed noise the same picture).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ from ..sampling import Sampling, make_generator
 from ..methods.views import guided_view
 from .metrics import ServeMetrics
 from .rows import LiveRows, joined
+from .switch import Switching
 
-AUTO_CANDIDATES = ("ar", "sjd")
+AUTO_CANDIDATES = ("ar", "sjd")  # the methods of ``switch.Switching``'s rounds
+SWITCH_WINDOW = 16  # its SJD rounds' window (SJD's default)
 BUDGET = 100_000  # samples one decode may admit after its first rows (bounds its no-progress check)
 
 
@@ -272,8 +275,11 @@ class Engine:
         return 0 if self.pipe.conditioning == "class" else "a smiling face"
 
     def choose(self, rows: int) -> str:
-        """Auto's method for a decode of ``rows`` rows: least measured seconds per image at the
-        measured row count nearest in log to ``rows``."""
+        """Auto's method at ``rows`` rows in flight: least measured seconds per image at the measured row
+        count nearest in log to ``rows`` (AR where no cost model was measured: a pinned server)."""
+        if not self.costs:  # a server started with a pinned method measured none: AR, the reference
+            return "ar"
+
         def at(table: dict[int, float]) -> float:
             r = min(table, key=lambda m: (abs(math.log(m) - math.log(rows)), m))
             return table[r]
@@ -336,9 +342,19 @@ class Engine:
         if (L.height, L.width) != tuple(grid):
             self.pipe.set_grid(*grid)
 
-    def _resolve(self, spec: str, rows: int, sampling: Sampling):
-        name = self.choose(rows) if spec == "auto" else spec
-        return keyed_method(fit_to_stream(method_from_spec(name), self.model.layout.stream_len), sampling), name
+    def _resolve(self, spec: str, sampling: Sampling):
+        """The decode's method: the spec's, or for ``auto`` AR's or SJD's round at each boundary by the
+        rows in flight (``switch.Switching``)."""
+        if spec == "auto":
+            return keyed_method(Switching(self._round_method, window=min(SWITCH_WINDOW, self.model.layout.stream_len)),
+                                sampling), "auto"
+        return keyed_method(fit_to_stream(method_from_spec(spec), self.model.layout.stream_len), sampling), spec
+
+    def _round_method(self) -> str:
+        """Auto's method for the next round: the cost model's choice at the rows held now."""
+        name = self.choose(max(1, self._rows_held))
+        self.metrics.rounds.labels(name).inc()
+        return name
 
     def _decode(self, first: list[Image], quiet: bool = False) -> None:
         """One decode of ``first`` and what it admits. Its rows: the images taken, or as many as the
@@ -349,8 +365,9 @@ class Engine:
         self._set_grid(key.grid)
         rows = len(first) if quiet else min(self.max_batch, max(len(first), self._demand))
         self._peak = 0
-        method, name = self._resolve(key.method, rows, key.sampling)
-        label = spec_of(method)
+        self._rows_held = len(first)
+        method, name = self._resolve(key.method, key.sampling)
+        label = name if isinstance(method, Switching) else spec_of(method)
         for image in first:
             image.method = label
         codebook = self.pipe.codebook if method.acceptance is not None and "codebook" in method.acceptance.needs else None

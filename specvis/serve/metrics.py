@@ -33,6 +33,8 @@ class ServeMetrics:
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.rejected = Counter("specvis_rejected_requests", "requests refused, by reason", ["reason"], registry=r)
         self.decodes = Counter("specvis_decodes", "decodes started, by the method they ran", ["method"], registry=r)
+        self.rounds = Counter("specvis_auto_rounds", "rounds of auto decodes, by the method auto chose", ["method"],
+                              registry=r)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
