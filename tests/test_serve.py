@@ -389,3 +389,13 @@ def test_auto_measures_its_cost_model_at_start_and_serves_with_it():
         assert r.data[0].model_extra["specvis"]["method"] == "auto"
         text = s.engine.metrics.text().decode()
         assert metric(text, f'specvis_auto_rounds_total{{method="{s.engine.choose(1)}"}}') > 0
+
+
+@pytest.mark.parametrize("flags,named", [(["--max-batch", "0"], "max_batch"), (["--max-queue", "-1"], "max_queue"),
+                                         (["--method", "nope"], "nope"), (["--method", "eagle"], "eagle"),
+                                         (["--port", "70000"], "port"), (["--grace", "-1"], "grace"),
+                                         (["--threads", "0"], "threads"), (["--model", "nosuchmodel"], "nosuchmodel")])
+def test_bad_serve_flags_exit_2_with_one_line(flags, named):
+    r = subprocess.run([sys.executable, "-m", "specvis.cli", "serve", *flags], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and named in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

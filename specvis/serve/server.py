@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import socket
 import threading
 
 import torch
@@ -66,6 +67,9 @@ def build(pipe, name: str, *, max_batch: int, max_queue: int, method: str, api_k
 def main(a: argparse.Namespace) -> int:
     """``specvis serve``: load, build, start the engine, serve until a signal drains it."""
     checks.integer(a.port, "port", low=0, high=65535)
+    checks.integer(a.max_batch, "max_batch", low=1, high=1024)  # every flag checked before the model loads
+    checks.integer(a.max_queue, "max_queue", low=1, high=1_000_000)
+    served_method(a.method)
     if not 0 <= a.grace <= 3600:
         raise ValueError(f"--grace must be in 0..3600 seconds, got {a.grace}")
     if a.threads is not None:
@@ -74,10 +78,15 @@ def main(a: argparse.Namespace) -> int:
     pipe = load(a.model, a.device, a.dtype)
     engine, app = build(pipe, a.model, max_batch=a.max_batch, max_queue=a.max_queue, method=a.method, api_key=key)
     engine.start()
-    config = uvicorn.Config(app, host=a.host, port=a.port, log_level="warning", timeout_graceful_shutdown=int(a.grace) + 5)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(a.grace) + 5)
     server = DrainingServer(config, engine, app, a.grace)
-    print(f"specvis: serving {a.model} on http://{a.host}:{a.port} (ready on /health after the warm-up)", flush=True)
-    server.run()
+    family = socket.AF_INET6 if ":" in a.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:  # bound here: port 0 prints the port it got
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((a.host, a.port))
+        port = sock.getsockname()[1]
+        print(f"specvis: serving {a.model} on http://{a.host}:{port} (ready on /health after the warm-up)", flush=True)
+        server.run(sockets=[sock])
     return 0
 
 
