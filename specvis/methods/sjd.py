@@ -151,7 +151,7 @@ class SJD(RuleMethod):
 
     def decode(self, ctx: DecodeContext) -> None:
         target, W, gen = ctx.target, self.window, ctx.generator
-        win = _Initialiser(ctx, W, self.init, self.coupling)
+        win = JacobiWindow(ctx, W, self.init, self.coupling)
         p0 = target.prefill()
         x0 = ctx.draw(p0, ctx.n)
         ctx.accept(Verdict.sampled(x0))
@@ -195,7 +195,7 @@ def maximal_coupling(p_new: torch.Tensor, p_old: torch.Tensor, x: torch.Tensor,
     return torch.where(keep, x, sample(law, generator))
 
 
-class _Initialiser:
+class JacobiWindow:
     """Builds the next Jacobi window (tokens (B, W) and the laws they were drawn from (B, W, V)),
     vectorised over rows and slots: refined slots draw from the target laws, initialised slots
     follow the init scheme, repeat schemes then copy their source token (point-mass law). Drawn

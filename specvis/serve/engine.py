@@ -184,6 +184,11 @@ class Engine:
         return len(self._waiting)
 
     @property
+    def alive(self) -> bool:
+        """The worker thread runs (it stops after ``close`` or a failed warm-up)."""
+        return self._thread.is_alive()
+
+    @property
     def idle(self) -> bool:
         """Nothing waits and no decode runs."""
         with self._cv:

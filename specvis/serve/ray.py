@@ -41,7 +41,7 @@ class SpecvisReplica:
 
     def check_health(self) -> None:
         """Ray's health check: a failed engine fails the replica."""
-        if self.engine.error is not None or not self.engine._thread.is_alive():
+        if self.engine.error is not None or not self.engine.alive:
             raise RuntimeError("the engine is not running")
 
     def __del__(self) -> None:

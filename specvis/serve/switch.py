@@ -4,7 +4,7 @@ Exact: each round draws from the target's law given the committed prefix. An AR 
 drawn from the law after the last committed token. An SJD round verifies a window whose drafts were
 drawn from the laws ``q`` kept beside them, by the method's rule (exact, or ``Coupled`` under keyed
 noise); when the previous round was AR's, the window is first built afresh for every row from its
-last committed token (``_Initialiser.restart``, as a row restarted by continuous batching), so the
+last committed token (``JacobiWindow.restart``, as a row restarted by continuous batching), so the
 drafts verified are always drawn from the ``q`` the rule sees. Under keyed noise with ``Coupled`` both
 rounds commit AR's token at every position, so switching keeps the picture as well as the law.
 """
@@ -19,7 +19,7 @@ import torch
 from ..accept import DEFAULT_RULE, AcceptanceRule
 from ..methods.base import DecodeContext
 from ..methods.round import Chain, Verdict
-from ..methods.sjd import _Initialiser
+from ..methods.sjd import JacobiWindow
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Switching:
     def decode(self, ctx: DecodeContext) -> None:
         target, W = ctx.target, self.window
         B = ctx.n.shape[0]
-        win = _Initialiser(ctx, W, "random", "gumbel")
+        win = JacobiWindow(ctx, W, "random", "gumbel")
         p0 = target.prefill()
         ctx.accept(Verdict.sampled(ctx.draw(p0, ctx.n)))
         last = p0.probs.clone()  # the law each row's last committed token was drawn from
