@@ -26,6 +26,8 @@ PROMPT = "tests/test_prompt_core.py"
 HOSTILE = "tests/test_hostile_inputs.py"
 SLOTS = "tests/test_slots.py"
 ROWS2D = "tests/test_rows2d.py"
+SERVE_LAW = "tests/test_serve_law.py"
+SERVE = "tests/test_serve.py"
 
 
 @dataclass(frozen=True)
@@ -566,7 +568,7 @@ MUTANTS = [
            "which = torch.arange(self.started - first, self.started - first + len(take), device=ctx.device)",
            "which = torch.arange(0, len(take), device=ctx.device)", (SLOTS, "-k", "exact_law and ar")),
     Mutant("slots: a restarted sample's first token is the prefix law's mode, not a draw", "specvis/methods/slots.py",
-           "ctx.restart_rows(rows, law[which].sample(ctx.generator))",
+           "ctx.restart_rows(rows, ctx.draw(law[which], torch.zeros_like(rows), rows=rows))",
            "ctx.restart_rows(rows, law[which].probs.argmax(-1))", (SLOTS, "-k", "exact_law and ar")),
     Mutant("slots: a restarted row's 2-D row state is its previous sample's", "specvis/methods/rows2d.py",
            "        self.c = torch.where(f, 0, self.c)", "        pass", (SLOTS, "-k", "as_alone and zipar")),
@@ -574,6 +576,34 @@ MUTANTS = [
            "            ids = self.sample_of[rows]", "            ids = rows", (SLOTS, "-k", "as_alone and ar")),
     Mutant("slots: step compression counts the samples, not each row's share", "specvis/methods/base.py",
            "per_row = 1.0 if q is None else q.samples / q.rows", "per_row = 1.0", (SLOTS, "-k", "forwards_of_its_batches")),
+    Mutant("serve: a row admitted from the live queue keeps its previous sample's prefix", "specvis/serve/rows.py",
+           "        ctx.target.load_prefixes(index, prefixes, which)", "        pass", (SERVE_LAW, "-k", "ar")),
+    Mutant("serve: a row admitted from the live queue starts from the prefix law's mode", "specvis/serve/rows.py",
+           "        ctx.restart_rows(index, ctx.draw(law, torch.zeros_like(index), rows=index))",
+           "        ctx.restart_rows(index, law.probs.argmax(-1))", (SERVE_LAW, "-k", "ar")),
+    Mutant("serve: auto takes the method measured slowest", "specvis/serve/engine.py",
+           "        return min(self.costs, key=lambda spec: at(self.costs[spec]))",
+           "        return max(self.costs, key=lambda spec: at(self.costs[spec]))", (SERVE, "-k", "fastest_at_the_rows")),
+    Mutant("serve: a decode admits the head of the queue whatever its key", "specvis/serve/engine.py",
+           "                if head.job.key != key:", "                if False:", (SERVE, "-k", "concurrent")),
+    Mutant("serve: the API key is not checked", "specvis/serve/app.py",
+           "            if not hmac.compare_digest(token.encode(), api_key.encode()):", "            if False:",
+           (SERVE, "-k", "key_queue_bound")),
+    Mutant("serve: a row admitted from the live queue races its previous image's keyed noise", "specvis/serve/rows.py",
+           "            ctx.keyed.seeds[index] = seed_tensor([s.seed for s in fresh], ctx.device)", "            pass",
+           (SERVE, "-k", "function_of_its_seed")),
+    Mutant("serve: image k of a request uses the request's seed, not seed + k", "specvis/serve/engine.py",
+           "        return self.job.seed + self.index", "        return self.job.seed", (SERVE, "-k", "function_of_its_seed")),
+    Mutant("serve: auto's AR round feeds the token before the last committed one", "specvis/serve/switch.py",
+           "            law = target.forward(ctx.tokens.gather(1, (n - 1)[:, None]), (n - 1)[:, None])",
+           "            law = target.forward(ctx.tokens.gather(1, (n - 2).clamp_min(0)[:, None]), (n - 1)[:, None])",
+           (SERVE_LAW, "-k", "switching")),
+    Mutant("serve: auto's SJD round verifies each draft against its neighbour's draft law", "specvis/serve/switch.py",
+           "            verdict = ctx.verify(p, Chain(draft, q))",
+           "            verdict = ctx.verify(p, Chain(draft, torch.roll(q, 1, 1)))",
+           (SERVE_LAW, "-k", "switching")),
+    Mutant("serve: a cancelled sample keeps its row and is answered", "specvis/serve/rows.py",
+           "            if s is not None and s.cancelled:", "            if False:", (SERVE_LAW, "-k", "sjd")),
 ]
 
 

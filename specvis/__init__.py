@@ -1,7 +1,7 @@
 """specvis: speculative decoding for autoregressive image generators."""
 
 from . import models
-from .accept import Exact
+from .accept import Coupled, Exact
 from .generate import Generation, generate
 from .gsd import GSD
 from .lantern import Lantern
@@ -13,5 +13,5 @@ from .zoo import load
 
 __version__ = "0.1.0"
 
-__all__ = ["ADTTree", "AR", "Auto", "CSpD", "Condition", "EagleTree", "Exact", "GSD", "Generation", "Jacobi", "Lantern", "PJD", "Pipeline",
+__all__ = ["ADTTree", "AR", "Auto", "CSpD", "Condition", "Coupled", "EagleTree", "Exact", "GSD", "Generation", "Jacobi", "Lantern", "PJD", "Pipeline",
            "Prompts", "SJD", "Sampling", "Speculative", "StaticTree", "Stats", "TokenModel", "ZipAR", "generate", "load", "models"]

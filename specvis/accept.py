@@ -11,7 +11,8 @@ The protocol (``AcceptanceRule``, ``BoundRule``): a rule is a frozen options dat
 
 - ``needs``: the tables ``bind`` uses, a subset of ``NEEDS`` ("codebook": the tokenizer's VQ
   codebook, "embeddings": the target's input-embedding table, "soft": the temperature-1 laws under
-  greedy sampling);
+  greedy sampling, "noise": keyed noise, so the context verifies against the point masses of its
+  races, ``Coupled``);
 - ``walks``: a subset of ``WALKS``: "chain" (``chain(p, q, x)``: a drafted chain, every rule),
   "tree" (``sibling(p, x)``: deterministic candidates, EagleTree and ADTTree), "sampled-tree"
   (``sibling_q(p, q, x)``: children drawn without replacement, StaticTree);
@@ -33,7 +34,7 @@ from .options import Options, option
 from .sampling import rows_at, sample, uniform
 
 WALKS = ("chain", "tree", "sampled-tree")
-NEEDS = ("codebook", "embeddings", "soft")
+NEEDS = ("codebook", "embeddings", "soft", "noise")
 
 
 @dataclass(frozen=True)
@@ -165,10 +166,61 @@ class Exact(Rule):
         return {}
 
 
+@dataclass(frozen=True)
+class Coupled(Rule):
+    """Verification by equality with the target's keyed choice (``Sampling(noise="keyed")``).
+
+    The context passes, for each verified position m, the point mass p_m at t_m = argmax_v p_m(v) /
+    E(s, m, v) (``specvis.noise``; ``DecodeContext.verify``). Accept a draft x with p(x) (1 iff x = t_m) and
+    on rejection commit from the residual p itself, the point mass: at every position the row commits
+    t_m, whatever the drafts were and whatever law they came from (chain, deterministic tree, sampled
+    tree alike). These are AR's tokens under the same noise, so the image is AR's image for the seed,
+    and its law is AR's law (the race is Gumbel-max: E(s, m, .) is independent of the prefix, which is
+    a function of E(s, <m, .) only). Lossless and method-invariant; acceptance depends on how often the
+    draft equals the target's choice (drafts coupled with the same noise agree far more often)."""
+
+    lossless: ClassVar[bool] = True
+    name: ClassVar[str] = "coupled"
+    needs: ClassVar[frozenset[str]] = frozenset({"noise"})
+    walks: ClassVar[frozenset[str]] = ALL_WALKS
+
+    def bind(self, tables: RuleTables) -> "Coupled":
+        """Coupled needs no table: the rule itself."""
+        return self
+
+    def chain(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+              soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """p: point masses (..., V); accept x iff it carries the mass; the residual is p itself."""
+        return p.gather(-1, x[..., None]).squeeze(-1), p
+
+    def sibling(self, p: torch.Tensor, x: torch.Tensor,
+                soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.chain(p, p, x)
+
+    def sibling_q(self, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+                  soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (*self.chain(p, q, x), without(q, x))
+
+    def config(self) -> dict:
+        return {}
+
+
+# The rule of a method built without one: ``Exact`` under stream noise, ``Coupled`` under keyed noise
+# (``default_rule``). The one instance, so that an explicit ``Exact()`` (a new instance) stays Exact.
+DEFAULT_RULE = Exact()
+
+
+def default_rule(rule: AcceptanceRule | None, keyed: bool) -> AcceptanceRule | None:
+    """The rule a method runs with: the one it was given, except that a method built without one
+    (``DEFAULT_RULE``) verifies by ``Coupled`` under keyed noise."""
+    return Coupled() if keyed and rule is DEFAULT_RULE else rule
+
+
 def rule_option() -> Any:
-    """The declaration of a method's ``acceptance`` field: any ``AcceptanceRule``, default ``Exact()``,
-    set by ``--accept NAME`` (and the spec key ``accept``)."""
-    return option(default_factory=Exact, flag="accept", help="the acceptance rule that verifies the drafts")
+    """The declaration of a method's ``acceptance`` field: any ``AcceptanceRule``, default ``Exact()``
+    (``Coupled()`` under keyed noise, ``default_rule``), set by ``--accept NAME`` (and the spec key ``accept``)."""
+    return option(default_factory=lambda: DEFAULT_RULE, flag="accept",
+                  help="the acceptance rule that verifies the drafts (default: exact; coupled under keyed noise)")
 
 
 def normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:

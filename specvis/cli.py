@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import __version__, demo
 from .checks import one_line
+from .serve import cli as serve_cli
 from .io import atomic_write, clean_stale_temps, write_text
 from .registry import (ACCEPT, ACCEPTANCE, METHODS, available, build_method, describe, method_flags, method_from_spec,
                        parse_method_spec)
@@ -115,6 +116,8 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, help="keep the k most likely image tokens (0 = no top-k)")
     g.add_argument("--top-p", type=float, help="nucleus: keep the smallest set of mass >= p (1 = off)")
     g.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale (1 = no guidance)")
+    g.add_argument("--noise", help="stream (draws from the call's seeded stream) or keyed (image i's picture is a "
+                                   "function of its seed, seed + i: every lossless method gives AR's image)")
     g.add_argument("--num-iter", type=int, help="MAR models: sampler steps over the random order (default: the model's, 64)")
 
 
@@ -134,7 +137,7 @@ def _flag_help(flag) -> str:
     parts: dict[str, list[str]] = {}
     for owner, info in flag.owners:
         if flag.key == ACCEPT:
-            text = f"acceptance rule: {', '.join(ACCEPTANCE)} (default exact)"
+            text = f"acceptance rule: {', '.join(ACCEPTANCE)} (default exact; coupled under --noise keyed)"
         else:
             allowed = "" if flag.boolean else f"{info.allowed()}; "
             text = f"{info.help} ({allowed}default {spell(info.default)})"
@@ -212,6 +215,7 @@ def _sampling(a: argparse.Namespace, default: Sampling) -> Sampling:
         top_k=default.top_k if a.top_k is None else (a.top_k or None),
         top_p=default.top_p if a.top_p is None else a.top_p,
         cfg_scale=default.cfg_scale if a.cfg_scale is None else a.cfg_scale,
+        noise=default.noise if a.noise is None else a.noise,
     )
 
 
@@ -309,14 +313,15 @@ def build_parser() -> Parser:
                         "predicted_speedup and efficiency come from")
     _add_device(b)
     _add_sampling(b)
-    b.add_argument("--accept", default="exact", help="acceptance rule of the methods that take one and whose spec "
-                                                      "names none (accept=...)")
+    b.add_argument("--accept", default=None, help="acceptance rule of the methods that take one and whose spec "
+                                                   "names none (accept=...; default exact, coupled under --noise keyed)")
 
     _add_sample_parser(sub, model_help, method_help)
 
     sub.add_parser("models", help="list model bundles")
     sub.add_parser("train-drafter", help="train an EAGLE draft head on a target (see --help)", add_help=False)
     demo.add_parser(sub)
+    serve_cli.add_parser(sub)
     return p
 
 
@@ -405,7 +410,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
         for m in (method, AR()):
             run(m, 1)  # warm-up (one image), untimed: one-time costs fall on neither side
-        ar = run(AR()).stats
+        ar = run(AR())
     out = run(method)
     if text:
         layout = pipe.target.layout  # the grid of the call
@@ -417,9 +422,13 @@ def cmd_generate(a: argparse.Namespace) -> int:
     s = out.stats
     compare = None
     if a.compare_ar:
-        ar = ar or s
+        ar_out = ar or out
+        ar = ar_out.stats
         compare = {"ar_wall_s": ar.wall_s, "ar_target_forwards": ar.target_forwards,
                    "speedup": ar.wall_s / s.wall_s if s.wall_s > 0 else float("nan")}
+        if sampling.keyed:  # one picture per seed: the method's images are AR's, token for token
+            same = [bool((x == y).all()) for x, y in zip(out.tokens, ar_out.tokens)]
+            compare["images_equal_ar"] = sum(same)
     out_dir.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     for i, im in enumerate(out.images):
         _save_png(im, out_dir / f"{i:03d}.png")
@@ -450,6 +459,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if compare:
         print(f"  vs ar (same conditions and seed): wall {compare['ar_wall_s']:.2f}s -> {s.wall_s:.2f}s, "
               f"speedup {compare['speedup']:.2f}x  (target forwards {compare['ar_target_forwards']} -> {s.target_forwards})")
+        if "images_equal_ar" in compare:
+            same = compare["images_equal_ar"]
+            print(f"  keyed noise: {same} of {num} images equal AR's for the same seeds, token for token"
+                  + ("" if same == num else f" ({num - same} differ: not one picture per seed)"))
     print(f"  wrote {num} PNG{'s' if num != 1 else ''}, grid.png, heatmap.png, stats.json to {out_dir}/")
     return 0
 
@@ -612,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             return {"generate": cmd_generate, "sample": cmd_sample, "bench": cmd_bench, "models": cmd_models,
-                    "demo": demo.main}[a.command](a)
+                    "demo": demo.main, "serve": serve_cli.main}[a.command](a)
     except (UsageError, ValueError, OSError) as e:  # OSError: FileNotFoundError, PermissionError, disk full ...
         print(f"specvis: error: {one_line(e, limit=None)}", file=sys.stderr)
         return 2

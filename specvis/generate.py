@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from . import checks
-from .accept import AcceptanceRule, BoundRule, RuleTables
+from .accept import AcceptanceRule, BoundRule, RuleTables, default_rule
 from .gsd import input_embeddings
 from .methods.auto import REFUSED, Auto
 from .methods.base import DecodeContext, Stats, timed
@@ -20,7 +20,9 @@ from .methods.ordered import OrderedVerifier, OrderedView
 from .methods.slots import SlotQueue
 from .methods.views import DrafterView, guided_view
 from .models.base import Captions, Condition, Prompts
+from .models.continuous import ContinuousAR
 from .models.decoder import CachedStack
+from .noise import image_seeds
 from .options import Options, option_fields
 from .registry import method_argument, refilling_methods
 from .sampling import Sampling, make_generator, sampling_argument
@@ -105,6 +107,37 @@ def check_refill(method, model, ordered) -> None:
                          "not a continuous-token or ordered (MAR) model")
 
 
+def keyed_method(method, sampling: Sampling):
+    """The method as it runs under ``sampling``'s noise: a lossless method built without a rule verifies by
+    ``Coupled`` under keyed noise (``accept.default_rule``); ``Coupled`` needs keyed noise and a lossless
+    method that verifies through the context's walk (PJD runs a walk of its own)."""
+    rule = method.acceptance
+    if rule is None:
+        return method
+    if method.lossless:
+        chosen = default_rule(rule, sampling.keyed)
+        if chosen is not rule:
+            return dataclasses.replace(method, acceptance=chosen)
+    if "noise" in rule.needs:
+        if not sampling.keyed:
+            raise ValueError(f"acceptance rule {rule.name} needs keyed noise: sampling noise=\"keyed\" "
+                             f"(--noise keyed), got noise={sampling.noise!r}")
+        if not method.lossless:
+            raise ValueError(f"acceptance rule {rule.name} verifies through the lossless methods' walks; method "
+                             f"{method.name} runs its own: use exact, lantern or gsd with it")
+    return method
+
+
+def keyed_seeds(model, sampling: Sampling, seed: int, conditions, ordered) -> list[int] | None:
+    """Under keyed noise the seeds of the call's images (image k: seed + k); None under stream noise."""
+    if not sampling.keyed:
+        return None
+    if ordered is not None or isinstance(model, ContinuousAR):
+        raise ValueError("sampling noise=\"keyed\" needs a discrete-token model decoded in stream order, "
+                         "not a continuous-token or ordered (MAR) model")
+    return image_seeds(seed, Condition.of(model, conditions).batch)
+
+
 @torch.no_grad()
 def generate(model, conditions, method=None, sampling: Sampling | None = None, seed: int = 0,
              draft=None, drafter=None, codebook: torch.Tensor | None = None, graphs: bool | None = None,
@@ -147,6 +180,8 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     elif not isinstance(method, (AR, CSpD)):
         raise ValueError(f"this model reveals its tokens in its own order (MAR): method must be AR or CSpD, "
                          f"got {type(method).__name__}")
+    seeds = keyed_seeds(model, sampling, seed, conditions if queued is None else queued, ordered)
+    method = keyed_method(method, sampling)
     pad = method.pad
     rule = bind_rule(method.acceptance, codebook, model)
     # greedy rules that relax on the temperature-1 law (LANTERN) get it with every law (DiscreteLaw.soft)
@@ -160,7 +195,7 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     graphs = device.type == "cuda" if graphs is None else graphs
     ctx = DecodeContext(target, make_generator(seed, device), pad, draft=draft_view,
                         drafter=None if drafter is None else DrafterView(drafter), rule=rule, graphs=graphs,
-                        progress=progress)
+                        progress=progress, seeds=seeds, coupled=rule is not None and "noise" in method.acceptance.needs)
     if queued is not None:
         ctx.queue = SlotQueue(ctx, queued)
     with torch.inference_mode():  # no autograd bookkeeping on the round's many small ops

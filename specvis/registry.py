@@ -36,6 +36,7 @@ ACCEPTANCE = {
     "exact": "specvis.accept:Exact",
     "lantern": "specvis.lantern:Lantern",
     "gsd": "specvis.gsd:GSD",
+    "coupled": "specvis.accept:Coupled",
 }
 
 ACCEPT = "accept"  # the option naming a method's acceptance rule (its field of type AcceptanceRule)
@@ -110,8 +111,8 @@ def build_method(name: str, options: dict[str, Any], acceptance: str | None = No
     and the rule's field names. A value is text (a spec's or a flag's, read as the field's type) or a
     Python value (checked by the class); a None value means the default, and so does the text "none"
     except for a field that takes a string or None, where it is a value (``coupling=none``). ``acceptance``:
-    the rule of a method that takes one when ``options`` names none (default exact); methods without a
-    rule ignore it.
+    the rule of a method that takes one when ``options`` names none (default: the method's default rule,
+    ``Exact``, or ``Coupled`` under keyed noise); methods without a rule ignore it.
 
     A key that is not an option of the method or of its rule is a ValueError naming it (as ``spell``
     writes it: the CLI passes its flag names), and so is naming a rule for a method without one."""
@@ -133,7 +134,7 @@ def build_method(name: str, options: dict[str, Any], acceptance: str | None = No
                              f"it is an option of rule {' and '.join(owners)} (set {spell(ACCEPT)}={owners[0]})")
         raise ValueError(f"method {name} has no option {spell(key)!r}; options: {_listing(cls, spell)}")
     method_kw = {k: _typed(own[k], v, spell) for k, v in kw.items() if k in own}
-    if rule is not None:
+    if rule is not None and (named or acceptance):  # none named: the field's default (``accept.default_rule``)
         method_kw[holder.name] = rule(**{k: _typed(theirs[k], v, spell) for k, v in kw.items() if k in theirs})
     return cls(**method_kw)
 

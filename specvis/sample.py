@@ -1,8 +1,9 @@
 """``specvis sample``: many images, one process or ``torchrun --nproc_per_node N`` ranks, for FID.
 
 The work list and its split are ``specvis.shards`` (the same as ``specvis bench --shards``): image i
-has condition i mod len(conditions), batch j holds images j*batch_size .. and runs with seed + j,
-and rank r takes the batches j with j % N == r. So image i gets the same condition, batch and
+has condition i mod len(conditions), batch j holds images j*batch_size .. and runs with seed + j
+(under keyed noise with seed + j*batch_size: image i has seed + i, so its picture is the same whatever the
+batch size and the lossless method), and rank r takes the batches j with j % N == r. So image i gets the same condition, batch and
 seed whatever N is, and the images are identical for every N (same device, dtype and threads).
 
 Layout of ``out``:
@@ -40,6 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .checks import SEED_LIMIT
+from .generate import keyed_method
 from .io import atomic_write, clean_stale_temps, write_text
 from .registry import describe
 from .shards import batches, shard_work
@@ -220,16 +222,20 @@ def sample(pipe, method, sampling, out_dir: str | Path, *, num: int, batch_size:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a directory")
+    method = keyed_method(method, sampling)  # the rule it runs with (Coupled by default under keyed noise)
     name, method_config, rule = describe(method)
     config = {"model": model or pipe.name, "method": name, "config": method_config, "acceptance": rule,
               "lossless": bool(method.lossless), "sampling": _asdict(sampling), "seed": seed,
               "batch_size": batch_size, "num": num, "dtype": str(pipe.dtype).removeprefix("torch."),
               **({"prompts": conditions, "height": grid[0], "width": grid[1]} if text else {"classes": conditions})}
     n_batches = -(-num // batch_size)
+    if sampling.keyed and seed + num - 1 >= SEED_LIMIT:
+        raise ValueError(f"--seed {seed}: under keyed noise image i has seed + i, and image {num - 1} would pass "
+                         f"2**64-1; give a seed <= {SEED_LIMIT - num}")
     if seed + n_batches - 1 >= SEED_LIMIT:
         raise ValueError(f"--seed {seed}: batch j runs with seed + j, and the last of {n_batches} batches would "
                          f"pass 2**64-1; give a seed <= {SEED_LIMIT - n_batches}")
-    work = batches(num, batch_size, len(conditions), seed)
+    work = batches(num, batch_size, len(conditions), seed, keyed=sampling.keyed)
     mine, my_work = shard_work(work, dist.world, dist.rank, allow_empty=True)
     (out / "images").mkdir(parents=True, exist_ok=True)
     (out / "stats").mkdir(parents=True, exist_ok=True)

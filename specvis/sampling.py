@@ -21,6 +21,9 @@ import torch
 from .checks import InputTypeError, integer, number, shown
 
 
+NOISES = ("stream", "keyed")
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Sampling parameters shared by every method; ``temperature == 0`` means greedy."""
@@ -29,6 +32,9 @@ class Sampling:
     top_k: int | None = None
     top_p: float | None = None
     cfg_scale: float = 1.0
+    # "stream": draws from the call's seeded generator; "keyed": token m of the image with seed s is
+    # argmax_v p_m(v) / E(s, m, v), E a function of (s, m, v) alone (``specvis.noise``)
+    noise: str = "stream"
 
     def __post_init__(self) -> None:
         """Types and ranges, one line naming the field (``specvis.checks``): numbers are finite (an
@@ -41,6 +47,13 @@ class Sampling:
             raise ValueError(f"top_p must be None or a number in (0, 1], got {self.top_p}")
         if number(self.cfg_scale, "cfg_scale", ">= 0 (1 = no guidance)") < 0:
             raise ValueError(f"cfg_scale must be a finite number >= 0 (1 = no guidance), got {self.cfg_scale}")
+        if self.noise not in NOISES:
+            raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {shown(self.noise)}")
+
+    @property
+    def keyed(self) -> bool:
+        """Image k of a call with seed s is a function of (s + k, its law) alone (``specvis.noise``)."""
+        return self.noise == "keyed"
 
     @property
     def uses_cfg(self) -> bool:

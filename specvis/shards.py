@@ -13,11 +13,13 @@ __all__ = ["Work", "batches", "shard_work"]
 Work = list[tuple[list[int], int]]
 
 
-def batches(num: int, batch_size: int, num_conditions: int, seed: int) -> Work:
-    """Deterministic work list: image i has condition i % num_conditions; batch j uses seed + j."""
+def batches(num: int, batch_size: int, num_conditions: int, seed: int, keyed: bool = False) -> Work:
+    """Deterministic work list: image i has condition i % num_conditions; batch j uses seed + j, or under
+    keyed noise (``keyed``) seed + j * batch_size, so that image i has seed + i (image k of a call: its seed + k)."""
     out = []
     for j, start in enumerate(range(0, num, batch_size)):
-        out.append(([i % num_conditions for i in range(start, min(start + batch_size, num))], seed + j))
+        out.append(([i % num_conditions for i in range(start, min(start + batch_size, num))],
+                    seed + (start if keyed else j)))
     return out
 
 

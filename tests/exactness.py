@@ -239,14 +239,17 @@ def grid_index(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
 def sample_counts(model, conditions: list[int], method, sampling: sv.Sampling, n: int = N_SAMPLES,
                   batch: int = BATCH, **kw) -> np.ndarray:
     """Counts (len(conditions), V**L) of the grids that ``method`` produced in n samples in all,
-    generated in batches that mix all conditions (so per-row independence is exercised)."""
+    generated in batches that mix all conditions (so per-row independence is exercised). Under keyed noise
+    image k of a call has seed s + k, so batch j starts at seed 1000 + (its first sample): every sample
+    has a seed of its own."""
     V, L = model.layout.vocab_size, model.layout.num_tokens
     counts = np.zeros((len(conditions), V ** L))
     total = n
     for seed, start in enumerate(range(0, total, batch)):
         rows = min(batch, total - start)
         idx = (torch.arange(start, start + rows) % len(conditions))
-        out = sv.generate(model, condition_rows(model, conditions, idx), method, sampling, seed=1000 + seed, **kw)
+        first = 1000 + (start if sampling.keyed else seed)
+        out = sv.generate(model, condition_rows(model, conditions, idx), method, sampling, seed=first, **kw)
         g = grid_index(out.tokens.cpu(), V)
         np.add.at(counts, (idx.numpy(), g.numpy()), 1)
     return counts

@@ -167,7 +167,7 @@ def test_a_method_refuses_a_rule_without_its_walk_when_built(method, walk):
         method(acceptance=ChainOnly())
     text = str(e.value)
     assert text.startswith(f"{method.__name__}.acceptance: rule chain-only is not supported with {method.__name__}")
-    assert f"needs the {walk} walk" in text and "use exact or lantern" in text and "\n" not in text
+    assert f"needs the {walk} walk" in text and "use exact or coupled or lantern" in text and "\n" not in text
 
 
 def test_acceptance_must_be_a_rule():

@@ -123,7 +123,7 @@ def test_sjd_never_drafts_against_a_forced_token(init: str, monkeypatch) -> None
 
     model = tiny_prompt_model(0, janus=False, row_end=1, height=3, width=3)
     seen = []
-    original = sjd._Initialiser.next_window
+    original = sjd.JacobiWindow.next_window
 
     def spy(self, p, base, start, first_init, prev=None):
         draft, q = original(self, p, base, start, first_init, prev)
@@ -135,6 +135,6 @@ def test_sjd_never_drafts_against_a_forced_token(init: str, monkeypatch) -> None
         assert torch.equal(q[at], torch.nn.functional.one_hot(f[at], q.shape[-1]).float())
         return draft, q
 
-    monkeypatch.setattr(sjd._Initialiser, "next_window", spy)
+    monkeypatch.setattr(sjd.JacobiWindow, "next_window", spy)
     sv.generate(model, condition_rows(model, [0, 1, 2]), sv.SJD(window=5, init=init), sv.Sampling(), seed=0)
     assert sum(seen) > 0

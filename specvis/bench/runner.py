@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..cpu_features import cpu_description
+from ..generate import keyed_method
 from ..registry import build_method, describe, parse_method_spec
 from ..sampling import Sampling
 from ..shards import Work, batches, shard_work  # the one work split, shared with specvis sample
@@ -250,7 +251,7 @@ def _load_previous(json_path: Path | None, report: dict[str, Any]) -> tuple[dict
 
 
 def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, sampling: Sampling | None = None,
-              repeats: int = 1, acceptance: str = "exact", progress: bool = True,
+              repeats: int = 1, acceptance: str | None = None, progress: bool = True,
               on_run: Callable[[dict], None] | None = None, *, json_path: str | Path | None = None,
               shards: int = 1, shard_index: int = 0, metrics: list[str] | None = None,
               data_dir: str | Path | None = None, quality_groups: int = 4, warmup: str = "batch",
@@ -298,8 +299,9 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         parsed = [("ar", {})] + [p for p in parsed if p != ("ar", {})]
     # every key must be an option of its method or rule; ``acceptance`` is the rule of the methods
     # that take one and whose spec names none (accept=...)
-    methods = [build_method(name, opts, acceptance) for name, opts in parsed]
-    full = batches(num, batch_size, len(prompts) if prompts else pipe.num_classes, seed)
+    # the rule each runs with: a method without one verifies by Coupled under keyed noise
+    methods = [keyed_method(build_method(name, opts, acceptance), sampling) for name, opts in parsed]
+    full = batches(num, batch_size, len(prompts) if prompts else pipe.num_classes, seed, keyed=sampling.keyed)
     if prompts is None:  # sv.Auto probes the classes this bench runs, not only its first batch's
         workload = tuple(dict.fromkeys(c for classes, _ in full for c in classes))
         methods = [dataclasses.replace(m, probe_classes=workload) if getattr(m, "probe_classes", ()) is None else m
@@ -318,7 +320,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         "graphs": pipe.device.type == "cuda" if pipe.graphs is None else pipe.graphs, "compile": pipe.compiled,
         "batch_size": batch_size, "num_images": num, "seed": seed,
         "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-                     "cfg_scale": sampling.cfg_scale},
+                     "cfg_scale": sampling.cfg_scale, **({"noise": sampling.noise} if sampling.keyed else {})},
         **({"prompts": prompts, "height": grid[0], "width": grid[1], "draft": (pipe.extras or {}).get("draft")}
            if prompts else {}),
         **({"num_iter": pipe.num_iter} if pipe.num_iter is not None else {}),  # MAR: its sampler's steps

@@ -14,7 +14,8 @@ from .verdicts import Verdict
 
 @dataclass(frozen=True)
 class AR(Options):
-    """x_i ~ p(. | c, x_<i), one cached target forward per token. The target's law samples itself
+    """x_i ~ p(. | c, x_<i), one cached target forward per token (under keyed noise by the race
+    argmax p / E(s, i), ``DecodeContext.draw``). The target's law samples itself
     (``laws.DiscreteLaw`` or ``laws.ContinuousLaw``), so the same rounds decode token ids and
     continuous tokens. A model that reveals its tokens in its own order (MAR) runs its own sampler
     (``ordered.reveal_rounds``)."""
@@ -36,12 +37,12 @@ def sample_prefix(ctx: DecodeContext, tokens: int) -> None:
     """Commit the first ``tokens`` stream tokens drawn from the target alone: token 0 from the prefill's
     law, then one forward per token feeding the last one (exactly ``tokens - 1`` rounds, no done-check:
     every row advances by one a round)."""
-    x = ctx.target.prefill().sample(ctx.generator)  # the last committed token, updated in place
+    x = ctx.draw(ctx.target.prefill(), ctx.n)  # the last committed token, updated in place
     ctx.accept(Verdict.sampled(x))
 
     def round_() -> None:
         law = ctx.target.forward(x[:, None], (ctx.n - 1)[:, None])
-        x.copy_(law[:, 0].sample(ctx.generator))
+        x.copy_(ctx.draw(law[:, 0], ctx.n))
         ctx.accept(Verdict.sampled(x))
 
     def restart(fresh, _law) -> None:  # token ids only: continuous-token models run no queue

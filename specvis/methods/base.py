@@ -19,6 +19,7 @@ import torch
 from ..models.base import KVCache
 from .verdicts import Chain, Tree, Verdict, verify_chain_rule, verify_tree
 from .rounds import run_plain, run_rounds
+from .keyed import KeyedNoise
 from .slots import SlotQueue
 from .laws import DiscreteLaw
 from .views import DrafterView, GuidedModel
@@ -47,6 +48,7 @@ class Stats:
     # seconds spent inside those forwards during the decode, on CPU only (a CUDA forward returns before
     # its kernels finish): {"target": s, ...}; wall_s minus their sum is the rounds' other work
     forward_s: dict[str, float] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)  # keyed noise: each image's seed in output order; else []
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)
@@ -57,13 +59,14 @@ class Stats:
 
 class DecodeContext:
     """Everything a method's loop needs, complete when built: the target view, the draft model's and
-    EAGLE drafter's views (each counts its own forwards), the bound acceptance rule, the generator, the
-    round runner's settings and the committed-token buffer with per-row lengths (rows never wait for
-    each other)."""
+    EAGLE drafter's views (each counts its own forwards), the bound acceptance rule, the generator or the
+    keyed noise (``seeds``: image k's seed + k), the round runner's settings and the committed-token
+    buffer with per-row lengths (rows never wait for each other)."""
 
     def __init__(self, target: GuidedModel, generator: torch.Generator, pad: int, *,
                  draft: GuidedModel | None = None, drafter: DrafterView | None = None, rule: Any = None,
-                 graphs: bool = False, progress: Callable[[float], None] | None = None) -> None:
+                 graphs: bool = False, progress: Callable[[float], None] | None = None,
+                 seeds: list[int] | None = None, coupled: bool = False) -> None:
         self.target, self.draft, self.drafter = target, draft, drafter
         self.rule = rule  # the method's acceptance rule, bound (``generate``); None for methods without one
         self.generator = generator
@@ -86,6 +89,8 @@ class DecodeContext:
         self.forced = torch.nn.functional.pad(forced, (0, self.L + pad - forced.shape[0]), value=-1)
         self.queue: SlotQueue | None = None  # more samples than rows (``generate(batch_size=)``, methods/slots.py)
         self.on_refill: Callable[[torch.Tensor, DiscreteLaw], None] | None = None  # the method's reset of restarted rows
+        self.keyed = None if seeds is None else KeyedNoise(seeds, B, self.V, dev)  # else: draws from ``generator``
+        self.coupled = coupled  # verify against the point masses of the keyed races (``accept.Coupled``)
 
     @property
     def device(self) -> torch.device:
@@ -145,6 +150,10 @@ class DecodeContext:
             return bool(flags[0])
         return self.queue.turn(self, flags[:rows])
 
+    def draw(self, law: DiscreteLaw, positions: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """A token per law at stream ``positions`` (laws of ``rows``): keyed race, or from the generator."""
+        return law.sample(self.generator) if self.keyed is None else self.keyed.draw(law.probs, positions, rows)
+
     def restart_rows(self, rows: torch.Tensor, first: torch.Tensor) -> None:
         """Rows ``rows`` start a new sample whose first token is ``first`` (drawn from its prefix's law, a
         forward of its own: counted as the row's first): the committed buffer holds it alone."""
@@ -161,6 +170,9 @@ class DecodeContext:
         (a chain: after the last committed token and each draft; a tree: after each node)."""
         if self.rule is None:
             raise ValueError("this method has no acceptance rule to verify drafts with")
+        if self.coupled:  # the point mass at each position's keyed choice (``accept.Coupled``)
+            at = proposal.positions + 1 if isinstance(proposal, Tree) else self.positions(self.n, p.probs.shape[1])
+            p = DiscreteLaw(self.keyed.choices(p.probs, at))
         if isinstance(proposal, Tree):
             return verify_tree(self.rule, proposal, p.probs, self.generator, soft=p.soft)
         return verify_chain_rule(self.rule, p.probs, proposal, self.generator, soft=p.soft)
@@ -242,6 +254,7 @@ class DecodeContext:
             block_sizes=self.block_sizes(),
             live_spans=self.live_spans(),
             forward_s=self.forward_seconds(),
+            seeds=[] if self.keyed is None else list(self.keyed.image_seeds),
         )
 
     def block_sizes(self) -> dict[str, dict[int, int]]:

@@ -151,9 +151,9 @@ class SJD(RuleMethod):
 
     def decode(self, ctx: DecodeContext) -> None:
         target, W, gen = ctx.target, self.window, ctx.generator
-        win = _Initialiser(ctx, W, self.init, self.coupling)
+        win = JacobiWindow(ctx, W, self.init, self.coupling)
         p0 = target.prefill()
-        x0 = p0.sample(gen)
+        x0 = ctx.draw(p0, ctx.n)
         ctx.accept(Verdict.sampled(x0))
         draft, q = win.next_window(p0.probs[:, None], base=ctx.n - 1, start=ctx.n, first_init=ctx.n)  # updated in place
 
@@ -195,7 +195,7 @@ def maximal_coupling(p_new: torch.Tensor, p_old: torch.Tensor, x: torch.Tensor,
     return torch.where(keep, x, sample(law, generator))
 
 
-class _Initialiser:
+class JacobiWindow:
     """Builds the next Jacobi window (tokens (B, W) and the laws they were drawn from (B, W, V)),
     vectorised over rows and slots: refined slots draw from the target laws, initialised slots
     follow the init scheme, repeat schemes then copy their source token (point-mass law). Drawn
@@ -209,17 +209,17 @@ class _Initialiser:
         codes = ctx.layout.vocab_size
         self.uniform = torch.zeros(self.V, device=dev)
         self.uniform[:codes] = 1.0 / codes
-        self.ring = None
+        self.ring = self.race = None
         if init == "vertical-sample":  # laws of the last width + W positions per row
             self.R = self.width + window
             self.ring = torch.zeros(ctx.n.shape[0], self.R, self.V, device=dev)
-        if coupling == "gumbel":  # E_m of the positions in the window, slot-aligned like the drafts
+        if coupling == "gumbel" and ctx.keyed is None:  # E_m of the positions in the window, slot-aligned like the drafts
             self.race = torch.ones(ctx.n.shape[0], window, self.V, device=dev, dtype=torch.float64)
 
     def restart(self, fresh: torch.Tensor, p0: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The first window (as after the prefill) of rows ``fresh``, restarted with a new sample whose
         token 0 was drawn from ``p0`` (B, V); the other rows' laws and races are kept."""
-        state = [t for t in (self.ring, self.race if self.coupling == "gumbel" else None) if t is not None]
+        state = [t for t in (self.ring, self.race) if t is not None]
         kept = [t.clone() for t in state]
         if self.ring is not None:
             self.ring.masked_fill_(fresh[:, None, None], 0.0)
@@ -272,7 +272,9 @@ class _Initialiser:
         q = torch.where(refined[..., None], p_ref, q_init)
         old = (pos - base[:, None]).clamp(0, W - 1)  # the slot of pos in the previous window
         had = pos - base[:, None] < W if prev is not None else torch.zeros_like(refined)
-        if self.coupling == "gumbel":  # argmax(q / E_m), E_m kept while m stays in the window
+        if self.coupling == "gumbel" and ctx.keyed is not None:  # argmax(q / E_m), E_m the keyed noise of m
+            draft = torch.argmax(q / ctx.keyed.noise(pos), dim=-1)
+        elif self.coupling == "gumbel":  # argmax(q / E_m), E_m kept while m stays in the window
             fresh = exponential(q, ctx.generator)
             race = torch.where(had[..., None], rows_at(self.race, old), fresh)
             self.race.copy_(race)

@@ -71,9 +71,12 @@ class SlotQueue:
             free = free[len(take):]
             rows = torch.tensor(take, device=ctx.device)
             which = torch.arange(self.started - first, self.started - first + len(take), device=ctx.device)
-            ctx.restart_rows(rows, law[which].sample(ctx.generator))
+            samples = torch.arange(self.started, self.started + len(take), device=ctx.device)
+            if ctx.keyed is not None:  # the rows' new images' seeds
+                ctx.keyed.start(rows, samples)
+            ctx.restart_rows(rows, ctx.draw(law[which], torch.zeros_like(rows), rows=rows))
             ctx.target.load_prefixes(rows, prefixes, which)
-            self.sample_of[rows] = torch.arange(self.started, self.started + len(take), device=ctx.device)
+            self.sample_of[rows] = samples
             for r in take:
                 self.held[r] = True
             self.started += len(take)

@@ -14,8 +14,8 @@ import torch
 
 from ..accept import AcceptanceRule, RuleMethod, rule_option
 from ..options import option
-from ..sampling import sample
 from .base import DecodeContext
+from .laws import DiscreteLaw
 from .verdicts import Chain, Verdict
 
 
@@ -36,7 +36,7 @@ class Speculative(RuleMethod):
         if ctx.draft is None:
             raise ValueError("method speculative needs a draft model (draft=...)")
         target, draft, g, gen = ctx.target, ctx.draft, self.gamma, ctx.generator
-        x0 = target.prefill().sample(gen)
+        x0 = ctx.draw(target.prefill(), ctx.n)
         draft.prefill()
         ctx.accept(Verdict.sampled(x0))
 
@@ -51,7 +51,7 @@ class Speculative(RuleMethod):
             for i in range(g):
                 q = draft.forward(feed, pos).probs[:, -1]
                 draft.set_committed(pos[:, -1] + 1)
-                d = sample(q, gen)
+                d = ctx.draw(DiscreteLaw(q), pos[:, -1] + 1)  # keyed noise: the race of its position
                 q_steps.append(q)
                 d_steps.append(d)
                 feed, pos = d[:, None], pos[:, -1:] + 1

@@ -56,6 +56,7 @@ import torch
 
 from ..accept import AcceptanceRule, rule_option, without
 from ..options import option
+from ..noise import race
 from ..sampling import sample
 from .base import DecodeContext
 from .verdicts import Tree
@@ -243,8 +244,10 @@ def build_static_tree(ctx: DecodeContext, pending: torch.Tensor, count: torch.Te
         laws[:, level] = q
         live = present[:, level]
         ranks = topo.draws[d - 1]
+        # keyed noise: the children's position n - 1 + d races, so rank r is the r-th of q / E (Gumbel-top-k)
+        noise = None if ctx.keyed is None else ctx.keyed.noise((n + d - 1)[:, None].expand(-1, q.shape[1]))
         for r, (cols, slots) in enumerate(ranks):  # rank by rank
-            x = sample(q, gen)  # (B, m)
+            x = sample(q, gen) if noise is None else race(q, noise)  # (B, m)
             tokens[:, slots] = x[:, cols]
             present[:, slots] = live[:, cols]
             if r + 1 < len(ranks):  # the next sibling is drawn from q without x, if q has mass left

@@ -171,7 +171,7 @@ def decode_trees(ctx: DecodeContext, name: str, total_tokens: int, schedule: Tre
     sched_sum = torch.zeros((), dtype=torch.long, device=dev)
     depth_cnt = torch.zeros((), dtype=torch.long, device=dev)
 
-    count = ctx.accept(Verdict.sampled(target.prefill().sample(gen)))
+    count = ctx.accept(Verdict.sampled(ctx.draw(target.prefill(), ctx.n)))
     pending = target.hidden[:, None]  # (R, m, Dm): target features of the tokens the drafter lacks
     d_row, k_row = schedule.first(ctx)
 

@@ -1,0 +1,300 @@
+"""Benchmark ``specvis serve`` under load: closed loop (C clients, each sending its next request when
+the last one is answered) and open loop (Poisson arrivals at a given rate), for the server with
+``--method auto``, pinned to AR and pinned to SJD, against offline continuous batching
+``pipe(..., batch_size=B)`` over the same prompts, side by side in one run.
+
+Each server is a ``specvis serve`` process on 127.0.0.1 (one torch thread unless --threads), the
+clients are threads of this process (httpx); the offline figures are measured in this process with
+no server running. Per load level: images/s, p50/p95/p99 latency, p50/p95/p99 time in queue (the
+server's ``queued_s``). Writes JSON (--out) and a markdown page (--page).
+
+Full run (alone on the machine; the lead runs it):
+    python scripts/bench_serve.py --models emoji-t2i emoji --out docs/results/data/serve-cpu.json \
+        --page docs/results/serve-cpu.md
+The same on a GPU: add --device cuda.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ["a red heart", "a cat", "a smiling face", "a sun", "a blue car", "a pizza", "a dog", "a star"]
+MODES = {"auto": "auto", "ar": "ar", "sjd": "sjd"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prompts_for(model: str, count: int, classes: int) -> list[str]:
+    if classes:
+        return [str(i % classes) for i in range(count)]
+    return [PROMPTS[i % len(PROMPTS)] for i in range(count)]
+
+
+class Server:
+    """A ``specvis serve`` process, ready (its /health answers 200) when entered; SIGTERM on exit."""
+
+    def __init__(self, model: str, method: str, a: argparse.Namespace) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "OMP_NUM_THREADS": str(a.threads)}
+        self.cmd = [sys.executable, "-m", "specvis.cli", "serve", "--model", model, "--port", str(self.port),
+                    "--max-batch", str(a.max_batch), "--max-queue", str(a.max_queue), "--method", method,
+                    "--device", a.device, "--threads", str(a.threads)]
+        self.env = env
+
+    def __enter__(self) -> "Server":
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 900
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server not ready in 900 s")
+            time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def request(client: httpx.Client, prompt: str, size: str | None, seed: int) -> dict:
+    body = {"prompt": prompt, "seed": seed}
+    if size:
+        body["size"] = size
+    t0 = time.perf_counter()
+    r = client.post("/v1/images/generations", json=body)
+    t1 = time.perf_counter()
+    r.raise_for_status()
+    info = r.json()["data"][0]["specvis"]
+    return {"latency_s": t1 - t0, "queued_s": info["queued_s"], "decode_s": info["decode_s"], "end": t1,
+            "method": info["method"]}
+
+
+def summary(rows: list[dict], wall: float) -> dict:
+    lat = np.array([r["latency_s"] for r in rows])
+    que = np.array([r["queued_s"] for r in rows])
+    methods: dict[str, int] = {}
+    for r in rows:
+        methods[r["method"]] = methods.get(r["method"], 0) + 1
+    return {"images": len(rows), "wall_s": wall, "images_per_s": len(rows) / wall,
+            **{f"latency_p{q}_s": float(np.percentile(lat, q)) for q in (50, 95, 99)},
+            **{f"queue_p{q}_s": float(np.percentile(que, q)) for q in (50, 95, 99)}, "methods": methods}
+
+
+def closed_loop(url: str, prompts: list[str], clients: int, requests: int, size: str | None, limit_s: float) -> dict:
+    """``clients`` threads each sending its next request when the last is answered, ``requests`` in all
+    (or until ``limit_s``)."""
+    rows, lock, counter = [], threading.Lock(), [0]
+    start = time.perf_counter()
+
+    def worker() -> None:
+        with httpx.Client(base_url=url, timeout=600) as c:
+            while True:
+                with lock:
+                    i = counter[0]
+                    if i >= requests or time.perf_counter() - start > limit_s:
+                        return
+                    counter[0] += 1
+                out = request(c, prompts[i % len(prompts)], size, i)
+                with lock:
+                    rows.append(out)
+
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"load": "closed", "clients": clients, **summary(rows, time.perf_counter() - start)}
+
+
+def open_loop(url: str, prompts: list[str], rate: float, requests: int, size: str | None, seed: int) -> dict:
+    """Poisson arrivals at ``rate`` requests/s, ``requests`` in all; latency counted from each arrival."""
+    rng = random.Random(seed)
+    gaps = [rng.expovariate(rate) for _ in range(requests)]
+    rows, lock = [], threading.Lock()
+    start = time.perf_counter()
+    client = httpx.Client(base_url=url, timeout=600, limits=httpx.Limits(max_connections=requests))
+
+    def send(i: int, at: float) -> None:
+        out = request(client, prompts[i % len(prompts)], size, i)
+        out["latency_s"] = out["end"] - at  # from the arrival, not the send
+        with lock:
+            rows.append(out)
+
+    threads, at = [], start
+    for i, gap in enumerate(gaps):
+        at += gap
+        time.sleep(max(0.0, at - time.perf_counter()))
+        t = threading.Thread(target=send, args=(i, at))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    client.close()
+    return {"load": "open", "rate_per_s": rate, **summary(rows, time.perf_counter() - start)}
+
+
+def offline(model: str, prompts: list[str], a: argparse.Namespace, method: str) -> dict:
+    """``pipe(..., batch_size=max_batch)`` over ``prompts`` in this process (continuous batching), under
+    the server's sampling (the model's, with keyed noise), decoded to images as the server does."""
+    import torch
+
+    import specvis as sv
+
+    torch.set_num_threads(a.threads)
+    pipe = sv.load(model, a.device)
+    classes = pipe.conditioning == "class"
+    kw = {"classes": [int(p) for p in prompts]} if classes else {"prompts": prompts}
+    if a.size and not classes:
+        w, h = map(int, a.size.split("x"))
+        per = pipe.to_images(torch.zeros(1, pipe.target.layout.num_tokens, dtype=torch.long, device=pipe.device))[0].width \
+            // pipe.target.layout.width
+        kw.update(height=h // per, width=w // per)
+    sampling = dataclasses.replace(pipe.default_sampling, noise="keyed")  # the server's sampling
+    pipe(**{**kw, **({"classes": kw["classes"][:2]} if classes else {"prompts": prompts[:2]})}, method=method,
+         sampling=sampling, batch_size=2, decode=False)  # warm-up
+    t0 = time.perf_counter()
+    pipe(**kw, method=method, sampling=sampling, batch_size=a.max_batch, seed=0)
+    wall = time.perf_counter() - t0
+    return {"load": "offline", "method": method, "images": len(prompts), "wall_s": wall,
+            "images_per_s": len(prompts) / wall, "batch_size": a.max_batch}
+
+
+def classes_of(model: str) -> int:
+    import specvis as sv
+
+    pipe = sv.load(model)
+    return pipe.num_classes if pipe.conditioning == "class" else 0
+
+
+def page(data: dict) -> str:
+    lines = ["# `specvis serve` under load (CPU)", "",
+             f"Measured by `scripts/bench_serve.py` on {data['meta']['machine']}, {data['meta']['threads']} torch "
+             f"thread(s), `--max-batch {data['meta']['max_batch']}`, {data['meta']['date']}. Command: "
+             f"`{data['meta']['command']}`. Data: `{data['meta']['out']}`.", ""]
+    for model, res in data["models"].items():
+        lines += [f"## {model}", "", "| server | load | images/s | p50 s | p95 s | p99 s | queue p50 s | queue p99 s | methods |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for mode, rows in res["servers"].items():
+            for r in rows:
+                load = f"{r['clients']} clients" if r["load"] == "closed" else f"{r['rate_per_s']}/s Poisson"
+                lines.append(f"| {mode} | {load} | {r['images_per_s']:.2f} | {r['latency_p50_s']:.2f} | "
+                             f"{r['latency_p95_s']:.2f} | {r['latency_p99_s']:.2f} | {r['queue_p50_s']:.2f} | "
+                             f"{r['queue_p99_s']:.2f} | {', '.join(f'{k} {v}' for k, v in r['methods'].items())} |")
+        for r in res["offline"]:
+            lines.append(f"| offline pipe(batch_size={r['batch_size']}) {r['method']} | {r['images']} images | "
+                         f"{r['images_per_s']:.2f} | | | | | | |")
+        lines += ["", "Goals (ratios of the figures above):", ""]
+        for name, value in res["goals"].items():
+            lines.append(f"- {name}: {value}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def goals(res: dict) -> dict:
+    """The issue's goals as measured ratios (None where a figure is missing)."""
+    def closed(mode: str, clients: int):
+        return next((r for r in res["servers"].get(mode, []) if r["load"] == "closed" and r["clients"] == clients), None)
+
+    out = {}
+    best_offline = max((r["images_per_s"] for r in res["offline"]), default=None)
+    top = max((r["clients"] for rows in res["servers"].values() for r in rows if r["load"] == "closed"), default=None)
+    if best_offline and top and closed("auto", top):
+        out[f"auto at {top} clients / best offline images/s (goal >= 0.9)"] = round(closed("auto", top)["images_per_s"] / best_offline, 3)
+    if closed("auto", 1) and closed("ar", 1):
+        out["auto p50 latency at 1 client / AR server's (goal <= 0.556)"] = round(
+            closed("auto", 1)["latency_p50_s"] / closed("ar", 1)["latency_p50_s"], 3)
+    levels = sorted({r["clients"] for r in res["servers"].get("auto", []) if r["load"] == "closed"})
+    worst = None
+    for c in levels:
+        pinned = [closed(m, c)["images_per_s"] for m in ("ar", "sjd") if closed(m, c)]
+        if pinned:
+            ratio = closed("auto", c)["images_per_s"] / max(pinned)
+            worst = ratio if worst is None else min(worst, ratio)
+    if worst is not None:
+        out["auto images/s / best pinned server's, worst closed-loop level (goal >= 0.95)"] = round(worst, 3)
+    if closed("auto", 16):
+        r = closed("auto", 16)
+        out["auto p99 / p50 latency at 16 clients (goal <= 3)"] = round(r["latency_p99_s"] / r["latency_p50_s"], 3)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=["emoji-t2i", "emoji"])
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--clients", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--rates", nargs="+", type=float, default=[0.5, 1.0, 2.0, 4.0], help="open-loop requests/s")
+    ap.add_argument("--requests", type=int, default=64, help="requests per load level (at least 2x the clients)")
+    ap.add_argument("--limit-s", type=float, default=300.0, help="closed loop: stop sending after this many seconds")
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--max-queue", type=int, default=4096)
+    ap.add_argument("--size", default=None, help="WxH of every request (default: the model's native size)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default="docs/results/data/serve-cpu.json")
+    ap.add_argument("--page", default=None, help="markdown page to write (e.g. docs/results/serve-cpu.md)")
+    a = ap.parse_args()
+    data = {"meta": {"machine": f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)",
+                     "threads": a.threads, "max_batch": a.max_batch, "device": a.device,
+                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "out": a.out,
+                     "command": "python scripts/bench_serve.py " + " ".join(sys.argv[1:])}, "models": {}}
+    for model in a.models:
+        classes = classes_of(model)
+        size = None if classes else a.size
+        res = {"servers": {}, "offline": []}
+        for mode in a.modes:
+            rows = []
+            with Server(model, MODES[mode], a) as s:
+                for c in a.clients:
+                    n = max(a.requests, 2 * c)
+                    rows.append(closed_loop(s.url, prompts_for(model, n, classes), c, n, size, a.limit_s))
+                    print(model, mode, rows[-1], flush=True)
+                for rate in a.rates:
+                    rows.append(open_loop(s.url, prompts_for(model, a.requests, classes), rate, a.requests, size, 0))
+                    print(model, mode, rows[-1], flush=True)
+            res["servers"][mode] = rows
+        for method in ("ar", "sjd"):
+            res["offline"].append(offline(model, prompts_for(model, max(a.requests, 2 * max(a.clients)), classes), a, method))
+            print(model, res["offline"][-1], flush=True)
+        res["goals"] = goals(res)
+        data["models"][model] = res
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(data, indent=1))
+    if a.page:
+        Path(a.page).write_text(page(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

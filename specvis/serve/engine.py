@@ -1,0 +1,496 @@
+"""One engine per served model: it owns the model and runs decodes in one worker thread.
+
+Requests wait in one FIFO queue of images (a request of ``n`` images is n entries). A decode takes the
+images at the head of the queue that share one key (method, sampling, grid) into its rows, up to
+``max_batch``; at every round boundary a free row takes the next waiting image of that key
+(``rows.LiveRows``), and a finished row answers its image at once. Nobody is overtaken: a decode only
+takes from the head of the queue, so when the head needs another key (or more images wait than a
+decode smaller than ``max_batch`` has free rows) the decode stops admitting, drains and the next one
+starts with the head. With nothing waiting the worker blocks on a condition variable (no spinning).
+
+The law: each image is drawn from the target's law given its condition (every method served restarts
+rows exactly: ``methods/slots.py``). The server samples under keyed noise (``request.parse``): row r races the
+noise of its image's seed (request seed + k) alone, so under AR or a method verifying by
+``accept.Coupled`` the image is a function of its seed, whatever else is decoding.
+
+``method="auto"``: at start the engine times AR and SJD on decodes of 1, 2, 4, ..., ``max_batch`` rows
+(the cost model: seconds per image by rows); an auto decode then runs, at every round boundary, AR's
+or SJD's round, whichever has the least seconds per image at the measured row count nearest (in log)
+to the rows in flight (``switch.Switching``: exact, and under keyed noise the same picture).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..generate import bind_rule, fit_to_stream, keyed_method
+from ..methods.base import DecodeContext
+from ..models.base import Condition, Prompts
+from ..options import Options
+from ..registry import method_from_spec, refilling_methods, spec_of
+from ..sampling import Sampling, make_generator
+from ..methods.views import guided_view
+from .metrics import ServeMetrics
+from .rows import LiveRows, joined
+from .switch import Switching
+
+AUTO_CANDIDATES = ("ar", "sjd")  # the methods of ``switch.Switching``'s rounds
+SWITCH_WINDOW = 16  # its SJD rounds' window (SJD's default)
+BUDGET = 100_000  # samples one decode may admit after its first rows (bounds its no-progress check)
+
+
+class QueueFull(Exception):
+    """The queue holds ``max_queue`` images: the request is refused (HTTP 429)."""
+
+
+class Draining(Exception):
+    """The engine is shutting down and admits nothing (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """What images must share to share a decode."""
+
+    method: str  # a method spec, or "auto"
+    sampling: Sampling
+    grid: tuple[int, int]
+
+
+@dataclass
+class Job:
+    """One request: ``n`` images of one prompt (a class id for class-conditional models) under ``key``.
+    ``sink(event)`` receives, from the engine thread: ("partial", k, tokens, committed),
+    ("image", k, tokens, info) and ("error", status, message)."""
+
+    prompt: Any  # class id (int) or prompt text
+    n: int
+    seed: int
+    key: Key
+    sink: Callable[[tuple], None]
+    negative_prompt: str | None = None
+    partial_images: int = 0
+    arrived: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+    condition: Condition | None = None  # built on the engine thread (prompt encoding needs the grid)
+    failed: bool = False
+    left: int = 0
+    quiet: bool = False  # the engine's own timing decodes: no metrics
+
+    def cancel(self) -> None:
+        """Stop the job: its waiting images are dropped, its rows freed at the next round boundary."""
+        self.cancelled = True
+
+
+@dataclass
+class Image:
+    """Image ``index`` of a job: the sample a row holds (``rows.Sample``)."""
+
+    job: Job
+    index: int
+    engine: "Engine"
+    started_at: float = 0.0
+    marks: list[int] = field(default_factory=list)  # committed-token counts at which a partial image is due
+    method: str = ""
+
+    @property
+    def condition(self) -> Condition:
+        return self.job.condition[self.index: self.index + 1]
+
+    @property
+    def seed(self) -> int:
+        return self.job.seed + self.index
+
+    @property
+    def cancelled(self) -> bool:
+        return self.job.cancelled or self.job.failed
+
+    @property
+    def wants_partials(self) -> bool:
+        return bool(self.marks)
+
+    def started(self) -> None:
+        """Its row took it (the engine's grid is the job's now: the partial images' marks are set on it)."""
+        self.started_at = time.perf_counter()
+        self.marks = partial_marks(self.job.partial_images, self.engine.model.layout.stream_len)
+        self.engine._started(self)
+
+    def partial_due(self, committed: int) -> bool:
+        return bool(self.marks) and committed >= self.marks[0]
+
+    def partial(self, tokens: torch.Tensor, committed: int) -> None:
+        while self.marks and committed >= self.marks[0]:
+            self.marks.pop(0)
+        codes, shown = self.engine.image_codes(tokens, committed)
+        self.job.sink(("partial", self.index, codes, shown))
+
+    def finished(self, tokens: torch.Tensor, forwards: int) -> None:
+        self.engine._finished(self, tokens, forwards)
+
+
+class Engine:
+    """The served model's engine: ``submit(job)`` from any thread; ``start()`` loads nothing (the
+    pipeline is given loaded) but warms up (one decode) and, for ``method="auto"``, measures the cost
+    model; ``ready`` is set after that; ``close(grace)`` stops admitting, lets the work finish for up to
+    ``grace`` seconds, then answers what is left with an error."""
+
+    def __init__(self, pipe, *, max_batch: int = 8, max_queue: int = 256, method: str = "auto",
+                 calibration_seed: int = 0) -> None:
+        self.pipe, self.model = pipe, pipe.target
+        self.max_batch, self.max_queue, self.method = max_batch, max_queue, method
+        self.metrics = ServeMetrics()
+        self.native = (self.model.layout.height, self.model.layout.width)
+        self.costs: dict[str, dict[int, float]] = {}  # auto's cost model: method -> rows -> seconds per image
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self._waiting: collections.deque[Image] = collections.deque()
+        self._cv = threading.Condition()
+        self._closing = False  # admits nothing more
+        self._stopping = False  # worker exits when idle
+        self._rows_held = 0
+        self._busy = False  # a decode is being set up or running
+        self._demand, self._peak = 1, 0  # images in the system at most during the last decode, during this one
+        self._calibration_seed = calibration_seed
+        self._thread = threading.Thread(target=self._run, name="specvis-engine", daemon=True)
+
+    # ------------------------------------------------------------------ front side (any thread)
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue the job's images (FIFO); ``QueueFull`` or ``Draining`` when refused."""
+        with self._cv:
+            if self._closing:
+                self.metrics.rejected.labels("shutting_down").inc()
+                raise Draining("the server is shutting down")
+            if len(self._waiting) + job.n > self.max_queue:
+                self.metrics.rejected.labels("queue_full").inc()
+                raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} images waiting)")
+            job.left = job.n
+            for k in range(job.n):
+                self._waiting.append(Image(job, k, self))
+            self.metrics.queue_depth.set(len(self._waiting))
+            self._cv.notify()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def alive(self) -> bool:
+        """The worker thread runs (it stops after ``close`` or a failed warm-up)."""
+        return self._thread.is_alive()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits and no decode runs."""
+        with self._cv:
+            return not self._waiting and not self._busy
+
+    def close(self, grace: float) -> None:
+        """Stop admitting; wait up to ``grace`` seconds for every accepted image; then answer the rest
+        with an error (503) and stop the worker."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        deadline = time.monotonic() + grace
+        with self._cv:
+            while (self._waiting or self._busy) and time.monotonic() < deadline and self._thread.is_alive():
+                self._cv.wait(timeout=0.05)
+            left = list(self._waiting)
+            self._waiting.clear()
+            self._stopping = True
+            self._cv.notify_all()
+        for image in left:
+            self._fail(image.job, 503, "the server shut down before this image started")
+        if self._busy:  # rows still decoding past the grace: their jobs get an error at the next round
+            self._abort = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
+
+    # ------------------------------------------------------------------ engine thread
+    _abort = False
+    _live: LiveRows | None = None
+
+    def _run(self) -> None:
+        try:
+            self._warm_up()
+        except BaseException as e:  # the app reports it on /health and refuses to serve
+            self.error = e
+            self.ready.set()
+            return
+        self.ready.set()
+        while True:
+            with self._cv:
+                while not self._waiting and not self._stopping:
+                    self._cv.wait()
+                if self._stopping and not self._waiting:
+                    return
+                self._busy = True
+            first: list[Image] = []
+            try:
+                first = self._take(None, self.max_batch, held=0)
+                if first:
+                    self._decode(first)
+            except Exception as e:  # a decode that fails answers each of its jobs, and the engine goes on
+                held = [] if self._live is None else [s for s in self._live.owner if s is not None]
+                for image in first + held:
+                    self._fail(image.job, 503 if self._abort else 500, f"decoding failed: {e}")
+            finally:
+                with self._cv:
+                    self._rows_held, self._busy, self._live = 0, False, None
+                    self.metrics.rows_in_flight.set(0)
+                    self._cv.notify_all()
+
+    def _warm_up(self) -> None:
+        """One decode of one image with the default method (and, for ``auto``, the cost model)."""
+        sampling = dataclasses.replace(self.pipe.default_sampling, noise="keyed")
+        if self.method == "auto":
+            self.costs = self._measure(sampling)
+        else:
+            self._time_decode(self.method, 1, sampling)
+
+    def _measure(self, sampling: Sampling) -> dict[str, dict[int, float]]:
+        rows = sorted({min(2 ** i, self.max_batch) for i in range(int(math.log2(self.max_batch)) + 1)} | {self.max_batch})
+        costs: dict[str, dict[int, float]] = {}
+        for spec in AUTO_CANDIDATES:
+            self._time_decode(spec, 1, sampling)  # untimed: one-time costs
+            costs[spec] = {r: self._time_decode(spec, r, sampling) / r for r in rows}
+        return costs
+
+    def _time_decode(self, spec: str, rows: int, sampling: Sampling) -> float:
+        """Seconds of one decode of ``rows`` images of the default condition (thrown away)."""
+        job = Job(self.default_prompt(), rows, self._calibration_seed, Key(spec, sampling, self.native), lambda e: None,
+                  quiet=True)
+        job.left = rows
+        images = [Image(job, k, self) for k in range(rows)]
+        self._build(job)
+        t0 = time.perf_counter()
+        self._decode(images, quiet=True)
+        return time.perf_counter() - t0
+
+    def default_prompt(self) -> Any:
+        return 0 if self.pipe.conditioning == "class" else "a smiling face"
+
+    def choose(self, rows: int) -> str:
+        """Auto's method at ``rows`` rows in flight: least measured seconds per image at the measured row
+        count nearest in log to ``rows`` (AR where no cost model was measured: a pinned server)."""
+        if not self.costs:  # a server started with a pinned method measured none: AR, the reference
+            return "ar"
+
+        def at(table: dict[int, float]) -> float:
+            r = min(table, key=lambda m: (abs(math.log(m) - math.log(rows)), m))
+            return table[r]
+        return min(self.costs, key=lambda spec: at(self.costs[spec]))
+
+    def _take(self, key: Key | None, room: int, held: int) -> list[Image]:
+        """Up to ``room`` images from the head of the queue that share ``key`` (None: the head's),
+        their conditions built; [] to drain the decode (the head needs another key, or a decode of
+        fewer than ``max_batch`` rows has fewer free rows than waiting images of its key)."""
+        out: list[Image] = []
+        while True:
+            with self._cv:
+                while self._waiting and self._waiting[0].cancelled:
+                    self._waiting.popleft()
+                    self.metrics.queue_depth.set(len(self._waiting))
+                if self._abort or (self._stopping and key is not None) or not self._waiting or len(out) >= room:
+                    break
+                head = self._waiting[0]
+                if key is None:
+                    key = head.job.key
+                if head.job.key != key:
+                    break
+                if held and not out and held + room < self.max_batch:
+                    same = 0
+                    for image in self._waiting:
+                        if image.job.key != key or same > room:
+                            break
+                        same += 1
+                    if same > room:
+                        break  # drain: a larger decode will take them together
+                self._waiting.popleft()
+                self.metrics.queue_depth.set(len(self._waiting))
+            job = head.job
+            if job.condition is None and not self._build_or_fail(job, key):
+                continue
+            out.append(head)
+        return out
+
+    def _build_or_fail(self, job: Job, key: Key) -> bool:
+        try:
+            self._set_grid(key.grid)
+            self._build(job)
+            return True
+        except ValueError as e:
+            self._fail(job, 400, str(e))
+            return False
+
+    def _build(self, job: Job) -> None:
+        """The job's condition (n rows, both CFG halves) on the engine's device, on the current grid."""
+        pipe, n, dev = self.pipe, job.n, self.pipe.device
+        if pipe.conditioning == "class":
+            ids = torch.full((n,), int(job.prompt), dtype=torch.long, device=dev)
+            job.condition = Condition(ids, torch.full_like(ids, self.model.null_condition))
+        else:
+            negative = None if job.negative_prompt is None else [job.negative_prompt] * n
+            job.condition = pipe.conditions([job.prompt] * n, negative, job.key.sampling, *job.key.grid)
+
+    def _set_grid(self, grid: tuple[int, int]) -> None:
+        L = self.model.layout
+        if (L.height, L.width) != tuple(grid):
+            self.pipe.set_grid(*grid)
+
+    def _resolve(self, spec: str, sampling: Sampling):
+        """The decode's method: the spec's, or for ``auto`` AR's or SJD's round at each boundary by the
+        rows in flight (``switch.Switching``)."""
+        if spec == "auto":
+            return keyed_method(Switching(self._round_method, window=min(SWITCH_WINDOW, self.model.layout.stream_len)),
+                                sampling), "auto"
+        return keyed_method(fit_to_stream(method_from_spec(spec), self.model.layout.stream_len), sampling), spec
+
+    def _round_method(self) -> str:
+        """Auto's method for the next round: the cost model's choice at the rows held now."""
+        name = self.choose(max(1, self._rows_held))
+        self.metrics.rounds.labels(name).inc()
+        return name
+
+    def _decode(self, first: list[Image], quiet: bool = False) -> None:
+        """One decode of ``first`` and what it admits. Its rows: the images taken, or as many as the
+        last decode saw in the system at most (waiting or decoding; up to ``max_batch``), the rest
+        free for the next arrivals: under a steady load the rows match it, instead of a decode of
+        one row making the next request wait for it to end."""
+        key = first[0].job.key
+        self._set_grid(key.grid)
+        rows = len(first) if quiet else min(self.max_batch, max(len(first), self._demand))
+        self._peak = 0
+        self._rows_held = len(first)
+        method, name = self._resolve(key.method, key.sampling)
+        label = name if isinstance(method, Switching) else spec_of(method)
+        for image in first:
+            image.method = label
+        codebook = self.pipe.codebook if method.acceptance is not None and "codebook" in method.acceptance.needs else None
+        graphs = self.pipe.device.type == "cuda" if self.pipe.graphs is None else self.pipe.graphs
+        source = (lambda room, held: []) if quiet else (lambda room, held: self._admit(key, label, room, held))
+        if not quiet:
+            self.metrics.decodes.labels(name).inc()
+            for image in first:
+                image.started()
+
+        held: list[Image | None] = list(first) + [None] * (rows - len(first))
+
+        def live(ctx) -> LiveRows:
+            self._live = LiveRows(ctx, held, source, BUDGET, on_round=None if quiet else self._round)
+            return self._live
+
+        decode_live(self.model, held, method, key.sampling, first[0].job.seed, live, codebook=codebook, graphs=graphs)
+        if not quiet:
+            self._demand = max(1, self._peak)
+
+    def _admit(self, key: Key, label: str, room: int, held: int) -> list[Image]:
+        """Images for ``room`` free rows of a running decode of ``key`` (they run its method, ``label``)."""
+        images = self._take(key, room, held)
+        for image in images:
+            image.method = label
+        return images
+
+    def _round(self, held: int) -> None:
+        self.metrics.rows_per_round.observe(held)
+        self.metrics.rows_in_flight.set(held)
+        with self._cv:
+            self._rows_held = held
+            self._peak = max(self._peak, held + len(self._waiting))
+            if self._abort:
+                raise RuntimeError("the server shut down before this image finished")
+
+    def _started(self, image: Image) -> None:
+        self.metrics.queued.observe(image.started_at - image.job.arrived)
+
+    def _finished(self, image: Image, tokens: torch.Tensor, forwards: int) -> None:
+        job = image.job
+        if job.cancelled or job.failed or job.quiet:
+            return
+        now = time.perf_counter()
+        codes, _ = self.image_codes(tokens, len(tokens))
+        N = self.model.layout.num_tokens
+        info = {"seed": job.seed + image.index, "method": image.method, "target_forwards": forwards,
+                "mean_accepted_length": N / max(forwards, 1), "queued_s": image.started_at - job.arrived,
+                "decode_s": now - image.started_at}
+        m = self.metrics
+        m.images.inc()
+        m.tokens.inc(N)
+        m.forwards.inc(forwards)
+        m.accepted.observe(N / max(forwards, 1))
+        job.left -= 1
+        if job.left == 0:
+            m.latency.observe(now - job.arrived)
+        job.sink(("image", image.index, codes, info))
+
+    def image_codes(self, tokens: torch.Tensor, committed: int) -> tuple[torch.Tensor, int]:
+        """The image codes of a row's stream tokens (structural ids removed) and how many of them are
+        among the first ``committed`` stream positions."""
+        layout = self.model.layout
+        if not layout.row_end:
+            return tokens, committed
+        index = layout.image_index(tokens.device)
+        return tokens[index], int((index < committed).sum())
+
+    def _fail(self, job: Job, status: int, message: str) -> None:
+        if job.failed:
+            return
+        job.failed = True
+        job.sink(("error", status, message))
+
+
+def decode_live(model, first: list, method, sampling: Sampling, seed: int, live: Callable[[Any], LiveRows], *,
+                codebook: torch.Tensor | None = None, graphs: bool = False) -> None:
+    """Decode with ``method`` until no row holds a sample: the rows start with the samples ``first``
+    (``rows.Sample``; None: a free row), ``live(ctx)`` gives the ``LiveRows`` that admit more at each round boundary. As
+    ``specvis.generate`` sets a decode up (the method's fields fitted to the stream, its rule bound),
+    with the first prompts padded to the longest prefix the model takes."""
+    method = keyed_method(fit_to_stream(method, model.layout.stream_len), sampling)
+    rule = bind_rule(method.acceptance, codebook, model)
+    keep_soft = sampling.greedy and rule is not None and "soft" in rule.needs
+    spare = next(sample for sample in first if sample is not None)  # what a free row decodes (thrown away)
+    condition = padded(joined([(spare if s is None else s).condition for s in first]), model)
+    seeds = [(spare if s is None else s).seed for s in first] if sampling.keyed else None
+    target = guided_view(model, condition, sampling, method.pad, keep_soft=keep_soft)
+    device = next(model.parameters()).device
+    ctx = DecodeContext(target, make_generator(seed, device), method.pad, rule=rule, graphs=graphs, seeds=seeds,
+                        coupled=rule is not None and "noise" in method.acceptance.needs)
+    ctx.queue = live(ctx)
+    with torch.inference_mode():
+        method.decode(ctx)
+
+
+def partial_marks(count: int, stream_len: int) -> list[int]:
+    """Committed-token counts at which the ``count`` partial images are due: evenly spaced in the stream."""
+    return [max(1, stream_len * (k + 1) // (count + 1)) for k in range(count)]
+
+
+def padded(condition: Condition, model) -> Condition:
+    """A decode's first rows with their prompts padded to the longest prefix the model takes, so that
+    every later prompt fits the cache (``load_prefixes``); padding is never attended."""
+    def pad(rows):
+        if not isinstance(rows, Prompts):
+            return rows
+        width = max(int(model.max_prefix), rows.ids.shape[1])
+        return Prompts(torch.nn.functional.pad(rows.ids, (0, width - rows.ids.shape[1])), rows.lengths)
+    return Condition(pad(condition.cond), pad(condition.uncond))
+
+
+def served_method(spec: str) -> str:
+    """A method spec the engine can serve (refilling methods), normalised; ValueError otherwise."""
+    if spec == "auto":
+        return spec
+    method = method_from_spec(spec)
+    if not (isinstance(method, Options) and method.refills):
+        raise ValueError(f"method {method.name} cannot be served: it does not restart rows; methods that do: "
+                         f"{', '.join(refilling_methods())}, or auto")
+    return spec_of(method)

@@ -1,0 +1,141 @@
+"""The served law: rows admitted from a live queue at round boundaries (``specvis.serve.rows.LiveRows``,
+driven as the engine drives it by ``engine.decode_live``) sample the exact law of API.md, with samples
+arriving a few at a time, rows at different phases and some samples cancelled mid-decode (their rows
+freed and taken by the next ones). Chi-square against the enumerated law (tests/exactness.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import specvis as sv
+from exactness import CPU_SAMPLING, chi_square_pvalue, exact_law, grid_index, tiny_llamagen
+from specvis.models.base import Condition
+from specvis.serve.engine import decode_live
+from specvis.serve.rows import LiveRows
+
+CONDITIONS = (0, 1, 2)
+SAMPLES = 12_000
+ROWS = 48
+
+
+class Sample:
+    def __init__(self, c: int, model, out: list, cancel_at: int | None) -> None:
+        self.c, self.out, self.cancel_at, self.turns = c, out, cancel_at, 0
+        self.condition = Condition(torch.tensor([c]), torch.tensor([model.null_condition]))
+        self.cancelled = self.done = False
+        self.seed = 0  # keyed noise only
+
+    wants_partials = False
+
+    def started(self) -> None:
+        pass
+
+    def partial_due(self, committed: int) -> bool:
+        return False
+
+    def partial(self, tokens, committed) -> None:
+        raise AssertionError("no partials asked")
+
+    def finished(self, tokens: torch.Tensor, forwards: int) -> None:
+        assert not self.cancelled
+        self.done, self.tokens = True, tokens.clone()
+        if self.cancel_at is None:  # a sample meant to be cancelled never counts, finished or not: the
+            self.out.append((self.c, self.tokens))  # ones that outran their cancel would bias the law
+
+
+def served_counts(model, method, sampling) -> tuple[np.ndarray, int]:
+    """Counts (conditions, V**L) of the grids of ``SAMPLES`` samples served through live rows; a
+    sample in 7 is cancelled at the first turn after it started (and never counted, finished or not).
+    Returns the counts and the samples cancelled before they finished."""
+    out: list = []
+    made = [0]
+    live: list[Sample] = []
+
+    def make(k: int) -> list[Sample]:
+        fresh = []
+        for _ in range(min(k, SAMPLES - made[0])):
+            i = made[0]
+            fresh.append(Sample(CONDITIONS[i % len(CONDITIONS)], model, out, 1 if i % 7 == 3 else None))
+            made[0] += 1
+        live.extend(fresh)
+        return fresh
+
+    def source(room: int, held: int) -> list[Sample]:
+        for s in live:  # cancel some samples while their rows decode
+            s.turns += 1
+            if s.cancel_at is not None and s.turns == s.cancel_at:
+                s.cancelled = True
+        return make(room if made[0] % 2 else min(room, 3))  # at times a few only: rows restart at different rounds
+
+    first = make(ROWS - 5) + [None] * 5  # five rows start free
+    decode_live(model, first, method, sampling, 7, lambda ctx: LiveRows(ctx, first, source, SAMPLES))
+    V, L = model.layout.vocab_size, model.layout.num_tokens
+    counts = np.zeros((len(CONDITIONS), V ** L))
+    for c, tokens in out:
+        counts[c, int(grid_index(tokens[None], V))] += 1
+    return counts, sum(s.cancelled and not s.done for s in live)
+
+
+@pytest.mark.parametrize("method", [sv.AR(), sv.SJD(window=3, init="vertical-sample", coupling="gumbel")],
+                         ids=["ar", "sjd"])
+def test_live_rows_sample_the_exact_law(method):
+    torch.manual_seed(0)
+    model = tiny_llamagen(11)
+    counts, cancelled = served_counts(model, method, CPU_SAMPLING)
+    assert cancelled > SAMPLES // 50  # the cancel path ran
+    assert counts.sum() == len([i for i in range(SAMPLES) if i % 7 != 3])  # every other sample came back once
+    law = exact_law(model, list(CONDITIONS), CPU_SAMPLING)
+    assert chi_square_pvalue(counts, law) > 1e-3
+
+
+@pytest.mark.parametrize("pattern", ["ar,sjd", "sjd,sjd,ar", "ar,ar,sjd"])
+def test_switching_methods_at_every_round_boundary_keeps_the_exact_law(pattern):
+    """Auto's decode (``serve.switch.Switching``) with its method changing at round boundaries by a fixed
+    pattern, over live rows (admissions and cancels as above): the enumerated law."""
+    from itertools import cycle
+
+    from specvis.serve.switch import Switching
+
+    torch.manual_seed(0)
+    model = tiny_llamagen(11)
+    turns = cycle(pattern.split(","))
+    counts, cancelled = served_counts(model, Switching(lambda: next(turns), window=3), CPU_SAMPLING)
+    assert cancelled > SAMPLES // 50
+    law = exact_law(model, list(CONDITIONS), CPU_SAMPLING)
+    assert chi_square_pvalue(counts, law) > 1e-3
+
+
+def keyed_tokens(model, method, sampling, seeds: list[int], rows: int) -> dict[int, torch.Tensor]:
+    """Each seed's tokens, served through live rows (``rows`` at once, the rest admitted as rows free)."""
+    out: list = []
+    waiting = [Sample(s % len(CONDITIONS), model, out, None) for s in seeds]
+    for sample, seed in zip(waiting, seeds):
+        sample.seed = seed
+    first, rest = waiting[:rows], waiting[rows:]
+
+    def source(room: int, held: int) -> list[Sample]:
+        taken = rest[:room]
+        del rest[:room]
+        return taken
+
+    decode_live(model, first, method, sampling, 0, lambda ctx: LiveRows(ctx, first, source, len(seeds)))
+    assert len(out) == len(seeds)
+    return {sample.seed: sample.tokens for sample in waiting}
+
+
+def test_under_keyed_noise_switching_methods_keeps_each_seeds_picture():
+    """Keyed noise with ``Coupled``: AR's tokens for every seed, whatever the rounds' methods and the rows."""
+    import dataclasses
+    from itertools import cycle
+
+    from specvis.serve.switch import Switching
+
+    model = tiny_llamagen(11, grid=3)
+    sampling = dataclasses.replace(CPU_SAMPLING, noise="keyed")
+    seeds = list(range(100, 124))
+    ar = keyed_tokens(model, sv.AR(), sampling, seeds, 5)
+    turns = cycle(["sjd", "ar", "sjd", "sjd"])
+    switched = keyed_tokens(model, Switching(lambda: next(turns), window=3), sampling, seeds, 7)
+    assert all(torch.equal(ar[s], switched[s]) for s in seeds)
