@@ -74,18 +74,19 @@ def run(pipe, name: str, spec: str, mode: str, num: int, batch: int, seed: int, 
     work = [([conds[c] for c in cs], s) for cs, s in batches(num, batch, len(conds), seed, keyed=noise == "keyed")]
     if warm:
         call(pipe, work[0][0], method, sampling, work[0][1])  # untimed: one-time costs
-    tokens, wall, mal, forwards = [], 0.0, 0.0, 0
+    tokens, wall, mal, forwards, per_call = [], 0.0, 0.0, 0, []
     for cs, s in work:
         out = call(pipe, cs, method, sampling, s)
         tokens.append(out.tokens.cpu())
         wall += out.stats.wall_s
         mal += out.stats.mean_accepted_length * len(cs)
+        per_call.append(out.stats.mean_accepted_length)
         forwards += out.stats.target_forwards
     _, config, used = describe(out.method)
     return {"model": name, "method": out.method.name, "spec": spec, "config": config, "acceptance": used,
             "noise": noise, "batch_size": batch, "n_images": num, "seed": seed, "mean_accepted_length": mal / num,
             "target_forwards": forwards, "wall_s": wall, "images_per_s": num / wall if wall > 0 else None,
-            "tokens": torch.cat(tokens)}
+            "per_call_mean_accepted_length": per_call, "tokens": torch.cat(tokens)}
 
 
 def part_default(pipes: dict, a) -> list[dict]:
@@ -93,9 +94,17 @@ def part_default(pipes: dict, a) -> list[dict]:
     for name, pipe in pipes.items():
         spec = default_method_spec(pipe)
         got = {mode: run(pipe, name, spec, mode, a.num, 1, a.seed, warm=False) for mode in MODES}
-        ratio = got["keyed+coupled"]["mean_accepted_length"] / got["stream+exact"]["mean_accepted_length"]
+        means = {m: got[m]["mean_accepted_length"] for m in MODES}
+        ratio = means["keyed+coupled"] / means["stream+exact"]
+        # batch 1: one image a call; the ratio's standard error by the delta method (independent runs)
+        se = {m: statistics.stdev(got[m]["per_call_mean_accepted_length"]) / a.num ** 0.5 if a.num > 1 else 0.0
+              for m in MODES}
+        ratio_se = ratio * ((se["keyed+coupled"] / means["keyed+coupled"]) ** 2
+                            + (se["stream+exact"] / means["stream+exact"]) ** 2) ** 0.5
         rows.append({"model": name, "spec": spec, "n_images": a.num, "batch_size": 1, "seed": a.seed,
-                     **{f"mal_{m}": got[m]["mean_accepted_length"] for m in MODES}, "ratio": ratio})
+                     **{f"mal_{m}": means[m] for m in MODES}, **{f"se_{m}": se[m] for m in MODES},
+                     "ratio": ratio, "ratio_se": ratio_se,
+                     **{f"per_image_{m}": got[m]["per_call_mean_accepted_length"] for m in MODES}})
         print(f"default {name} {spec}: {rows[-1]}", flush=True)
     return rows
 
@@ -109,6 +118,7 @@ def part_accept(pipes: dict, a) -> list[dict]:
                 for mode in MODES:
                     r = run(pipe, name, spec, mode, a.num, batch, a.seed)
                     toks = r.pop("tokens")
+                    r.pop("per_call_mean_accepted_length")
                     if mode == "keyed+coupled":
                         if spec == "ar":
                             ar_keyed = toks
@@ -199,11 +209,14 @@ def page(data: dict) -> str:
     if meta:
         out += [f"Machine: {meta.get('cpu')}, torch {meta.get('torch')}, {meta.get('threads')} thread(s).", ""]
     if "default" in data:
-        out += ["## The default noise", "", "| model | default method | images | mean accepted length, stream + Exact "
-                "| keyed + Coupled | ratio |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+        out += ["## The default noise", "", "Batch 1, T = 1, the model's CFG; mean accepted length over the images "
+                "(+- its standard error); the ratio's standard error by the delta method (the two runs are independent).", "",
+                "| model | default method | images | stream + Exact | keyed + Coupled | ratio |",
+                "| --- | --- | ---: | ---: | ---: | ---: |"]
         for r in data["default"]:
-            out.append(f"| {r['model']} | `{r['spec']}` | {r['n_images']} | {r['mal_stream+exact']:.3f} | "
-                       f"{r['mal_keyed+coupled']:.3f} | {r['ratio']:.3f} |")
+            out.append(f"| {r['model']} | `{r['spec']}` | {r['n_images']} | {r['mal_stream+exact']:.3f} +- "
+                       f"{r['se_stream+exact']:.3f} | {r['mal_keyed+coupled']:.3f} +- {r['se_keyed+coupled']:.3f} | "
+                       f"{r['ratio']:.3f} +- {r['ratio_se']:.3f} |")
         keyed = all(r["ratio"] >= 0.95 for r in data["default"])
         out += ["", f"Rule: keyed noise becomes the default if the ratio is >= 0.95 on both models: "
                 f"**{'keyed' if keyed else 'stream'}** by this measurement.", ""]
