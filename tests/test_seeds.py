@@ -217,6 +217,20 @@ def test_the_noise_a_method_reads_depends_on_seed_and_position_only(models, monk
         assert torch.equal(tokens, ar)
 
 
+@pytest.mark.parametrize("method", [sv.SJD(window=4), sv.EagleTree(depth=3, top_k=4, total_tokens=12)], ids=["sjd", "eagle"])
+def test_captured_rounds_give_the_keyed_tokens(models, method, monkeypatch):
+    """Rounds captured and replayed (the CPU stand-in of the CUDA graph API, with continuous batching for SJD):
+    AR's tokens, as eager rounds give them; the noise is drawn inside the round, from tensors alone."""
+    import fake_cuda
+
+    target, cond = models["target"], torch.arange(7) % 3
+    ar = sv.generate(target, cond, sv.AR(), KEYED, seed=4).tokens
+    fake = fake_cuda.install(monkeypatch)
+    rows = 3 if method.refills else None
+    out = sv.generate(target, cond, method, KEYED, seed=4, graphs=True, batch_size=rows, drafter=models["drafter"])
+    assert torch.equal(out.tokens, ar) and fake.replays >= 1
+
+
 # ---- the rule and the configuration ----
 def test_coupled_accepts_exactly_the_target_choice():
     """Against point masses: a draft is accepted iff it carries the mass; the residual is the point mass."""
