@@ -28,6 +28,7 @@ SLOTS = "tests/test_slots.py"
 ROWS2D = "tests/test_rows2d.py"
 SERVE_LAW = "tests/test_serve_law.py"
 SERVE = "tests/test_serve.py"
+SEEDS = "tests/test_seeds.py"
 
 
 @dataclass(frozen=True)
@@ -604,6 +605,38 @@ MUTANTS = [
            (SERVE_LAW, "-k", "switching")),
     Mutant("serve: a cancelled sample keeps its row and is answered", "specvis/serve/rows.py",
            "            if s is not None and s.cancelled:", "            if False:", (SERVE_LAW, "-k", "sjd")),
+    Mutant("seeds: the noise ignores the seed's high word", "specvis/noise.py",
+           "    k = mix64(seeds + GOLDEN)", "    k = mix64((seeds & 0xFFFFFFFF) + GOLDEN)",
+           (SEEDS, "-k", "every_input")),
+    Mutant("seeds: the noise ignores the position", "specvis/noise.py",
+           "return mix64(k[:, None] + (positions + 1) * _POSITION)", "return mix64(k[:, None] + 0 * positions)",
+           (SEEDS, "-k", "every_input or ar_under_keyed")),
+    Mutant("seeds: the noise ignores the code", "specvis/noise.py",
+           "x = mix64(keys(seeds, positions)[..., None] + _code_words(V, seeds.device))",
+           "x = mix64(keys(seeds, positions)[..., None] + 0 * _code_words(V, seeds.device))",
+           (SEEDS, "-k", "every_input or ar_under_keyed")),
+    Mutant("seeds: uniforms on a 2^-27 grid (low word dropped)", "specvis/noise.py",
+           "    x &= (1 << 53) - 1\n", "    x &= ((1 << 53) - 1) ^ ((1 << 26) - 1)\n", (SEEDS, "-k", "53_bit")),
+    Mutant("seeds: Coupled accepts every draft", "specvis/accept.py",
+           "return p.gather(-1, x[..., None]).squeeze(-1), p", "return torch.ones_like(x, dtype=p.dtype), p",
+           (SEEDS, "-k", "seeds_0_to_99")),
+    Mutant("seeds: a chain's point masses one position early", "specvis/methods/base.py",
+           "else self.positions(self.n, p.probs.shape[1])", "else self.positions(self.n - 1, p.probs.shape[1])",
+           (SEEDS, "-k", "seeds_0_to_99")),
+    Mutant("seeds: a tree node's point mass at the node's own position, not its child's", "specvis/methods/base.py",
+           "at = proposal.positions + 1 if isinstance(proposal, Tree)", "at = proposal.positions if isinstance(proposal, Tree)",
+           (SEEDS, "-k", "seeds_0_to_99")),
+    Mutant("seeds: every image of a call has the call's seed", "specvis/noise.py",
+           "    return [seed + k for k in range(count)]", "    return [seed for k in range(count)]",
+           (SEEDS, "-k", "image_k or ar_under_keyed")),
+    Mutant("seeds: a restarted row takes its row's seed, not its sample's", "specvis/methods/keyed.py",
+           "self.seeds[rows] = self.table[samples]", "self.seeds[rows] = self.table[rows]",
+           (SEEDS, "-k", "seeds_0_to_99")),
+    Mutant("seeds: the default rule ignores the noise", "specvis/accept.py",
+           "return Coupled() if keyed and rule is DEFAULT_RULE else rule", "return rule",
+           (SEEDS, "-k", "default_rule")),
+    Mutant("seeds: sample/bench batches under keyed noise step the seed by one", "specvis/shards.py",
+           "seed + (start if keyed else j)", "seed + j", ("tests/test_seeds_cli.py", "-k", "seed_plus_i")),
 ]
 
 

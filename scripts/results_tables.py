@@ -162,6 +162,9 @@ def expected() -> dict[Path, str]:
     rows2d = _script("rows2d_tables")
     for model in ("emoji-t2i", "emoji"):
         out[RESULTS / f"rows2d-{model}.md"] = rows2d.page(model)  # the 2-D methods: ZipAR and PJD
+    seeds = RESULTS / "data" / "seeds-cpu.json"  # one picture per seed: scripts/bench_seeds.py writes the JSON
+    if seeds.exists():
+        out[RESULTS / "seeds-cpu.md"] = _script("bench_seeds").page(json.loads(seeds.read_text())) + "\n"
     mar = RESULTS / "emoji-mar-cpu.md"
     out[mar] = mar_page(mar.read_text())
     readme = ROOT / "README.md"

@@ -74,3 +74,12 @@ def test_sample_gives_the_same_pictures_for_any_ranks_batch_size_and_method(tmp_
     assert "5 images on 2 rank(s)" in r.stdout
     assert _pngs(ranks) == _pngs(one)
     assert np.array_equal(np.load(ranks / "samples.npz")["arr_0"], np.load(one / "samples.npz")["arr_0"])
+
+
+def test_bench_under_keyed_noise_runs_coupled_with_image_seeds(tmp_path):
+    report = tmp_path / "b.json"
+    assert main(["bench", "--model", "random-tiny", "--methods", "ar,sjd:window=4", "--num", "4", "--batch-size", "2",
+                 "--noise", "keyed", "--no-cost-curve", "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["sampling"]["noise"] == "keyed"
+    assert [(r["method"], r["acceptance"]) for r in data["runs"]] == [("ar", "none"), ("sjd", "coupled")]
