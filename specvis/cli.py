@@ -521,16 +521,35 @@ def check_metrics(text: str | None) -> None:
             raise ValueError(f"--metrics: unknown metric {name!r}; choose from {', '.join(allowed)} (comma-separated)")
 
 
+def _bench_outputs(a: argparse.Namespace) -> None:
+    """``bench``'s outputs, checked before the model loads: ``--json`` a writable file that is absent
+    or a bench report (resumed; anything else is refused and left as it is), ``--md`` a writable
+    file, ``--plots`` a writable directory."""
+    from .bench.report import read_report
+    from .io import check_output_dir, check_output_file
+
+    if a.json is not None:
+        if check_output_file(a.json, "--json").exists():
+            read_report(a.json, "--json")
+    if a.md is not None:
+        check_output_file(a.md, "--md")
+    if a.plots is not None:
+        check_output_dir(a.plots, "--plots")
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from .bench.report import markdown_table, merge_reports
     from .bench.runner import run_bench
 
+    _bench_outputs(a)  # every output path before any work: a report to resume, never another file
     if a.merge:
         if not a.json:
             raise ValueError("--merge needs --json OUT for the merged report")
         report, class_names = merge_reports(a.merge, a.json), None
     else:
         specs = [s for s in a.methods.split(",") if s.strip()]
+        if not specs:
+            raise ValueError(f"--methods {a.methods!r} names no method: give comma-separated specs, e.g. ar,sjd:window=16")
         check_metrics(a.metrics)
         for spec in specs:  # a bad spec fails before the model loads
             method_from_spec(spec, a.accept)

@@ -28,7 +28,7 @@ from ..sampling import Sampling
 from ..shards import Work, batches, shard_work  # the one work split, shared with specvis sample
 from .quality import Metric, QualitySource, build_metrics, seed_groups, summarize
 from .forward_cost import cost_curve as measure_curve
-from .report import (BLOCK_FIELDS, block_size_fields, key_id, load_observations, markdown_table, run_key,
+from .report import (BLOCK_FIELDS, MARKER, block_size_fields, key_id, load_observations, markdown_table, read_report, run_key,
                      save_observations, set_speedups, side_path, write_report)
 
 __all__ = ["batches", "shard_work", "run_bench", "markdown_table"]
@@ -186,10 +186,10 @@ def _previous_curve(json_path: Path | None, report: dict[str, Any]) -> dict[str,
     if json_path is None or not json_path.exists():
         return None
     try:
-        old = json.loads(json_path.read_text())
-    except (OSError, ValueError):
+        old = read_report(json_path)
+    except ValueError:
         return None
-    curve = old.get("cost_curve") if isinstance(old, dict) else None
+    curve = old.get("cost_curve")
     if not isinstance(curve, dict) or any(old.get(k) != report.get(k) for k in CURVE_FIELDS):
         return None
     return curve
@@ -235,12 +235,12 @@ def _load_previous(json_path: Path | None, report: dict[str, Any]) -> tuple[dict
     it was run on other prompts, grid or draft)."""
     if json_path is None or not json_path.exists():
         return {}, {}, {}
+    old = read_report(json_path)  # anything else is refused, never overwritten
     try:
-        old = json.loads(json_path.read_text())
-        done = {run_key(old, r): r for r in old.get("runs", [])}
-    except (OSError, ValueError, KeyError, TypeError):
-        print(f"specvis: {json_path} is not a bench report; starting afresh", file=sys.stderr)
-        return {}, {}, {}
+        done = {run_key(old, r): r for r in old["runs"]}
+    except (KeyError, TypeError):
+        raise ValueError(f"--json {json_path}: a bench report whose runs lack their method, config or acceptance; "
+                         "give another path or move the file") from None
     changed = [k for k in TEXT_FIELDS if old.get(k) != report.get(k)]
     if changed and done:
         print(f"specvis: {json_path} was run with other {', '.join(changed)}; starting afresh", file=sys.stderr)
@@ -311,7 +311,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
             raise ValueError("--continuous runs every image in one call: it takes no --shards")
         work, rows = [([c for classes, _ in full for c in classes], seed)], batch_size
     report = {
-        "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),
+        MARKER[0]: MARKER[1], "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),
         "device_name": torch.cuda.get_device_name(pipe.device) if pipe.device.type == "cuda" else cpu_description(),
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "dtype": str(pipe.dtype).removeprefix("torch."),
         "dtype_source": (pipe.extras or {}).get("dtype_source"), "quantize": (pipe.extras or {}).get("quantize"),
