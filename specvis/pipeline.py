@@ -14,6 +14,7 @@ from .generate import Generation
 from .memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, MemoryPlanError, plan
 from .models.base import Captions, Condition, Prompts
 from .models.decoder import CachedStack
+from .models.loading import check_mapped_files
 from .models.weight_layout import prepare_cpu_linears
 from .registry import method_argument
 from .sampling import Sampling, sampling_argument
@@ -221,6 +222,7 @@ class Pipeline:
         images at once, a finished one's row taking the next (continuous batching, ``generate``). Each
         argument is checked before any forward; the family builds the condition, the memory plan is
         checked, the family runs and decodes."""
+        check_mapped_files()  # a weights file rewritten under the loaded model: one line, not changed weights or SIGBUS
         if batch_size is not None:
             batch_size = checks.integer(batch_size, "batch_size", low=1)
         request = Request(classes, prompts, negative_prompts, height, width, positive_suffix, num_iter, cfg_schedule,

@@ -15,8 +15,15 @@ the files straight into the requested dtype and device.
    destination was filled from the file exactly once (one-line ``ValueError`` otherwise).
 4. On the CPU a file tensor that already is its whole destination (same 16-bit dtype, same bytes
    in the destination's shape: no rows, no transform but a reshape) is not copied: the weight stays
-   in the file's private mapping (``MAP_PRIVATE``: a write copies the page, the file never
-   changes), its pages read in once at load (``populate``). Fresh anonymous memory is what a copy costs: on a 2-core VM, touching 2.85
+   in the file's private mapping (``MAP_PRIVATE``: the model's own writes copy the page and never
+   reach the file), its pages read in once at load (``populate``). The mapping does NOT isolate the
+   model from the file: pages not yet copied are the file's pages, so a file rewritten in place
+   changes the loaded weights, and a truncated one kills the process (SIGBUS) at the next forward
+   that touches a missing page (llama.cpp's mapped weights share this hazard). ``check_mapped_files``
+   (run before every pipeline call) compares each mapped file's size and mtime with those at load and
+   stops in one line naming the file; replacing the file (a new inode: ``mv``, ``cp`` to a temporary
+   then rename, a fresh download) is safe, the mapping keeps the old one. Do not rewrite a loaded
+   checkpoint in place. Fresh anonymous memory is what a copy costs: on a 2-core VM, touching 2.85
    GiB of it took 2.2-6.2 s, mapping the same bytes from the page cache 0.05-0.07 s
    (docs/results/scale-cpu.md). Mapped pages count in the resident set (``RssFile``) like copied ones;
    ``models.weight_layout.available_memory_bytes`` does not count them as free.
@@ -135,6 +142,37 @@ def prefault(t: torch.Tensor) -> torch.Tensor:
 
 MAPPED_FILES: set[str] = set()
 """Files whose mapping holds weights of a loaded model (``stream_into`` kept a tensor of theirs)."""
+
+MAPPED_STATS: dict[str, tuple[int, int, int, int]] = {}
+"""Each mapped file's (device, inode, size, mtime in ns) when its weights were kept."""
+
+
+def _signature(path: str) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def check_mapped_files() -> None:
+    """A one-line ValueError naming the first mapped weights file rewritten in place (same inode, size
+    or mtime changed) since its weights were kept: the loaded model's weights are that file's pages
+    (a truncated file would end the process with SIGBUS at the next forward). A file removed or
+    replaced by another (new inode) leaves the mapping, and so the weights, as they were. One
+    ``os.stat`` a file (a few microseconds)."""
+    for path, (dev, ino, size, mtime) in MAPPED_STATS.items():
+        try:
+            now = _signature(path)
+        except OSError:
+            continue  # removed: the mapping keeps the old inode alive
+        if now[:2] != (dev, ino):
+            continue
+        if now[2] != size:
+            raise ValueError(f"weights file {path} changed size on disk ({size} -> {now[2]} bytes) while its weights "
+                             "are mapped into the loaded model: reload the model (replace checkpoints by a new file, "
+                             "never in place)")
+        if now[3] != mtime:
+            raise ValueError(f"weights file {path} was rewritten on disk while its weights are mapped into the loaded "
+                             "model, which may now hold other values: reload the model (replace checkpoints by a new "
+                             "file, never in place)")
 
 
 def mapped_weight_bytes() -> int:
@@ -268,7 +306,9 @@ def _hand_back(key: str, t: torch.Tensor, kept: Callable[[str], bool], path: str
     ``MAPPED_FILES``), or drop its pages."""
     if kept(key):
         if os.path.isfile(path):
-            MAPPED_FILES.add(os.path.realpath(path))
+            real = os.path.realpath(path)
+            MAPPED_FILES.add(real)
+            MAPPED_STATS[real] = _signature(real)
         _trace("keep", key)
     elif drop_pages(t):
         _trace("drop", key)
