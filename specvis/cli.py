@@ -453,14 +453,15 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+PROMPTS_LIMIT = 16 << 20  # bytes of a --prompts file: some hundred thousand prompts
+MAX_IMAGES = 10**6  # --num: sample names its images NNNNNN.png; far more than one run writes
+
+
 def read_prompts(path: str) -> list[str]:
     """One prompt a line (blank lines skipped)."""
-    try:
-        lines = [ln.strip() for ln in Path(path).read_text().splitlines()]
-    except FileNotFoundError:
-        raise ValueError(f"--prompts {path}: no such file (one prompt a line)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"--prompts {path}: cannot read ({e.__class__.__name__})") from None
+    from .io import read_text
+
+    lines = [ln.strip() for ln in read_text(path, "--prompts", PROMPTS_LIMIT).splitlines()]
     prompts = [ln for ln in lines if ln]
     if not prompts:
         raise ValueError(f"--prompts {path}: no prompts (one a line)")
@@ -596,10 +597,10 @@ def check_common(a: argparse.Namespace) -> None:
         checks.device(a.device, "--device")
     if getattr(a, "seed", None) is not None:
         checks.seed(a.seed, "--seed")
-    for flag in ("num", "batch_size", "repeats"):
+    for flag, high in (("num", MAX_IMAGES), ("batch_size", MAX_IMAGES), ("repeats", 1000), ("shards", MAX_IMAGES)):
         value = getattr(a, flag, None)
-        if value is not None and value < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+        if value is not None and not 1 <= value <= high:
+            raise ValueError(f"--{flag.replace('_', '-')} must be an integer in 1..{high}, got {value}")
     for flag in ("height", "width"):
         value = getattr(a, flag, None)
         if value is not None and value < 1:

@@ -60,6 +60,32 @@ def clean_stale_temps(directory: str | os.PathLike) -> list[Path]:
 TEXT_LIMIT = 64 << 20  # bytes of a config, index, prompt list or report: far above any real one
 
 
+def regular_file(path: str | os.PathLike, what: str) -> None:
+    """A one-line ValueError naming ``what`` unless ``path`` (symbolic links followed) is a regular
+    file: reading a FIFO blocks until a writer comes, a device never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return  # the reader says what is missing, in its own words
+    except OSError as e:
+        raise ValueError(f"{what} {path}: cannot read ({e.strerror or type(e).__name__})") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{what} {path}: not a regular file (a directory, FIFO, socket or device)")
+
+
+def check_directory_files(directory: str | os.PathLike, what: str) -> None:
+    """Every entry of a model directory is a regular file or a directory (symbolic links followed): a
+    FIFO or device among them (config.json, a tokenizer file) would block or flood whichever reader
+    opens it. One-line ValueError naming ``what`` and the entry."""
+    for entry in sorted(Path(directory).iterdir()):
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            continue  # a dangling link: the reader that needs it says so
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise ValueError(f"{what} {directory}: {entry.name} is not a regular file (a FIFO, socket or device)")
+
+
 def read_regular(path: str | os.PathLike, what: str, limit: int = TEXT_LIMIT) -> bytes:
     """The bytes of ``path`` when it is a regular file of at most ``limit`` bytes, else a one-line
     ValueError naming ``what``. Opened without blocking (a FIFO with no writer) and checked on the

@@ -120,10 +120,12 @@ class MemoryPlanError(ValueError):
 
 
 def plan(target, draft=None, drafter=None, others=(), *, batch_size: int, cfg: bool, prefix: int,
-         method_slots: int, device: torch.device | str | None = None, free: int | None = None) -> MemoryPlan:
+         method_slots: int, method_bytes: int = 0, device: torch.device | str | None = None,
+         free: int | None = None) -> MemoryPlan:
     """The ``MemoryPlan`` of a call (module docstring): ``target`` (and ``draft``, ``drafter``) are the
     cached models, ``others`` further resident modules (tokenizer, VQ), ``prefix`` the longest
-    prompt in tokens, ``method_slots`` the method's scratch slots (its ``pad``)."""
+    prompt in tokens, ``method_slots`` the method's scratch slots (its ``pad``), ``method_bytes`` what
+    else the method allocates per cache row (``scratch_bytes``: PJD's drafts and their laws)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     p = next(target.parameters())
@@ -139,7 +141,7 @@ def plan(target, draft=None, drafter=None, others=(), *, batch_size: int, cfg: b
         return total
 
     V, ffn = target.layout.law_size, target.config.ffn_hidden
-    per_row_other = 4 * ((method_slots + 1) * V * LAW_COPIES + max(prefix, method_slots + 1) * (3 * ffn + V))
+    per_row_other = 4 * ((method_slots + 1) * V * LAW_COPIES + max(prefix, method_slots + 1) * (3 * ffn + V)) + method_bytes
     per_sample = rows_per_sample * (kv(1) + per_row_other)
     fixed = packing_bytes(target, draft, drafter)
     rows = rows_per_sample * batch_size

@@ -111,6 +111,11 @@ class Options:
     def check(self) -> None:
         """Cross-field checks (a one-line ValueError); none by default."""
 
+    def scratch_bytes(self, layout: Any) -> int:
+        """Bytes per cache row a method's round allocates beyond its cache slots and the laws of its
+        ``pad`` slots (``specvis.memory.plan`` adds them): 0 unless the method holds more (PJD's drafts)."""
+        return 0
+
 
 def _range(info: OptionInfo | None) -> str:
     low, high = (info.low, info.high) if info is not None else (None, None)

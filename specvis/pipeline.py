@@ -10,11 +10,12 @@ import torch
 
 from . import checks
 from .cpu_features import NATIVE_FLAGS, native_dot_products
-from .generate import Generation
+from .generate import Generation, fit_to_stream
 from .memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, MemoryPlanError, plan
 from .models.base import Captions, Condition, Prompts
 from .models.decoder import CachedStack
 from .models.loading import check_mapped_files
+from .options import Options
 from .models.weight_layout import prepare_cpu_linears
 from .registry import method_argument
 from .sampling import Sampling, sampling_argument
@@ -187,7 +188,12 @@ class Pipeline:
         now (``specvis.memory``): ``weights_bytes``, ``kv_bytes``, ``free_bytes``, ``fits``,
         ``max_batch_size``. ``prompt_tokens``: the longest prompt (default: the model's fixed prefix,
         or ``DEFAULT_PROMPT_TOKENS`` for text prompts); a call plans with its own prompts. A model
-        without a KV cache (MAR) has no plan: ``Family.memory`` refuses in one line."""
+        without a KV cache (MAR) has no plan: ``Family.memory`` refuses in one line. The arguments are
+        checked as a call's are (one line naming the argument)."""
+        batch_size = checks.integer(batch_size, "batch_size", low=1)
+        method, sampling, _ = call_arguments(method, sampling, 0, self.default_sampling)
+        if prompt_tokens is not None:
+            prompt_tokens = checks.integer(prompt_tokens, "prompt_tokens", low=1, high=checks.MAX_SIZE)
         return self.family.memory(self, batch_size, method, sampling, prompt_tokens)
 
     def check_memory(self, condition: Condition, method, sampling: Sampling) -> MemoryPlan:
@@ -407,8 +413,13 @@ def memory_plan(pipe: Pipeline, batch_size: int = 1, method=None, sampling: Samp
 
     sampling = sampling or pipe.default_sampling
     prefix = min(pipe.target.max_prefix, DEFAULT_PROMPT_TOKENS) if prompt_tokens is None else int(prompt_tokens)
+    layout = pipe.target.layout
+    with warnings.catch_warnings():  # the call says what it clamps; the plan is of the clamped method
+        warnings.simplefilter("ignore")
+        method = fit_to_stream(AR() if method is None else method, layout.stream_len)
     return plan(pipe.target, pipe.draft, pipe.drafter, pipe.family.resident(pipe), batch_size=batch_size,
-                cfg=sampling.uses_cfg, prefix=prefix, method_slots=(AR() if method is None else method).pad)
+                cfg=sampling.uses_cfg, prefix=prefix, method_slots=method.pad,
+                method_bytes=method.scratch_bytes(layout) if isinstance(method, Options) else 0)
 
 
 def generate_with_kv_cache(pipe: Pipeline, rows, method, sampling: Sampling, seed: int, codebook, progress,

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .checks import SEED_LIMIT
-from .io import atomic_write, clean_stale_temps, write_text
+from .io import atomic_write, clean_stale_temps, read_text, write_text
 from .registry import describe
 from .shards import batches, shard_work
 
@@ -108,7 +108,7 @@ def _rank_file(out: Path, rank: int) -> Path:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path, "sample file"))
     except (OSError, ValueError):
         return None
 

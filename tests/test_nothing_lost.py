@@ -67,3 +67,90 @@ def test_bench_checks_its_outputs_before_running(flag, tmp_path, capsys, monkeyp
     target.mkdir() if flag != "--plots" else target.write_text("x")
     assert main(BENCH + [flag, str(target)]) == 2
     assert flag in one_error_line(capsys)
+
+
+# ---------------------------------------------------------------- hangs and unbounded work
+
+def test_pjd_window_is_clamped_and_planned(tmp_path):
+    """PJD's window and lag count stream tokens: a window of 2**62 runs (clamped, the method recorded
+    clamped) instead of overflowing a storage size, and the memory plan counts PJD's drafts and their
+    laws: it grows with the window up to the row's width, then stays. Catches: an unclamped window
+    (RuntimeError, or minutes of work), a plan blind to PJD's tensors (the same for any window)."""
+    pipe = sv.load("random-tiny")
+    W = pipe.target.layout.width
+    with pytest.warns(UserWarning, match="window"):
+        out = pipe([0], method=sv.PJD(window=2**62), decode=False)
+    assert out.method.window == pipe.target.layout.stream_len
+    plans = [pipe.memory(1, sv.PJD(window=w)).other_bytes for w in (2, 4, W, 10**9)]
+    assert plans[0] < plans[1] < plans[2] == plans[3]
+    assert plans[0] > pipe.memory(1, sv.AR()).other_bytes
+
+
+def test_plan_runs_after_the_stream_clamp():
+    """A stream field past the stream is planned as clamped: SJD(window=10**9) fits where the call runs.
+    Catches: the plan of the unclamped window (thousands of GiB) refusing a call that runs."""
+    pipe = sv.load("random-tiny")
+    assert pipe.memory(1, sv.SJD(window=10**9)).needed_bytes == pipe.memory(1, sv.SJD(window=10**5)).needed_bytes
+    assert pipe.memory(1, sv.SJD(window=10**9)).fits
+
+
+@pytest.mark.parametrize("command", ["generate", "sample"])
+def test_num_is_bounded_before_the_model_loads(command, tmp_path, capsys, monkeypatch):
+    """``--num 10**12`` is one line naming --num before anything loads or any list is built. Catches:
+    lists of num items built after loading (no output, memory growing)."""
+    import specvis.zoo
+
+    monkeypatch.setattr(specvis.zoo, "load", lambda *a, **k: pytest.fail("loaded the model"))
+    assert main([command, "--model", "random-tiny", "--method", "ar", "--num", str(10**12), "--out", str(tmp_path / "o")]) == 2
+    assert "--num" in one_error_line(capsys)
+
+
+def test_auto_repeats_is_bounded():
+    """``Auto(repeats=10**6)`` (``--auto-repeats``) is refused in one line naming the field."""
+    with pytest.raises(ValueError, match=r"Auto.repeats must be an integer in \[1, "):
+        sv.Auto(repeats=10**6)
+
+
+def _cli(args: list[str], cwd: Path, timeout: float = 120):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "specvis.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+
+
+T2I = Path(sv.__file__).parent / "assets" / "emoji_t2i" / "target"
+
+
+@pytest.mark.parametrize("where", ["config.json", "tokenizer", "prompts", "/dev/zero"])
+def test_fifos_and_devices_are_refused_not_read(where, tmp_path):
+    """A FIFO as a checkpoint's config.json or one of its files, or as --prompts, and /dev/zero as
+    --prompts: one line naming the file, exit 2, within the timeout (a child process: the bug blocks
+    for ever or reads until memory runs out). Catches: an open() of a FIFO (blocks), a read of a
+    device to its end."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in T2I.iterdir():
+        if f.name != where:
+            (model / f.name).symlink_to(f)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n")
+    if where == "config.json":
+        os.mkfifo(model / "config.json")
+    elif where == "tokenizer":
+        os.mkfifo(model / "extra_tokens.json")
+    elif where == "prompts":
+        prompts.unlink()
+        os.mkfifo(prompts)
+    else:
+        prompts = Path("/dev/zero")
+    args = ["sample", "--model", str(model), "--method", "ar", "-n", "1", "--prompts", str(prompts),
+            "--out", str(tmp_path / "o")]
+    try:
+        p = _cli(args, tmp_path, timeout=120)
+    except Exception as e:  # subprocess.TimeoutExpired: the read blocked
+        pytest.fail(f"{where}: {type(e).__name__}")
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-400:]
+    assert "not a regular file" in lines[0]
+    assert (str(prompts) if where in ("prompts", "/dev/zero") else "model") in lines[0]

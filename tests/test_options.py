@@ -35,14 +35,15 @@ def test_every_field_is_declared_with_help():
         assert info.check(info.default) == info.default  # every default passes its own declaration
 
 
-def at(info, v):
-    """A value of ``info`` whose numbers are all ``v`` (the tightest one a cross-field check allows)."""
+def at(info, v, top=False):
+    """A value of ``info`` whose numbers are all ``v`` (the tightest one a cross-field check allows;
+    ``top``: an open interval's upper end is ``v``)."""
     if not any(typing.get_origin(m) is tuple for m in members(info.type)):
         return v
     if info.name == "tree":
         return ((v,),)
     if info.owner == "ADTTree":  # an open interval: (low, low + 2) holds one integer
-        return (v, v + 2)
+        return (v - 2, v) if top else (v, v + 2)
     return (v, v) if info.name == "ranks" else (v,)
 
 
@@ -59,7 +60,8 @@ def test_bounds_are_exact(cls, info):
         if bound is None:
             continue
         edge = bound if step != 1 else int(bound)
-        inside, outside = at(info, edge), at(info, edge + past)
+        top = bound == info.high
+        inside, outside = at(info, edge, top), at(info, edge + past, top)
         if info.open_low and bound == info.low:
             inside, outside = at(info, edge + step), at(info, edge)
         made = cls(**{info.name: inside})
@@ -99,7 +101,7 @@ def test_tuples_are_checked_item_by_item_and_stored_as_tuples():
     for make, text in [(lambda: sv.ADTTree(depth_range=(2, 5, 9)), "ADTTree.depth_range must be a list of 2 integers"),
                        (lambda: sv.ADTTree(depth_range=(2, True)), "ADTTree.depth_range must be a list of 2 integers"),
                        (lambda: sv.Auto(probe_classes=(0, 1.0)), "Auto.probe_classes must be a non-empty list"),
-                       (lambda: sv.GSD(ranks=(7, -1)), "GSD.ranks must be a list of 2 integers >= 0 or official = 7/6 or None"),
+                       (lambda: sv.GSD(ranks=(7, -1)), r"GSD.ranks must be a list of 2 integers in \[0, 4096\] or official = 7/6 or None"),
                        (lambda: sv.StaticTree(tree=[[0], []]), "non-empty lists of integers >= 0")]:
         with pytest.raises(ValueError, match=text):
             make()

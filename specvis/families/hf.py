@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..io import read_text, regular_file
 from ..models.checkpoint import one_line
 from ..models.decoder import DecoderConfig
 from ..models.loading import Piece, Route, rename_with, safetensors_files
@@ -26,9 +27,15 @@ apart, each head's rows in rotate-half order (transformers' ``rotate_half``)."""
 
 def read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path, "checkpoint file"))
     except FileNotFoundError:
         raise ValueError(f"{path.parent}: missing {path.name}") from None
+    except ValueError as exc:
+        if "checkpoint file" in str(exc) and "no such file" in str(exc):
+            raise ValueError(f"{path.parent}: missing {path.name}") from None
+        if str(exc).startswith("checkpoint file"):
+            raise
+        raise ValueError(f"{path}: unreadable JSON ({one_line(exc)})") from None
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"{path}: unreadable JSON ({one_line(exc)})") from None
     if not isinstance(data, dict):
@@ -43,6 +50,7 @@ def stored_numel(directory: Path) -> int:
     total = 0
     for f in weight_files(directory):
         try:
+            regular_file(f, "checkpoint file")
             with open(f, "rb") as fh:
                 n = struct.unpack("<Q", fh.read(8))[0]
                 header = json.loads(fh.read(min(n, 100_000_000)))

@@ -50,6 +50,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..io import read_text, regular_file
+
 TRACE: list[tuple[str, str]] | None = None
 """Reading order of the sources (None: not recorded)."""
 
@@ -233,6 +235,7 @@ def one_line(exc: BaseException) -> str:
 
 def safetensors_keys(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{key: (dtype name, shape)} from a safetensors file's header (the only bytes read)."""
+    regular_file(path, "checkpoint file")
     try:
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
@@ -280,6 +283,7 @@ def read_torch_file(path: str | os.PathLike, allowed: Sequence[type] = ()):
     (LlamaGen's and MAR's training files carry an ``argparse.Namespace``): tensors stay in the file
     mapping until read. A file saved in torch's legacy (non-zip) format cannot be mapped and is read
     whole."""
+    regular_file(path, "checkpoint file")
     with torch.serialization.safe_globals(list(allowed)):
         try:
             return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
@@ -522,7 +526,7 @@ def safetensors_files(directory: Path) -> list[Path]:
     index = directory / INDEX
     if index.exists():
         try:
-            shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+            shards = sorted(set(json.loads(read_text(index, "checkpoint file")).get("weight_map", {}).values()))
         except (OSError, ValueError, AttributeError) as exc:
             raise ValueError(f"{index}: unreadable index ({one_line(exc)})") from None
         missing = [s for s in shards if not (directory / s).exists()]
