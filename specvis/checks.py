@@ -52,6 +52,14 @@ def number(value: Any, what: str, allowed: str) -> float:
     return value
 
 
+def progress(value: Any, what: str = "progress") -> Any:
+    """A call's ``progress``: None or False (none), True (a bar on stderr) or a callable taking the
+    fraction of the stream done."""
+    if value is None or isinstance(value, bool) or callable(value):
+        return value
+    raise InputTypeError(f"{what} must be True, False, None or a callable taking the fraction done, got {shown(value)}")
+
+
 def seed(value: Any, what: str = "seed") -> int:
     """A seed of ``torch.Generator.manual_seed``: an integer in 0 .. 2**64 - 1."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

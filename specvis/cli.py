@@ -339,9 +339,20 @@ def _check_draft(pipe, names: list[str]) -> None:
                          f"checkpoint of the same family as {pipe.name} ({pipe.family.name})")
 
 
+def _check_method_and_out(a: argparse.Namespace) -> None:
+    """``--method ""`` is not the default method, ``--out`` a writable directory (not "": the current
+    one): one line each, before the model loads."""
+    from .io import check_output_dir
+
+    if a.method is not None and not a.method.strip():
+        raise ValueError(f"--method is empty: give one of {', '.join(METHODS)} or a spec, or leave it out for the model's default")
+    check_output_dir(a.out, "--out")
+
+
 def cmd_generate(a: argparse.Namespace) -> int:
     from .viz import contact_sheet, heatmaps
 
+    _check_method_and_out(a)
     if a.method:
         _method(a)  # bad flags fail before the model loads
     if a.num is not None and a.num < 1:
@@ -388,12 +399,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
         if a.prompts or a.negative_prompts or a.height is not None or a.width is not None or not a.positive_suffix:
             raise ValueError(f"model {a.model} is class-conditional: --prompt/--negative-prompt/--height/--width/"
                              "--no-positive-suffix do not apply (give --class N)")
+        bad = [c for c in a.classes or [] if not 0 <= c < pipe.num_classes]  # every class given, used or not
+        if bad:
+            raise ValueError(f"--class {bad[0]} is out of range; model {a.model} has classes 0..{pipe.num_classes - 1}")
         classes = a.classes or list(range(pipe.num_classes))
         num = a.num or (len(a.classes) if a.classes else 8)
         classes = [classes[i % len(classes)] for i in range(num)]
-        bad = [c for c in classes if not 0 <= c < pipe.num_classes]
-        if bad:
-            raise ValueError(f"--class {bad[0]} is out of range; model {a.model} has classes 0..{pipe.num_classes - 1}")
 
         def run(m, n: int = num):
             return pipe(classes[:n], m, sampling, seed=a.seed, batch_size=a.batch_size)
@@ -472,6 +483,7 @@ def cmd_sample(a: argparse.Namespace) -> int:
     """``specvis sample``: this rank's share of the images (``specvis.sample``); rank 0 merges."""
     from .sample import init_distributed, sample
 
+    _check_method_and_out(a)
     if a.method:
         _method(a)  # bad flags fail before the model loads (and before the process group)
     if a.num < 1:

@@ -121,6 +121,9 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     takes its row (continuous batching, ``methods/slots.py``; methods that declare ``refills``). The
     tokens come back in the conditions' order; ``stats.step_compression`` counts each row's tokens over
     the batched forwards."""
+    if not isinstance(model, torch.nn.Module):
+        raise checks.InputTypeError(f"model must be a loaded token model (pipe.target, a torch module), got {checks.shown(model)}")
+    progress = checks.progress(progress)
     method = method_argument(method)
     if isinstance(method, Auto):
         raise ValueError(REFUSED)

@@ -229,6 +229,7 @@ class Pipeline:
         argument is checked before any forward; the family builds the condition, the memory plan is
         checked, the family runs and decodes."""
         check_mapped_files()  # a weights file rewritten under the loaded model: one line, not changed weights or SIGBUS
+        progress = checks.progress(progress)
         if batch_size is not None:
             batch_size = checks.integer(batch_size, "batch_size", low=1)
         request = Request(classes, prompts, negative_prompts, height, width, positive_suffix, num_iter, cfg_schedule,

@@ -154,3 +154,66 @@ def test_fifos_and_devices_are_refused_not_read(where, tmp_path):
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-400:]
     assert "not a regular file" in lines[0]
     assert (str(prompts) if where in ("prompts", "/dev/zero") else "model") in lines[0]
+
+
+# ---------------------------------------------------------------- silent accepts
+
+def _t2i_copy(tmp_path: Path, change) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "t2i"
+    d.mkdir()
+    for f in T2I.iterdir():
+        if f.name != "model.safetensors":
+            (d / f.name).symlink_to(f)
+    sd = load_file(str(T2I / "model.safetensors"))
+    save_file(change(sd), str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d
+
+
+def test_nan_weights_stop_before_any_image(tmp_path):
+    """A checkpoint whose weights are all NaN: the call is one ValueError (the first forward's logits are
+    not finite), nothing generated. Catches: images written from a NaN law."""
+    import torch
+
+    d = _t2i_copy(tmp_path, lambda sd: {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                                        for k, v in sd.items()})
+    pipe = sv.load(str(d))
+    with pytest.raises(ValueError, match="NaN or infinite logits"):
+        pipe(prompts=["a cat"], method="ar")
+
+
+def test_an_integer_weight_is_refused_at_load(tmp_path):
+    """One floating weight stored as int32: one line naming the tensor and its dtype at load. Catches:
+    the integers silently converted into the model's floats."""
+    import torch
+
+    def one_int(sd):
+        key = next(k for k in sd if "mlp.down_proj.weight" in k)
+        return {**sd, key: sd[key].to(torch.int32)}
+
+    d = _t2i_copy(tmp_path, one_int)
+    with pytest.raises(ValueError, match="stored as int32") as e:
+        sv.load(str(d))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["generate", "--model", "emoji", "--class", "3", "99", "--num", "1"], "--class 99"),
+    (["generate", "--model", "random-tiny", "--method", ""], "--method is empty"),
+    (["generate", "--model", "random-tiny", "--out", ""], "--out is empty"),
+    (["sample", "--model", "random-tiny", "-n", "1", "--out", ""], "--out is empty"),
+    (["bench", "--model", "random-tiny", "--methods", ",,,"], "--methods"),
+    (["bench", "--model", "random-tiny", "--methods", ""], "--methods"),
+    (["generate", "--model", "emoji-mar", "--num", "3", "--batch-size", "2"], "batch_size 2"),
+])
+def test_silent_accepts_are_refused(args, needle, tmp_path, capsys, monkeypatch):
+    """Nonsense refused in one line naming the flag: a class out of range that --num would not use, an
+    empty --method (not the default), an empty --out (not the current directory), --methods naming
+    nothing, MAR with a batch size below the images (it does not refill rows)."""
+    monkeypatch.chdir(tmp_path)
+    if "--out" not in args and args[0] != "bench":
+        args = args + ["--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    assert needle in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

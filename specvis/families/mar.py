@@ -214,7 +214,11 @@ class MARFamily(OwnFormatFamily, ClassFamily):
         return pipe.target.num_classes
 
     def check_sampler_options(self, pipe, request: Request) -> None:
-        """MAR's sampler takes ``num_iter`` and ``cfg_schedule`` (checked when it runs)."""
+        """MAR's sampler takes ``num_iter`` and ``cfg_schedule`` (checked when it runs); it decodes every
+        image of a call at once (its rows are not refilled): ``batch_size`` below the images is refused."""
+        if request.batch_size is not None and request.batch_size < len(checks.class_ids(request.classes, pipe.num_classes)):
+            raise ValueError(f"batch_size {request.batch_size}: model {pipe.name} (MAR) decodes every image of a call "
+                             "at once and does not refill rows; leave batch_size out (--batch-size) or call it per batch")
 
     def check_method(self, pipe, method, sampling: Sampling) -> None:
         """MAR's ordered sampler runs AR and CSpD (continuous tokens); top-k/top-p do not apply."""

@@ -475,6 +475,9 @@ def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[..., It
         for piece in pieces:
             meta = dests[piece.name]
             value = src if piece.transform is None else piece.transform(src)
+            if meta.is_floating_point() and not value.is_floating_point():
+                raise ValueError(f"{where}: {key!r} is stored as {str(value.dtype).removeprefix('torch.')}, but the "
+                                 f"model's {display(piece.name)} is floating point (a damaged or mislabelled checkpoint)")
             if finish is None and len(pieces) == 1 and maps_in_place(piece, src, value, meta, dtype, device):
                 populate(value)
                 made[piece.name] = value
