@@ -217,3 +217,65 @@ def test_silent_accepts_are_refused(args, needle, tmp_path, capsys, monkeypatch)
     assert main(args) == 2
     assert needle in one_error_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_cgroup_limits_v1_and_v2(tmp_path):
+    """The plan's free memory reads the cgroup's limit less its usage: v2 (``memory.max`` of the cgroup
+    and its parents, "max" for none) and v1 (``memory.limit_in_bytes``, 2**63 for none). Catches: a
+    limit ignored (MemAvailable alone), a parent's tighter limit ignored, "max" read as a number."""
+    from specvis.models.weight_layout import cgroup_headroom_bytes
+
+    v2 = tmp_path / "v2"
+    (v2 / "a" / "b").mkdir(parents=True)
+    for d, limit, used in ((v2, "max", "0"), (v2 / "a", "3000", "1000"), (v2 / "a" / "b", "5000", "900")):
+        (d / "memory.max").write_text(limit + "\n")
+        (d / "memory.current").write_text(used + "\n")
+    (tmp_path / "cg2").write_text("0::/a/b\n")
+    assert cgroup_headroom_bytes(str(v2), str(tmp_path / "cg2")) == 2000  # the parent's 3000 - 1000
+    v1 = tmp_path / "v1" / "memory" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("4096\n")
+    (v1 / "memory.usage_in_bytes").write_text("1024\n")
+    (tmp_path / "cg1").write_text("4:memory:/job\n0::/\n")
+    assert cgroup_headroom_bytes(str(tmp_path / "v1"), str(tmp_path / "cg1")) == 3072
+    (v1 / "memory.limit_in_bytes").write_text(str(2**63 - 4096))
+    assert cgroup_headroom_bytes(str(tmp_path / "v1"), str(tmp_path / "cg1")) is None
+
+
+def test_rlimit_as_bounds_the_free_memory():
+    """A process under ``RLIMIT_AS`` plans with what its address space has left, not the machine's
+    MemAvailable (a child process: the limit is process-wide)."""
+    import subprocess
+    import sys
+
+    code = ("import resource; from specvis.models import weight_layout as w; "
+            "before = w.available_memory_bytes(); resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)); "
+            "after = w.available_memory_bytes(); print(before, after)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    before, after = map(int, out.stdout.split())
+    assert after < 6 << 30 and (after < before or before < 6 << 30)
+
+
+@pytest.mark.parametrize("lie", ["offsets", "shape"])
+def test_a_lying_safetensors_header_is_named(lie, tmp_path):
+    """A header whose tensor claims 2**62 bytes (its data_offsets past the file's end, or a shape of
+    2**62 elements over its few bytes): one line saying the header is inconsistent with the file's
+    size. Catches: "hidden_size 256 is more than the checkpoint's 0 stored weights"."""
+    d = tmp_path / "t2i"
+    d.mkdir()
+    for f in T2I.iterdir():
+        if f.name != "model.safetensors":
+            (d / f.name).symlink_to(f)
+    raw = (T2I / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    key = next(k for k in header if "mlp.down_proj.weight" in k)
+    if lie == "offsets":
+        header[key]["data_offsets"][1] = 2**62
+    else:
+        header[key]["shape"] = [2**31, 2**31]
+    text = json.dumps(header).encode()
+    (d / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    with pytest.raises(ValueError, match="inconsistent with the file's size") as e:
+        sv.load(str(d))
+    assert key in str(e.value) and "\n" not in str(e.value)

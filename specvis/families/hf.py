@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch
 from ..io import read_text, regular_file
 from ..models.checkpoint import one_line
 from ..models.decoder import DecoderConfig
-from ..models.loading import Piece, Route, rename_with, safetensors_files
+from ..models.loading import Piece, Route, check_header, rename_with, safetensors_files
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -57,6 +58,7 @@ def stored_numel(directory: Path) -> int:
             total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
         except Exception as exc:  # noqa: BLE001 - any unreadable header is the same user error
             raise ValueError(f"{f}: unreadable safetensors header ({one_line(exc)})") from None
+        check_header(f, header, os.stat(f).st_size - 8 - n)
     return total
 
 

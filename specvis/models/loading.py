@@ -246,8 +246,36 @@ def safetensors_keys(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         raise ValueError(f"{path}: unreadable safetensors ({one_line(exc)})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: unreadable safetensors (header is not a JSON object)")
+    check_header(path, header, os.stat(path).st_size - 8 - n)
     return {k: (v.get("dtype", "?"), tuple(v.get("shape", ()))) for k, v in header.items()
             if k != "__metadata__" and isinstance(v, dict)}
+
+
+ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+              "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def check_header(path: str | os.PathLike, header: dict, data_bytes: int) -> None:
+    """A safetensors header consistent with its file: every tensor's ``data_offsets`` [begin, end)
+    inside the ``data_bytes`` after the header, and end - begin its shape's elements times its dtype's
+    size. A one-line ValueError naming the first tensor that is not (a header that claims more bytes
+    than the file has would otherwise pass as a checkpoint of other sizes, or fault at a read)."""
+    for key, v in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in v["data_offsets"])
+            shape = [int(d) for d in v["shape"]]
+            item = ITEM_BYTES.get(v["dtype"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: safetensors header entry {key!r} lacks dtype, shape or data_offsets") from None
+        numel = 1
+        for d in shape:
+            numel *= d
+        if min(shape, default=0) < 0 or not 0 <= begin <= end <= data_bytes or (item and end - begin != numel * item):
+            raise ValueError(f"{path}: the safetensors header is inconsistent with the file's size: tensor {key!r} "
+                             f"claims bytes {begin}..{end} ({'x'.join(map(str, shape)) or 'scalar'} {v['dtype']}) of "
+                             f"the {data_bytes} data bytes the file has")
 
 
 def safetensors_tensors(files: Sequence[Path], wanted: Callable[[str], bool] = lambda k: True,
