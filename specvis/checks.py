@@ -131,6 +131,9 @@ def class_ids(classes: Any, num_classes: int, what: str = "classes") -> list[int
     return out
 
 
+MAX_TEXT = 20_000  # characters of a prompt: far past any model's context (a few thousand tokens)
+
+
 def text(value: Any, what: str, allow_empty: bool = False) -> str:
     """A text prompt: a str with some non-space character (unless ``allow_empty``: a negative prompt
     may be empty), valid Unicode (a command-line argument that was not UTF-8 arrives with lone
@@ -139,6 +142,8 @@ def text(value: Any, what: str, allow_empty: bool = False) -> str:
         raise InputTypeError(f"{what} must be a str, got {shown(value)}")
     if not allow_empty and not value.strip():
         raise ValueError(f"{what} is empty: give some text")
+    if len(value) > MAX_TEXT:
+        raise ValueError(f"{what} has {len(value)} characters, more than the {MAX_TEXT} a prompt may have")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

@@ -631,6 +631,24 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+OUTPUT_FLAGS = (("out", "--out"), ("json", "--json"), ("md", "--md"), ("plots", "--plots"))
+
+
+def output_flag(exc: OSError, a: argparse.Namespace | None) -> str:
+    """``"--out DIR: "`` when ``exc`` concerns a path under one of the command's output flags, else ""."""
+    name = exc.filename
+    if a is None or not name:
+        return ""
+    path = Path(name).absolute()
+    for dest, flag in OUTPUT_FLAGS:
+        value = vars(a).get(dest)
+        if isinstance(value, str) and value.strip():
+            given = Path(value).absolute()
+            if path == given or given in path.parents:
+                return f"{flag} {value}: "
+    return ""
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as one line, like the CLI's errors (not the file and source line of where it was raised)."""
     print(f"specvis: warning: {message}", file=sys.stderr if file is None else file)
@@ -638,6 +656,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    a = None
     if argv[:1] == ["train-drafter"]:  # its own flags: python -m specvis.train.train_drafter
         from .train.train_drafter import main as train_drafter
 
@@ -649,8 +668,11 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning
             return {"generate": cmd_generate, "sample": cmd_sample, "bench": cmd_bench, "models": cmd_models,
                     "demo": demo.main}[a.command](a)
-    except (UsageError, ValueError, OSError) as e:  # OSError: FileNotFoundError, PermissionError, disk full ...
+    except (UsageError, ValueError) as e:
         print(f"specvis: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # FileNotFoundError, PermissionError, disk full ...: named by the flag whose path it is
+        print(f"specvis: error: {output_flag(e, a)}{one_line(e)}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # an allocation the machine cannot make: one line, not torch's traceback
         if not out_of_memory(e):

@@ -279,3 +279,36 @@ def test_a_lying_safetensors_header_is_named(lie, tmp_path):
     with pytest.raises(ValueError, match="inconsistent with the file's size") as e:
         sv.load(str(d))
     assert key in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- messages name the flag
+
+def test_a_full_disk_names_out(tmp_path, capsys, monkeypatch):
+    """An OSError writing under --out (a full disk) is one line naming --out. Catches: the bare
+    "No space left on device" with no flag."""
+    import errno
+
+    import specvis.cli
+
+    def full(image, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(specvis.cli, "_save_png", full)
+    out = tmp_path / "o"
+    assert main(["generate", "--model", "random-tiny", "--method", "ar", "--num", "1", "--out", str(out)]) == 2
+    line = one_error_line(capsys)
+    assert f"--out {out}" in line and "No space left" in line
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["demo", "--host", "bogus.invalid"], "--host"),
+    (["bench", "--model", "random-tiny", "--methods", "ar", "--md", "/"], "--md"),
+    (["generate", "--model", "emoji-t2i", "--method", "ar", "--prompt", "a" * 120_000], "--prompt has 120000"),
+])
+def test_messages_name_the_flag(args, needle, tmp_path, capsys):
+    """Each is one line naming its flag, before anything runs (a prompt of 120,000 characters prints no
+    tokenizer warning first)."""
+    if args[0] == "generate":
+        args = args + ["--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    assert needle in one_error_line(capsys)
