@@ -91,7 +91,7 @@ def _device_line(pipe) -> str:
             f" | compile {'on' if pipe.compiled else 'off'}")
 
 
-def _plan_memory(pipe, batch_size: int, methods, sampling, verbose: bool = False) -> None:
+def _plan_memory(pipe, batch_size: int, methods, sampling, verbose: bool = False, refill: bool = False) -> None:
     """Before any forward: each method's memory plan at ``batch_size`` (``Pipeline.memory``; text
     prompts planned at ``specvis.memory.DEFAULT_PROMPT_TOKENS``, the call re-plans with its own);
     printed with ``-v``; a plan that does not fit is the one-line error. Pipelines without a KV cache
@@ -99,7 +99,7 @@ def _plan_memory(pipe, batch_size: int, methods, sampling, verbose: bool = False
     if not pipe.kv_cache:
         return
     for method in methods:
-        plan = pipe.memory(batch_size, method, sampling)
+        plan = pipe.memory(batch_size, method, sampling, refill=refill)
         if verbose:
             print(f"  {plan.describe()}")
         if not plan.fits:
@@ -408,7 +408,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
         def run(m, n: int = num):
             return pipe(classes[:n], m, sampling, seed=a.seed, batch_size=a.batch_size)
-    _plan_memory(pipe, min(num, a.batch_size or num), [method], sampling, verbose=a.verbose)  # before any forward
+    _plan_memory(pipe, min(num, a.batch_size or num), [method], sampling, verbose=a.verbose,
+                 refill=a.batch_size is not None and a.batch_size < num)  # before any forward
     ar = None
     if a.compare_ar and method.name != "ar":
         from .methods.ar import AR

@@ -312,3 +312,31 @@ def test_messages_name_the_flag(args, needle, tmp_path, capsys):
         args = args + ["--out", str(tmp_path / "o")]
     assert main(args) == 2
     assert needle in one_error_line(capsys)
+
+
+# ---------------------------------------------------------------- memory the plan must see
+
+def test_a_refill_allocates_prefix_slots_and_stays_within_the_plan(monkeypatch):
+    """Continuous batching (5 samples through 2 rows): each refill's prefill allocates a cache of the
+    prefix's slots only, and the KV caches alive at once (the running cache and the refill's) stay
+    within the call's plan, which counts the refill. Catches: a refill cache of prefix + stream slots
+    (twice the KV memory during a refill), a plan blind to the refill."""
+    from specvis.models.base import CacheGeometry
+
+    pipe = sv.load("random-tiny")
+    made: list[tuple[int, int]] = []
+    allocate = CacheGeometry.allocate
+
+    def recording(self, dtype, device):
+        made.append((self.slots, self.nbytes(dtype, device)))
+        return allocate(self, dtype, device)
+
+    monkeypatch.setattr(CacheGeometry, "allocate", recording)
+    sampling = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+    pipe([0, 1, 2, 3, 1], "ar", sampling, batch_size=2, decode=False)
+    prefix = pipe.target.max_prefix
+    running, refills = made[0], made[1:]
+    assert refills and all(slots == prefix for slots, _ in refills)
+    plan = pipe.memory(2, sv.AR(), sampling, prompt_tokens=prefix, refill=True)
+    assert running[1] + 2 * max(b for _, b in refills) <= plan.kv_bytes
+    assert plan.kv_bytes > pipe.memory(2, sv.AR(), sampling, prompt_tokens=prefix).kv_bytes

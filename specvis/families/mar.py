@@ -228,10 +228,10 @@ class MARFamily(OwnFormatFamily, ClassFamily):
         if sampling.top_k is not None or sampling.top_p is not None:
             raise ValueError("top_k/top_p do not apply to MAR's continuous tokens")
 
-    def check_memory(self, pipe, condition, method, sampling: Sampling) -> None:
+    def check_memory(self, pipe, condition, method, sampling: Sampling, refill: bool = False) -> None:
         """No KV cache, no plan."""
 
-    def memory(self, pipe, batch_size: int, method, sampling, prompt_tokens):
+    def memory(self, pipe, batch_size: int, method, sampling, prompt_tokens, refill: bool = False):
         """MAR keeps no KV cache (its encoder-decoder recomputes every step): it has no memory plan."""
         raise ValueError(f"model {pipe.name} (MAR) has no KV cache to plan: pipe.memory is for the "
                          "autoregressive families")
