@@ -543,7 +543,7 @@ MUTANTS = [
            "        method = AR() if method is None else method", (LOST, "-k", "after_the_stream_clamp")),
     Mutant("plan: the cgroup's limit ignored", "specvis/models/weight_layout.py",
            "    known = [cgroup_headroom_bytes(), address_space_headroom_bytes()]",
-           "    known = [None, address_space_headroom_bytes()]", (LOST, "-k", "rlimit or cgroup")),
+           "    known = [None, address_space_headroom_bytes()]", (LOST, "-k", "least_of_the_limits")),
     Mutant("bench: a JSON that is not a report taken for one", "specvis/bench/report.py",
            "    return obj.get(MARKER[0]) == MARKER[1] or (\"specvis_version\" in obj and \"model\" in obj)",
            "    return True", (LOST, "-k", "not_a_report")),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import __version__, demo
 from .io import atomic_write, clean_stale_temps, write_text
+from .progress import wanted
 from .registry import (ACCEPT, ACCEPTANCE, METHODS, available, build_method, describe, method_flags, method_from_spec,
                        parse_method_spec)
 from .sampling import Sampling
@@ -44,6 +45,13 @@ def default_method_spec(pipe=None) -> str:
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not usage + message
         raise UsageError(message)
+
+
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", action="store_true",
+                   help="show the progress bar (images done, tokens/s, ETA) on stderr even when it is not a terminal")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _add_device(p: argparse.ArgumentParser) -> None:
@@ -232,6 +240,7 @@ def _add_sample_parser(sub, model_help: str, method_help: str) -> None:
     s.add_argument("--seed", type=int, default=0, help="batch j runs with seed + j (default 0)")
     s.add_argument("--out", default="samples", help="output directory: images/NNNNNN.png, samples.npz, stats.json; "
                                                     "rerunning into it skips the images already there")
+    _add_progress(s)
     _add_device(s)
     _add_sampling(s)
     _add_method_options(s)
@@ -270,6 +279,7 @@ def build_parser() -> Parser:
     g.add_argument("--compare-ar", action="store_true",
                    help="also run plain AR on the same conditions and seed (after an untimed one-image warm-up "
                         "of each) and print the wall-clock speedup; only the method's images are written")
+    _add_progress(g)
     _add_device(g)
     _add_sampling(g)
     _add_method_options(g)
@@ -306,6 +316,7 @@ def build_parser() -> Parser:
     b.add_argument("--no-cost-curve", action="store_true",
                    help="skip measuring the forward cost curve (target, draft, drafter by block size) that "
                         "predicted_speedup and efficiency come from")
+    _add_progress(b)
     _add_device(b)
     _add_sampling(b)
     b.add_argument("--accept", default="exact", help="acceptance rule of the methods that take one and whose spec "
@@ -377,6 +388,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     method = _method(a, pipe)  # without --method: the model's default (DEFAULT_METHODS)
     _check_draft(pipe, [method.name])
     sampling = _sampling(a, pipe.default_sampling)
+    show = wanted(a.progress, a.quiet)  # a bar on stderr (specvis.progress)
     text = pipe.conditioning != "class"  # prompts (through the checkpoint's processor or text encoder)
     if text:
         if a.classes:
@@ -394,7 +406,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         def run(m, n: int = num):
             return pipe(prompts=prompts[:n], negative_prompts=None if negative is None else negative[:n], method=m,
                         sampling=sampling, seed=a.seed, height=a.height, width=a.width,
-                        positive_suffix=a.positive_suffix, batch_size=a.batch_size)
+                        positive_suffix=a.positive_suffix, batch_size=a.batch_size, progress=show)
     else:
         if a.prompts or a.negative_prompts or a.height is not None or a.width is not None or not a.positive_suffix:
             raise ValueError(f"model {a.model} is class-conditional: --prompt/--negative-prompt/--height/--width/"
@@ -407,7 +419,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         classes = [classes[i % len(classes)] for i in range(num)]
 
         def run(m, n: int = num):
-            return pipe(classes[:n], m, sampling, seed=a.seed, batch_size=a.batch_size)
+            return pipe(classes[:n], m, sampling, seed=a.seed, batch_size=a.batch_size, progress=show)
     _plan_memory(pipe, min(num, a.batch_size or num), [method], sampling, verbose=a.verbose,
                  refill=a.batch_size is not None and a.batch_size < num)  # before any forward
     ar = None
@@ -507,7 +519,7 @@ def cmd_sample(a: argparse.Namespace) -> int:
         _plan_memory(pipe, min(a.batch_size, a.num), [method], sampling)  # before any forward
         stats = sample(pipe, method, sampling, out, num=a.num, batch_size=a.batch_size, seed=a.seed,
                        classes=a.classes, prompts=prompts, height=a.height, width=a.width, dist=dist, model=a.model,
-                       progress=sys.stderr.isatty())
+                       progress=wanted(a.progress, a.quiet))
     finally:
         dist.close()
     if stats is not None:
@@ -588,7 +600,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept, prompts=prompts,
                            height=a.height, width=a.width,
-                           progress=sys.stderr.isatty(), on_run=show, json_path=a.json, shards=a.shards,
+                           progress=wanted(a.progress, a.quiet), on_run=show, json_path=a.json, shards=a.shards,
                            shard_index=a.shard_index, metrics=metrics, data_dir=a.data, warmup=a.warmup,
                            cost_curve=not a.no_cost_curve, continuous=a.continuous)  # writes --json
     if a.md:

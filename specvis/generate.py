@@ -22,6 +22,7 @@ from .methods.views import DrafterView, guided_view
 from .models.base import Captions, Condition, Prompts
 from .models.decoder import CachedStack
 from .options import Options, option_fields
+from .progress import ImageBar
 from .registry import method_argument, refilling_methods
 from .sampling import Sampling, make_generator, sampling_argument
 
@@ -114,7 +115,8 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     ``Condition`` (conditional and unconditional rows given).
     ``graphs``: replay each round as a captured CUDA graph (default: on for CUDA models; no effect on
     CPU); the tokens are the same either way. ``progress``: called after each round (between captured
-    rounds) with the fraction of the stream every row has committed (one host read a round; for UIs).
+    rounds) with the fraction of the stream every row has committed (one host read a round; for UIs);
+    True shows a bar on stderr (images done, tokens per second, ETA: ``specvis.progress``).
     ``ordered``: the model reveals its tokens in an order of its own (MAR), as its family declares it
     (``families.mar.MARReveal``); ``conditions`` are then class ids and the tokens continuous.
     ``batch_size``: decode at most this many samples at once; when one finishes, the next condition
@@ -166,8 +168,14 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
                         progress=progress)
     if queued is not None:
         ctx.queue = SlotQueue(ctx, queued)
-    with torch.inference_mode():  # no autograd bookkeeping on the round's many small ops
-        wall = timed(lambda: method.decode(ctx), device)
+    bar = ImageBar(queued.batch if queued is not None else ctx.n.shape[0], ctx.L) if progress is True else None
+    ctx.progress = bar.fraction if bar is not None else progress or None  # True: a bar on stderr; False: none
+    try:
+        with torch.inference_mode():  # no autograd bookkeeping on the round's many small ops
+            wall = timed(lambda: method.decode(ctx), device)
+    finally:
+        if bar is not None:
+            bar.close()
     stats = ctx.stats(wall)
     if ctx.latents is not None:  # continuous tokens (made under inference mode: cloned into normal tensors)
         return Generation(None, stats, latents=ctx.latents[:, : ctx.L].clone(), method=method)

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..cpu_features import cpu_description
+from ..progress import ImageBar
 from ..registry import build_method, describe, parse_method_spec
 from ..sampling import Sampling
 from ..shards import Work, batches, shard_work  # the one work split, shared with specvis sample
@@ -60,7 +61,7 @@ def _run(pipe, conds: list[int], method, sampling: Sampling, seed: int, prompts:
                 height=grid[0], width=grid[1], batch_size=rows)
 
 
-def _round(pipe, methods: list, work: Work, sampling: Sampling, bar: tqdm | None, warmup: str,
+def _round(pipe, methods: list, work: Work, sampling: Sampling, bar: ImageBar | None, warmup: str,
            prompts: list | None, grid: tuple[int | None, int | None],
            between: Callable[[list[list[tuple[int, Any]]]], None] | None = None,
            rows: int | None = None) -> list[tuple[float, list[tuple[int, Any]]]]:
@@ -83,7 +84,7 @@ def _round(pipe, methods: list, work: Work, sampling: Sampling, bar: tqdm | None
             walls[i] += out.stats.wall_s
             outputs[i].append((len(classes), out))
             if bar is not None:
-                bar.update(1)
+                bar.update(len(classes))
         if between is not None:
             between(outputs)
     return list(zip(walls, outputs))
@@ -340,9 +341,10 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         if prev is not None:
             prev.setdefault("wall_s_repeats", [prev["wall_s"]])
     passes = sum(max(0, repeats - len(prev["wall_s_repeats"])) if prev else repeats for _, _, prev in todo) * len(work)
+    images = passes // max(len(work), 1) * sum(len(c) for c, _ in work)  # the timed passes' images
     # with timed passes to run the curve is sampled alongside them, else taken from the earlier report
     old_curve = _previous_curve(json_path, report) if cost_curve and not passes else None
-    bar = tqdm(total=passes, desc="bench", disable=not progress or not passes, leave=False)
+    bar = ImageBar(images, pipe.target.layout.stream_len, "bench", enabled=progress and passes > 0)
     quality: list[Metric] | None = None
 
     def save() -> None:
