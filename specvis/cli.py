@@ -9,12 +9,19 @@ import typing
 import warnings
 from pathlib import Path
 
-from . import __version__, demo
-from .io import atomic_write, clean_stale_temps, write_text
-from .progress import wanted
-from .registry import (ACCEPT, ACCEPTANCE, METHODS, available, build_method, describe, method_flags, method_from_spec,
-                       parse_method_spec)
-from .sampling import Sampling
+from .interrupt import during_import
+
+_restore_hook = during_import()  # the command line's own imports (demo, registry, torch): Ctrl+C is one line
+
+from . import __version__, demo  # noqa: E402
+from .io import atomic_write, clean_stale_temps, write_text  # noqa: E402
+from .progress import wanted  # noqa: E402
+from .registry import (ACCEPT, ACCEPTANCE, METHODS, available, build_method, describe, method_flags,  # noqa: E402
+                       method_from_spec, parse_method_spec)
+from .sampling import Sampling  # noqa: E402
+
+
+_restore_hook()
 
 
 class UsageError(Exception):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -385,3 +386,32 @@ def test_python_progress_true_shows_a_bar(capsys):
     assert "img" in capsys.readouterr().err
     pipe([0, 1], "ar", progress=False, decode=False)
     assert "img" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["specvis", "specvis.cli"])
+def test_ctrl_c_while_importing_is_one_line(module):
+    """SIGINT while specvis imports torch (sent by an import hook, so it lands inside the import): one
+    line, ended by SIGINT (a shell shows 130), no KeyboardInterrupt traceback. Catches: the traceback of an interrupt before the
+    command line's own handler is in place."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys\n"
+            "class Interrupting:\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name == 'torch':\n"
+            "            os.kill(os.getpid(), signal.SIGINT)\n"
+            "        return None\n"
+            "sys.meta_path.insert(0, Interrupting())\n"
+            f"import {module}\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode in (130, -signal.SIGINT) and p.stderr.strip() == "specvis: interrupted", p.stderr[-300:]
+
+
+def test_the_import_hook_is_gone_after_a_complete_import():
+    """Once specvis is imported, ``sys.excepthook`` is what it was: the library leaves no global hook."""
+    import subprocess
+    import sys
+
+    code = "import sys; before = sys.excepthook; import specvis.cli; assert sys.excepthook is before"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
