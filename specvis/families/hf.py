@@ -27,17 +27,13 @@ apart, each head's rows in rotate-half order (transformers' ``rotate_half``)."""
 
 
 def read_json(path: Path) -> dict:
+    """A checkpoint's JSON object file (``io.read_text``: a regular file of bounded size)."""
+    if not path.exists():
+        raise ValueError(f"{path.parent}: missing {path.name}")
+    text = read_text(path, "checkpoint file")
     try:
-        data = json.loads(read_text(path, "checkpoint file"))
-    except FileNotFoundError:
-        raise ValueError(f"{path.parent}: missing {path.name}") from None
+        data = json.loads(text)
     except ValueError as exc:
-        if "checkpoint file" in str(exc) and "no such file" in str(exc):
-            raise ValueError(f"{path.parent}: missing {path.name}") from None
-        if str(exc).startswith("checkpoint file"):
-            raise
-        raise ValueError(f"{path}: unreadable JSON ({one_line(exc)})") from None
-    except Exception as exc:  # noqa: BLE001
         raise ValueError(f"{path}: unreadable JSON ({one_line(exc)})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: must hold a JSON object")
