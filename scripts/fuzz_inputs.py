@@ -559,7 +559,8 @@ def second_campaign(G: list, GE: list, T: list, S: list, PIPE: str) -> list[Case
              Case("cli generate num 10**12", "fail", G[:3] + ["--num", str(10**12), "--out", "{out}"], names=("--num",),
                   timeout=60),
              Case("cli sample num 10**12", "fail", S + ["-n", str(10**12)], names=("--num",), timeout=60),
-             Case("cli bench num 10**12", "fail", B[:-6] + ["--num", str(10**12)], names=("--num",), timeout=60),
+             Case("cli bench num 10**12", "fail", ["bench", "--model", "random-tiny", "--num", str(10**12)],
+                  names=("--num",), timeout=60),
              Case("cli config.json FIFO", "fail", T[:2] + ["{config_fifo}"] + T[3:] + ["--prompt", "cat"],
                   names=("config.json", "regular file"), timeout=60),
              Case("cli prompts FIFO", "fail", ["sample", "--model", "emoji-t2i", "-n", "1", "--prompts", "{prompts_fifo}",
@@ -571,7 +572,7 @@ def second_campaign(G: list, GE: list, T: list, S: list, PIPE: str) -> list[Case
              Case("cli auto-repeats 10**6", "fail", G + ["--method", "auto", "--auto-repeats", str(10**6)],
                   names=("repeats",)),
              Case("cli eagle tree-top-k 10**9", "fail", G + ["--method", "eagle", "--tree-top-k", str(10**9)],
-                  names=("top_k",)),
+                  names=("--tree-top-k",)),
              Case("cli lantern-k 10**9", "fail", G + ["--method", "sjd", "--accept", "lantern", "--lantern-k", str(10**9)],
                   names=("k",))]
     tracebacks = [Case("cli emoji-mar batch-size 2", "fail", MAR + ["--batch-size", "2"], names=("batch_size",), timeout=300),
