@@ -4,6 +4,7 @@ of each class of the second campaign (the script runs every case in full on its 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fuzz_inputs.py"
@@ -14,6 +15,7 @@ FAST = ["bench json: a user's JSON object", "cli prompts FIFO", "cli SPECVIS_THR
 def load_script():
     spec = importlib.util.spec_from_file_location("fuzz_inputs", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_inputs"] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
