@@ -227,9 +227,11 @@ class Pipeline:
         family's official positive suffix to each text prompt, as its official scripts do (Emu3:
         ``POSITIVE_SUFFIX``; the other families have none), False turns it off; ``num_iter``,
         ``cfg_schedule``: the sampler of an ordered model (MAR); ``batch_size``: decode at most this many
-        images at once, a finished one's row taking the next (continuous batching, ``generate``). Each
-        argument is checked before any forward; the family builds the condition, the memory plan is
-        checked, the family runs and decodes."""
+        images at once, a finished one's row taking the next (continuous batching, ``generate``);
+        ``progress``: True shows a bar on stderr (images, tokens/s, ETA), a callable gets the fraction
+        done after each round. Each argument is checked before any forward, and the weights files still
+        mapped into the models are checked unchanged (``models.loading.check_mapped_files``); the family
+        builds the condition, the memory plan is checked, the family runs and decodes."""
         check_mapped_files()  # a weights file rewritten under the loaded model: one line, not changed weights or SIGBUS
         progress = checks.progress(progress)
         if batch_size is not None:
