@@ -316,3 +316,20 @@ except ValueError as e:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.returncode, p.stderr[-500:])
     assert "ERROR weights file" in p.stdout and "changed size" in p.stdout and "4096" in p.stdout
+
+
+def test_a_changed_file_of_a_freed_model_is_forgotten(janus_bf16, tmp_path):
+    """Once the model that mapped a file is freed, rewriting the file stops nothing: another pipeline's
+    call runs. Catches: a process-wide record that refuses every later call."""
+    import gc
+
+    d = shutil.copytree(janus_bf16, tmp_path / "ckpt")
+    pipe = sv.load(str(d), dtype="bf16")
+    shard = _mapped_shard(pipe)
+    del pipe
+    gc.collect()
+    with open(shard, "r+b") as f:
+        f.seek(64)
+        f.write(b"\0" * 16)
+        f.truncate(4096)
+    sv.load("random-tiny")([0], "ar", decode=False)

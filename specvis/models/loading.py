@@ -154,18 +154,33 @@ def _signature(path: str) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def _still_mapped(inode: int) -> bool:
+    """Whether a mapping of this process is of the file with ``inode`` (/proc/self/maps' fifth field);
+    True where the maps cannot be read."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any(len(parts) > 4 and parts[4] == str(inode) for parts in (line.split() for line in f))
+    except OSError:
+        return True
+
+
 def check_mapped_files() -> None:
     """A one-line ValueError naming the first mapped weights file rewritten in place (same inode, size
     or mtime changed) since its weights were kept: the loaded model's weights are that file's pages
     (a truncated file would end the process with SIGBUS at the next forward). A file removed or
-    replaced by another (new inode) leaves the mapping, and so the weights, as they were. One
-    ``os.stat`` a file (a few microseconds)."""
-    for path, (dev, ino, size, mtime) in MAPPED_STATS.items():
+    replaced by another (new inode) leaves the mapping, and so the weights, as they were; a changed
+    file no mapping holds any more (its model was freed) is forgotten. One ``os.stat`` a file (a few
+    microseconds); /proc/self/maps is read only when a file changed."""
+    for path, (dev, ino, size, mtime) in list(MAPPED_STATS.items()):
         try:
             now = _signature(path)
         except OSError:
             continue  # removed: the mapping keeps the old inode alive
-        if now[:2] != (dev, ino):
+        if now[:2] != (dev, ino) or now[2:] == (size, mtime):
+            continue
+        if not _still_mapped(ino):  # the model that mapped it is gone: nothing holds its pages now
+            del MAPPED_STATS[path]
+            MAPPED_FILES.discard(path)
             continue
         if now[2] != size:
             raise ValueError(f"weights file {path} changed size on disk ({size} -> {now[2]} bytes) while its weights "
