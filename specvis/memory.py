@@ -101,7 +101,7 @@ class MemoryPlan:
 
     def line(self) -> str:
         """The one line a call that does not fit stops with."""
-        return (f"a batch of {self.batch_size} needs {self.needed_bytes} bytes ({self.needed_bytes / GIB:.2f} GiB: KV cache "
+        return (f"not enough memory: a batch of {self.batch_size} needs {self.needed_bytes} bytes ({self.needed_bytes / GIB:.2f} GiB: KV cache "
                 f"{self.kv_bytes / GIB:.2f} GiB + laws and activations {self.other_bytes / GIB:.2f} GiB) but {self.device} "
                 f"has {self.free_bytes} bytes ({(self.free_bytes or 0) / GIB:.2f} GiB) free; the largest batch that fits "
                 f"is {self.max_batch_size}")
