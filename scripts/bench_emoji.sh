@@ -108,7 +108,7 @@ case "${1:-main}" in
       --json $out/emoji-t2i-b${2:-1}.json --md $out/emoji-t2i-b${2:-1}.md ;;
   t2i-2d) # issue 48: ZipAR and PJD against AR, SJD (gumbel, w16) and GSD on the 64 emoji-t2i prompts, seed 777,
           # batch 1 or 8 ("t2i-2d 1", "t2i-2d 8"), the model's sampling (T = 1) or greedy ("t2i-2d 1 0"),
-          # one timed repeat, one core (CORE=); the archived count-only study: scripts/rows2d_steps.py
+          # one timed repeat, one core (CORE=); the archived count-only study: docs/results/archive/rows2d_steps.py
     specs="ar,sjd:window=16:init=vertical-sample:coupling=gumbel,sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd:group=8"
     specs+=",zipar:window=4,zipar:window=8,pjd,pjd:init=vertical-repeat,pjd:window=16:lag=4:init=vertical-repeat"
     t=${3:-1}

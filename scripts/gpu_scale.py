@@ -47,6 +47,7 @@ Shapes (cited):
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
 import os
@@ -54,7 +55,11 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import traceback
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -143,8 +148,9 @@ def plan_for(smoke: bool) -> Plan:
                     emoji_num={m: {1: 1, 8: 8} for m in ("graphs", "eager", "compile")},
                     curve_repeats=1, curve_calls=(1, 1), emoji_model="random-tiny")
     return Plan(smoke=False, target=CHAMELEON_7B, draft=DRAFT_1B, codes=CHAMELEON_CODES, grid=LUMINA_GRID,
-                janus_text=JANUS_PRO_1B_TEXT, janus_vq=JANUS_PRO_1B_VQ, copy_mib=2048, warm=3, reps=20, t2i_grid=None,
-                emoji_num={"graphs": {1: 8, 8: 16}, "eager": {1: 2, 8: 8}, "compile": {1: 2, 8: 8}})
+                janus_text=JANUS_PRO_1B_TEXT, janus_vq=JANUS_PRO_1B_VQ, copy_mib=2048, t2i_grid=None,
+                emoji_num={"graphs": {1: 8, 8: 16}, "eager": {1: 2, 8: 8}, "compile": {1: 2, 8: 8}},
+                warm=2, reps=10, curve_repeats=3)
 
 
 # ------------------------------------------------------------------ building on the device
@@ -328,7 +334,8 @@ def time_rounds(model, method, batch: int, plan: Plan, graphs: bool, draft=None,
 # ------------------------------------------------------------------ the report
 class Run:
     """The report, its file, the clock and the device. ``section`` runs one measurement under a time
-    budget and saves the report after it, recording its seconds, or its error in one line."""
+    budget (in this process, or in a child process: ``child``) and saves the report after it, recording
+    its seconds, every warning it raised and, when it fails, its error in one line and its traceback."""
 
     def __init__(self, args, plan: Plan) -> None:
         self.args, self.plan = args, plan
@@ -338,7 +345,14 @@ class Run:
         self.report: dict[str, Any] = skeleton(self.device, self.dtype, plan)
         if args.resume:
             self.report = resumed(Path(args.resume), self.report)
-        self.path = output_path(args.out, self.report["device_name"], plan.smoke)
+        if args.child_report:  # a child process: the parent's report so far, written back to the same file
+            self.report = json.loads(Path(args.child_report).read_text())
+            self.path = Path(args.child_report)
+        else:
+            self.path = output_path(args.out, self.report["device_name"], plan.smoke)
+        for key in ("warnings", "tracebacks", "errors", "plan"):
+            self.report.setdefault(key, [])
+        self.poisoned = False  # a CUDA error left this process unusable: later sections run in child processes
 
     def left(self) -> float:
         """Seconds left for measurements (the CUDA tests' reserve excluded)."""
@@ -349,7 +363,8 @@ class Run:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text(self.path, dumps(self.report) + "\n")
 
-    def section(self, name: str, need_s: float, fn: Callable[[], None], reserve: bool = True) -> None:
+    def section(self, name: str, need_s: float, fn: Callable[[], None], reserve: bool = True,
+                child: bool = False) -> None:
         log = self.report["sections"]
         if self.args.only and not any(name.startswith(o) for o in self.args.only):
             return
@@ -359,16 +374,139 @@ class Run:
             self.save()
             return
         t = time.monotonic()
-        print(f"[gpu_scale] {name} ...", flush=True)
-        try:
-            fn()
-            log[name] = {"status": "done", "seconds": round(time.monotonic() - t, 1)}
-        except Exception as exc:  # noqa: BLE001 - one failed section must not lose the others
-            log[name] = {"status": "error", "seconds": round(time.monotonic() - t, 1), "error": f"{type(exc).__name__}: {one_line(exc)}"}
-        print(f"[gpu_scale] {name}: {log[name]}", flush=True)
-        if self.device.type == "cuda":
+        print(f"[gpu_scale] {name} (expected ~{need_s:.0f} s, {left:.0f} s left) ...", flush=True)
+        if (child or self.poisoned) and not self.args.child_report:
+            self.in_child(name, left)
+        else:
+            self.in_process(name, fn)
+        entry = self.report["sections"][name]  # the report itself is the child's after a child section
+        entry["seconds"] = round(time.monotonic() - t, 1)
+        print(f"[gpu_scale] {name}: {entry}", flush=True)
+        if self.device.type == "cuda" and not self.poisoned:
             torch.cuda.empty_cache()
         self.save()
+
+    def in_process(self, name: str, fn: Callable[[], None]) -> None:
+        log = self.report["sections"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                fn()
+                log[name] = {"status": "done"}
+            except SectionSkipped as why:
+                log[name] = {"status": "skipped", "reason": str(why)}
+            except Exception as exc:  # noqa: BLE001 - one failed section must not lose the others
+                log[name] = {"status": "error", "error": f"{type(exc).__name__}: {one_line(exc)}"}
+                self.record_traceback(name)
+                if not cuda_usable(self.device):
+                    self.poisoned = True
+                    log[name]["poisoned"] = "CUDA unusable after this error: later sections run in child processes"
+        self.record_warnings(name, caught)
+
+    def in_child(self, name: str, left: float) -> None:
+        """``name`` in a child process (a sticky CUDA error or a crash there leaves this process whole): it
+        reads this report, runs the section, writes the report back (after every figure, so a child that
+        dies keeps what it measured); its output joins this one's."""
+        self.save()
+        fd, tmp = tempfile.mkstemp(prefix=f"gpu-scale-{name}-", suffix=".json")
+        os.close(fd)
+        write_text(Path(tmp), dumps(self.report) + "\n")
+        cmd = [sys.executable, str(Path(__file__).resolve()), *(["--smoke"] if self.plan.smoke else []),
+               "--child", name, "--child-report", tmp, "--budget", f"{left:.1f}", "--tests-reserve", "0"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        tail: list[str] = []
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def relay() -> None:
+            for line in proc.stdout:
+                print(f"  [{name}] {line}", end="", flush=True)
+                tail.append(line.rstrip())
+                del tail[:-40]
+
+        reader = threading.Thread(target=relay, daemon=True)
+        reader.start()
+        try:
+            status = f"exit {proc.wait(timeout=left + 10)}"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            status = f"killed after {left + 10:.0f} s"
+            proc.wait()
+        reader.join(timeout=10)
+        try:
+            self.report = json.loads(Path(tmp).read_text())
+        except (OSError, ValueError) as exc:
+            tail.append(f"child report unreadable: {one_line(exc)}")
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        log = self.report["sections"]
+        entry = log.get(name) if status == "exit 0" else None
+        if entry is None:  # the child died before it recorded the section
+            log[name] = {"status": "error", "error": f"child process {status}"}
+            self.report["tracebacks"].append({"section": name, "text": "\n".join(tail)})
+        log[name]["child"] = status
+
+    def record_traceback(self, name: str) -> None:
+        self.report["tracebacks"].append({"section": name, "text": "".join(traceback.format_exc()[-6000:])})
+
+    def record_warnings(self, name: str, caught: list) -> None:
+        """Every warning of a section into the report (the first 50); a CUDA graph capture that failed (the
+        rounds then ran eagerly) marks the section's "graphs" figures as eager (``mark_eager``)."""
+        failed = []
+        for w in caught:
+            msg = one_line(w.message)
+            if len(self.report["warnings"]) < 50 * len(self.report["sections"]) + 50:
+                self.report["warnings"].append({"section": name, "category": w.category.__name__, "message": msg,
+                                                "where": f"{Path(w.filename).name}:{w.lineno}"})
+            print(f"[gpu_scale] {name}: {w.category.__name__}: {msg}", flush=True)
+            if CAPTURE_FAILED in msg:
+                failed.append(msg)
+        if failed:
+            self.report["sections"][name]["capture_failed"] = len(failed)
+            mark_eager(self.report, name, failed)
+
+    def guarded(self, name: str, fn: Callable[[], None]) -> None:
+        """``fn`` (bookkeeping between sections, e.g. the projection) with its error recorded, not raised."""
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001
+            self.report["errors"].append(f"{name}: {type(exc).__name__}: {one_line(exc)}")
+            self.record_traceback(name)
+
+
+class SectionSkipped(Exception):
+    """A section that cannot run on this machine or tree (its reason is recorded; not an error)."""
+
+
+CAPTURE_FAILED = "CUDA graph capture failed"  # specvis.methods.rounds' warning when a round runs eagerly instead
+
+
+def mark_eager(report: dict, section: str, messages: list[str]) -> None:
+    """A section whose rounds were meant to be captured but fell back to eager: its "graphs" figures say so
+    (``captured`` false, the warnings kept), so that no eager figure reads as a captured one."""
+    first = messages[0][:300]
+    parts = section.split(":")
+    if len(parts) == 3 and parts[1] == "graphs":
+        entry = report[parts[0]][parts[2].removeprefix("b")]
+        entry["by_mode"].setdefault("graphs", {}).update(captured=False, capture_failed=first)
+        for r in entry["runs"]:
+            if r["mode"] == "graphs":
+                r["captured"] = False
+        if entry.get("mode") == "graphs":
+            entry["mode"] = "graphs (capture failed: eager)"
+    elif section == "vs_transformers":
+        report["vs_transformers"].setdefault("detail", {}).update(specvis_captured=False, capture_failed=first)
+
+
+def cuda_usable(device: torch.device) -> bool:
+    """False when a CUDA error is sticky (every later call fails): a synchronise and a small kernel fail."""
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def sv_cpu_bf16() -> bool:
@@ -417,7 +555,7 @@ def skeleton(device: torch.device, dtype: torch.dtype, plan: Plan) -> dict:
         "shapes": {"7b": {"floor_ms": None, "ar_step_ms": {str(b): None for b in plan.ar_batches},
                           "cost_ms": {str(b): {str(k): None for k in plan.cost_tokens} for b in plan.cost_batches},
                           "sjd_round_ms": {str(w): None for w in plan.sjd_windows}, "spec_round_ms": None}},
-        "vs_transformers": {"1": None, "8": None},
+        "vs_transformers": {"1": None, "8": None, "transformers_patched": None},
         "emoji": {"1": json.loads(json.dumps(batch)), "8": json.loads(json.dumps(batch))},
         "emoji_t2i": {"1": json.loads(json.dumps(batch)), "8": json.loads(json.dumps(batch))},
         "projection_lumina_768_s": {"ar": None, "sjd": None,
@@ -425,7 +563,13 @@ def skeleton(device: torch.device, dtype: torch.dtype, plan: Plan) -> dict:
                                             "AR step (batch 1); SJD: the steps over the mean accepted length of SJD window 16 "
                                             "measured on emoji-t2i (batch 1, captured rounds) x the measured 7B SJD round"},
         "cuda_tests": None,
+        "serve": None,
+        "seeds": None,
+        "plan": [],
         "sections": {},
+        "warnings": [],
+        "tracebacks": [],
+        "errors": [],
     }
 
 
@@ -514,6 +658,9 @@ def shape_7b(run: Run) -> None:
             res = time_rounds(target, method, batch, plan, graphs and not eager, draft=draft)
         except (RuntimeError, ValueError) as exc:  # e.g. out of memory at batch 16: the other figures go on
             out.setdefault("errors", []).append(f"{what}: {type(exc).__name__}: {one_line(exc)}")
+            run.record_traceback(f"7b: {what}")
+            if not cuda_usable(dev):  # a sticky CUDA error: no later figure of this process can be measured
+                raise
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
             return None
@@ -589,10 +736,13 @@ def bench_block(run: Run, bundle: str, batch: int, mode: str) -> None:
     kw = dict(prompts=prompts, height=plan.t2i_grid, width=plan.t2i_grid) if prompts else {}
     num = plan.emoji_num[mode][batch]
     rep = run_bench(pipe, specs, num, batch, seed=777, repeats=1, progress=False, metrics=[], warmup=plan.warmup, **kw)
-    if mode != "compile":
+    if mode != "compile":  # one cost curve per bundle and batch, measured by its first block, reused after
+        curves = run.report.setdefault("cost_curves", {})
+        key = f"{bundle}:b{batch}"
         with cost_curve_calls(plan.curve_calls):
             rep["cost_curve"] = measure_cost_curve(pipe, rep, pipe.default_sampling, prompts, rep["runs"],
-                                                   repeats=plan.curve_repeats)
+                                                   previous=curves.get(key), repeats=plan.curve_repeats)
+        curves[key] = rep["cost_curve"]
         set_speedups(rep)
     runs = [{"mode": mode, **{k: r.get(k) for k in RUN_FIELDS}} for r in rep["runs"]]
     entry = run.report[bundle.replace("-", "_")][str(batch)]
@@ -670,6 +820,33 @@ def hf_janus(plan: Plan, device: torch.device, dtype: torch.dtype, ids: dict):
     return model
 
 
+JANUS_CACHE_FIXED = "5.23.0"  # the first version known to pass prefill_chunk_size from Janus's generate (the pin)
+
+
+def janus_generate_shim(model, version: str) -> dict | None:
+    """transformers before ``JANUS_CACHE_FIXED`` (5.17.0 is the device's): ``JanusForConditionalGeneration.
+    generate`` calls ``GenerationMixin._prepare_static_cache`` without its required ``prefill_chunk_size``
+    and fails with a TypeError. On those versions this model's own ``_prepare_static_cache`` (an instance
+    attribute; the class and other models untouched) passes ``generation_config.prefill_chunk_size`` (None
+    unless set: no chunked prefill), what the fixed Janus passes. Returns what was patched (the report's
+    ``transformers_patched``), or None where nothing was."""
+    from packaging.version import Version
+
+    if Version(version) >= Version(JANUS_CACHE_FIXED):
+        return None
+    original = model._prepare_static_cache
+
+    def prepare_static_cache(cache_implementation, batch_size, max_cache_len, model_kwargs, prefill_chunk_size=None):
+        chunk = model.generation_config.prefill_chunk_size if prefill_chunk_size is None else prefill_chunk_size
+        return original(cache_implementation=cache_implementation, batch_size=batch_size, max_cache_len=max_cache_len,
+                        prefill_chunk_size=chunk, model_kwargs=model_kwargs)
+
+    model._prepare_static_cache = prepare_static_cache
+    return {"transformers": version, "what": "JanusForConditionalGeneration._prepare_static_cache on this model: "
+            "passes generation_config.prefill_chunk_size, which Janus's generate omits before " + JANUS_CACHE_FIXED,
+            "prefill_chunk_size": model.generation_config.prefill_chunk_size}
+
+
 def specvis_janus(hf, ids: dict, side: int) -> PromptDecoder:
     """specvis's Janus decoder (``families.janus.make_decoder`` on the transformers config, built on meta)
     filled with the transformers model's weights through the route ``families.janus`` reads a
@@ -695,6 +872,7 @@ def vs_transformers(run: Run) -> None:
     vocab = plan.janus_text["vocab_size"]
     ids = {"bos": vocab - 400, "pad": vocab - 398, "boi": vocab - 384}  # arbitrary ids (random weights)
     hf = hf_janus(plan, dev, run.dtype, ids)
+    out["transformers_patched"] = janus_generate_shim(hf, transformers.__version__)
     side = math.isqrt(plan.janus_tokens)
     model = specvis_janus(hf, ids, side)
     sampling = sv.Sampling(cfg_scale=5.0, temperature=1.0)  # Janus-Pro's official generation settings
@@ -712,8 +890,7 @@ def vs_transformers(run: Run) -> None:
             mask = torch.ones_like(prompt)
 
             def hf_call():
-                return hf.generate(input_ids=prompt, attention_mask=mask, generation_mode="image", do_sample=True,
-                                   guidance_scale=5.0, temperature=1.0, top_k=0, top_p=1.0)
+                return hf_generate(hf, prompt, mask)
 
             def sv_call():
                 return sv.generate(model, Prompts.of(prompt.tolist(), dev), sv.AR(), sampling, seed=0,
@@ -726,6 +903,12 @@ def vs_transformers(run: Run) -> None:
             detail["seconds"][str(batch)] = {"transformers": t_hf, "specvis": t_sv}
             out["detail"] = detail
             run.save()
+
+
+def hf_generate(hf, prompt: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """transformers' Janus ``generate`` in image mode: CFG 5, temperature 1, no top-k / top-p."""
+    return hf.generate(input_ids=prompt, attention_mask=mask, generation_mode="image", do_sample=True,
+                       guidance_scale=5.0, temperature=1.0, top_k=0, top_p=1.0)
 
 
 def first_logits_diff(hf, model: PromptDecoder, prompt: torch.Tensor) -> float:
@@ -780,16 +963,121 @@ def pytest_outcomes(text: str) -> dict:
     return {**counts, "failing": failing}
 
 
-# ------------------------------------------------------------------ main
-SECTION_NEEDS = {"graphs": 25, "eager": 30, "compile": 90}  # seconds a bench block needs at least (GPU)
+# ------------------------------------------------------------------ hooks: the server and keyed noise
+HOOKS = {  # section: (script, its arguments on the device; each script must drive specvis in process there)
+    "serve": ("scripts/bench_serve.py", ["--device", "cuda", "--models", "emoji-t2i", "--quick"]),
+    "seeds": ("scripts/bench_seeds.py", ["--device", "cuda", "--models", "emoji-t2i", "--quick", "--noise-cost"]),
+}
+
+
+def hook(run: Run, name: str, timeout: float) -> None:
+    """``HOOKS[name]``'s script (the server benchmark, the keyed-noise cost per round) as a child process
+    with ``OUT`` set to a folder of its own, where it exists; the report keeps its command, exit status,
+    output tail and every JSON it wrote (the device has no FastAPI / uvicorn: the script must drive the
+    engine in process). Extra arguments: ``GPU_SCALE_<NAME>_ARGS`` (whitespace-separated)."""
+    script, args = HOOKS[name]
+    extra = os.environ.get(f"GPU_SCALE_{name.upper()}_ARGS")
+    args = extra.split() if extra is not None else args
+    if run.plan.smoke:
+        args = [a if a != "cuda" else "cpu" for a in args]
+    if not (ROOT / script).exists():
+        run.report[name] = {"status": "skipped", "reason": f"{script} is not in this tree"}
+        raise SectionSkipped(run.report[name]["reason"])
+    with tempfile.TemporaryDirectory(prefix=f"gpu-scale-{name}-") as out:
+        cmd = [sys.executable, script, *args]
+        env = {**os.environ, "OUT": out, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(timeout, 1))
+            text, status = proc.stdout + proc.stderr, f"exit {proc.returncode}"
+        except subprocess.TimeoutExpired as exc:
+            text = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            status = f"stopped after {timeout:.0f} s"
+        results = {}
+        for f in sorted(Path(out).rglob("*.json"))[:8]:
+            try:
+                results[str(f.relative_to(out))] = json.loads(f.read_text())
+            except ValueError as exc:
+                results[str(f.relative_to(out))] = f"unreadable: {one_line(exc)}"
+    run.report[name] = {"command": " ".join(cmd), "status": status, "tail": text.strip().splitlines()[-15:],
+                        "results": results}
+    if status != "exit 0":
+        raise RuntimeError(f"{script} {status}: {(text.strip().splitlines() or [''])[-1][:300]}")
+
+
+# ------------------------------------------------------------------ the plan
+# Expected seconds of each section on an H200 (bf16), from the H100 run of the emoji bundle
+# (docs/results/data/emoji-h100-*.json: 9 runs of 16 images at batch 1 took 65 s captured) scaled to this
+# plan's methods and images, plus start-up; the 7B section includes its child process's start and building
+# 8B random parameters on the device. A section runs only if its expected time is left; the report keeps
+# each expected and measured time (``plan``, ``sections``), so that the next call can correct these.
+EXPECTED_S = {"bandwidth": 3, "7b": 75, "graphs:b1": 45, "graphs:b8": 30, "vs_transformers": 30, "serve": 25,
+              "seeds": 20, "compile:b1": 90, "compile:b8": 90, "eager:b1": 60, "eager:b8": 40}
 BUNDLES = ("emoji-t2i", "emoji")
-# after bandwidth and the 7B shape, by value: captured rounds at batch 1 (the goals), transformers, eager at
-# batch 1, captured rounds at batch 8; then the CUDA tests, so that they always run; then with what is left:
-# captured + compile at batch 1 (the least predictable in time: every new block size and live span is a
-# compile), eager at batch 8, captured + compile at batch 8
-SCHEDULE = ([(b, 1, "graphs") for b in BUNDLES] + [("vs_transformers",)] + [(b, 1, "eager") for b in BUNDLES]
-            + [(b, 8, "graphs") for b in BUNDLES] + [("cuda_tests",)]
-            + [(b, n, m) for n, m in ((1, "compile"), (8, "eager"), (8, "compile")) for b in BUNDLES])
+
+
+def schedule(cuda: bool) -> list[tuple[str, float]]:
+    """Sections by value, each with its expected seconds: the 7B floor and c(k); the bundles at batch 1 and 8
+    with captured rounds (on a CPU: eager, the only mode there); transformers; the CUDA tests; the server and
+    keyed-noise hooks; then with what is left, captured + compile, and eager at batch 1 (CUDA only)."""
+    head = "graphs" if cuda else "eager"
+    items = [("bandwidth", EXPECTED_S["bandwidth"]), ("7b", EXPECTED_S["7b"])]
+    items += [(f"{b.replace('-', '_')}:{head}:b{n}", EXPECTED_S[f"{head}:b{n}"]) for n in (1, 8) for b in BUNDLES]
+    items += [("vs_transformers", EXPECTED_S["vs_transformers"]), ("cuda_tests", 0),
+              ("serve", EXPECTED_S["serve"]), ("seeds", EXPECTED_S["seeds"])]
+    items += [(f"{b.replace('-', '_')}:compile:b{n}", EXPECTED_S[f"compile:b{n}"]) for n in (1, 8) for b in BUNDLES]
+    if cuda:
+        items += [(f"{b.replace('-', '_')}:eager:b1", EXPECTED_S["eager:b1"]) for b in BUNDLES]
+    return items
+
+
+def section_call(run: Run, name: str, args) -> Callable[[], None]:
+    """The function that measures section ``name``."""
+    if name == "bandwidth":
+        return lambda: bandwidth(run)
+    if name == "7b":
+        return lambda: shape_7b(run)
+    if name == "vs_transformers":
+        return lambda: vs_transformers(run)
+    if name == "cuda_tests":
+        return lambda: cuda_tests(run, max(args.budget - (time.monotonic() - run.t0), 30.0))
+    if name in HOOKS:
+        return lambda: hook(run, name, max(min(run.left() + args.tests_reserve, 2 * EXPECTED_S[name]), 10.0))
+    bundle, mode, batch = name.split(":")
+    return lambda: bench_block(run, bundle.replace("_", "-"), int(batch.removeprefix("b")), mode)
+
+
+def print_plan(run: Run, items: list[tuple[str, float]], scale: float) -> None:
+    args = run.args
+    run.report["plan"] = [{"section": n, "expected_s": round(e * scale, 1)} for n, e in items]
+    print(f"[gpu_scale] plan: budget {args.budget:.0f} s, {args.tests_reserve:.0f} s of it kept for the CUDA tests "
+          "(expected seconds; a section runs only if they are left)", flush=True)
+    total = 0.0
+    for n, e in items:
+        total += e * scale if n != "cuda_tests" else args.tests_reserve
+        print(f"[gpu_scale]   {n:<26} ~{e * scale if n != 'cuda_tests' else args.tests_reserve:5.0f} s   "
+              f"(cumulative {total:5.0f} s)", flush=True)
+
+
+class Tee:
+    """A text stream that writes to ``stream`` and to ``file`` (the log that comes back in ``$OUT``)."""
+
+    def __init__(self, stream, file) -> None:
+        self.stream, self.file = stream, file
+
+    def write(self, text: str) -> int:
+        self.file.write(text)
+        self.file.flush()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.file.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return False
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -797,46 +1085,60 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, seconds: the code paths and the JSON's structure")
     ap.add_argument("--out", help="a .json file or a folder (default $OUT, else .)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole run (default 420 on a GPU: one 8-minute call with room to start)")
-    ap.add_argument("--tests-reserve", type=float, default=None, help="seconds kept for the CUDA tests (default 100)")
+                    help="seconds for the whole run, 10..3600 (default 420 on a GPU: one 8-minute call with room to start)")
+    ap.add_argument("--tests-reserve", type=float, default=None,
+                    help="seconds kept for the CUDA tests, 0..600 (default 100)")
     ap.add_argument("--no-tests", action="store_true", help="skip tests/test_cuda.py")
     ap.add_argument("--resume", help="an earlier gpu-scale JSON of the same device: add this call's sections to it")
     ap.add_argument("--only", nargs="*", help="run only the sections whose name starts with one of these "
-                                              "(bandwidth, 7b, emoji, emoji_t2i, vs_transformers, cuda_tests)")
+                                              "(bandwidth, 7b, emoji, emoji_t2i, vs_transformers, cuda_tests, serve, seeds)")
+    ap.add_argument("--log", help="also write the output here (default $OUT/<the JSON's name>.log where $OUT is set)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: run this one section (Run.in_child)
+    ap.add_argument("--child-report", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.budget = args.budget if args.budget is not None else (600.0 if args.smoke else 420.0)
     args.tests_reserve = 0.0 if args.no_tests else (args.tests_reserve if args.tests_reserve is not None
                                                      else 20.0 if args.smoke else 100.0)
+    if not 10 <= args.budget <= 3600:
+        ap.error(f"--budget must be within 10..3600 seconds, got {args.budget:g}")
+    if not 0 <= args.tests_reserve <= 600:
+        ap.error(f"--tests-reserve must be within 0..600 seconds, got {args.tests_reserve:g}")
     plan = plan_for(args.smoke)
     if not args.smoke and not torch.cuda.is_available():
         ap.error("no CUDA device: run with --smoke on a CPU")
     run = Run(args, plan)
-    print(f"[gpu_scale] {run.report['device_name']}, torch {torch.__version__}, {run.report['dtype']}, -> {run.path}", flush=True)
-    run.save()
     scale = 0.1 if plan.smoke else 1.0
-    run.section("bandwidth", 2, lambda: bandwidth(run))
-    run.section("7b", 30 * scale, lambda: shape_7b(run))
-    projection(run)
-    for item in SCHEDULE:
-        if item == ("vs_transformers",):
-            run.section("vs_transformers", 40 * scale, lambda: vs_transformers(run))
-            continue
-        if item == ("cuda_tests",):
-            if not args.no_tests:
-                left = args.budget - (time.monotonic() - run.t0)
-                run.section("cuda_tests", 1, lambda: cuda_tests(run, max(left, 30.0)), reserve=False)
-            continue
-        bundle, batch, mode = item
-        key = f"{bundle.replace('-', '_')}:{mode}:b{batch}"
-        if run.device.type != "cuda" and mode != "eager":
-            run.report["sections"][key] = {"status": "skipped", "reason": "captured rounds and compile are CUDA-only"}
-            continue
-        after_tests = SCHEDULE.index(item) > SCHEDULE.index(("cuda_tests",))
-        run.section(key, SECTION_NEEDS[mode] * scale, lambda: bench_block(run, bundle, batch, mode),
-                    reserve=not after_tests)
-        projection(run)
+    if args.child:  # one section, this process's result written back to the parent's report file
+        faulthandler.dump_traceback_later(max(args.budget, 5), exit=True)
+        run.section(args.child, 0, section_call(run, args.child, args))
+        return run.path
+    log_path = args.log or (str(Path(os.environ["OUT"]) / (run.path.stem + ".log")) if os.environ.get("OUT") else None)
+    log = open(log_path, "w", encoding="utf-8") if log_path else None  # noqa: SIM115 - open for the whole run
+    if log:
+        sys.stdout, sys.stderr = Tee(sys.__stdout__, log), Tee(sys.__stderr__, log)
+    # watchdog: a hang prints every thread's stack (into the log) and ends the run; the JSON holds what was measured
+    faulthandler.dump_traceback_later(args.budget + 30, exit=True, file=log or sys.__stderr__)
+    print(f"[gpu_scale] {run.report['device_name']}, torch {torch.__version__}, {run.report['dtype']}, -> {run.path}", flush=True)
+    items = schedule(run.device.type == "cuda")
+    print_plan(run, items, scale)
     run.save()
+    tests_at = [n for n, _ in items].index("cuda_tests")
+    for k, (name, expected) in enumerate(items):
+        if name == "cuda_tests":
+            if not args.no_tests:
+                run.section(name, 1, section_call(run, name, args), reserve=False)
+            continue
+        if run.device.type != "cuda" and (":graphs:" in name or ":compile:" in name):
+            run.report["sections"][name] = {"status": "skipped", "reason": "captured rounds and compile are CUDA-only"}
+            continue
+        run.section(name, expected * scale, section_call(run, name, args), reserve=k < tests_at, child=name == "7b")
+        run.guarded("projection", lambda: projection(run))
+    run.save()
+    faulthandler.cancel_dump_traceback_later()
     print(f"[gpu_scale] wrote {run.path} in {time.monotonic() - run.t0:.0f} s", flush=True)
+    if log:
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        log.close()
     return run.path
 
 

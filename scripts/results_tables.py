@@ -161,7 +161,7 @@ def expected() -> dict[Path, str]:
     out[RESULTS / "families-cpu.md"] = families_page()
     rows2d = _script("rows2d_tables")
     for model in ("emoji-t2i", "emoji"):
-        out[RESULTS / f"rows2d-{model}.md"] = rows2d.page(model)  # issue 48: ZipAR and PJD
+        out[RESULTS / f"rows2d-{model}.md"] = rows2d.page(model)  # the 2-D methods: ZipAR and PJD
     mar = RESULTS / "emoji-mar-cpu.md"
     out[mar] = mar_page(mar.read_text())
     readme = ROOT / "README.md"

@@ -1,4 +1,5 @@
-"""Where batch 8 loses step compression for the 2-D methods (issue 48's batch goal), and continuous batching.
+"""Where batch 8 loses step compression for the 2-D methods, and continuous batching
+(docs/results/rows2d-emoji-t2i.md).
 
     python scripts/rows2d_batch_tail.py [--prompts 32] [--batch 8] [--seed 777] [--specs SPEC,...]
                                         [--out docs/results/data/rows2d-batch-tail.json]

@@ -1,4 +1,4 @@
-"""Count-only sweep of PJD / ZipAR / GSD settings on ``emoji-t2i`` for issue 48's step-compression goals.
+"""Count-only sweep of PJD / ZipAR / GSD settings on ``emoji-t2i`` against the 2-D methods' step-compression goals.
 
     python scripts/rows2d_explore.py [--prompts 16] [--batch 1] [--temperature 1] [--specs SPEC,...]
                                      [--out docs/results/data/rows2d-explore-b1-t1]

@@ -1,4 +1,4 @@
-"""The issue-48 benchmark pages (docs/results/rows2d-emoji-t2i.md, rows2d-emoji.md) from their committed
+"""The 2-D methods' benchmark pages (docs/results/rows2d-emoji-t2i.md, rows2d-emoji.md) from their committed
 JSON: ``scripts/results_tables.py`` calls :func:`page`; nothing here is typed from a run by hand.
 
 Inputs under docs/results/data/: ``rows2d-<model>-b<batch>-t<T>.json`` (``specvis bench`` runs with their

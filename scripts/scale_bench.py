@@ -321,9 +321,9 @@ def decoder_shape(directory: Path) -> dict:
     family, config = fam.detect(directory)
     if config is None:  # LlamaGen t2i: the official file's shapes (memory-mapped, nothing read)
         from specvis.models.checkpoint import read_state_dict
-        from specvis.models.llamagen import _trunk_shapes
+        from specvis.models.llamagen import trunk_shapes
 
-        vocab, dim, n_layer, hidden, qkv = _trunk_shapes(read_state_dict(fam.llamagen_t2i.gpt_file(directory)))
+        vocab, dim, n_layer, hidden, qkv = trunk_shapes(read_state_dict(fam.llamagen_t2i.gpt_file(directory)))
         heads = 32 if dim == 3200 else dim // 64
         return {"dim": dim, "n_head": heads, "n_kv_head": (qkv // (dim // heads) - heads) // 2, "ffn_hidden": hidden,
                 "n_layer": n_layer, "vocab": vocab}

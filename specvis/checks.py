@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 from typing import Any
 
 import torch
@@ -22,6 +23,19 @@ SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes seeds in 0 .. 2**64 - 1
 class InputTypeError(TypeError, ValueError):
     """An argument of the wrong type. A TypeError, and also a ValueError so that every caller that
     turns bad input into one line (the CLI, the demo page) catches it with the bad values."""
+
+
+def one_line(exc: BaseException, limit: int | None = 300) -> str:
+    """An error's message as one line, for the CLI and for errors that wrap another's message: its lines
+    joined with spaces, cut at ``limit`` characters (None: whole). torch's weights-only refusal becomes
+    its reason alone: its advice to load with ``weights_only=False`` is wrong for a file of unknown origin."""
+    text = str(exc)
+    if "Weights only load failed" in text:
+        reason = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\n\s*\n|$)", text, re.S)
+        detail = " ".join(reason.group(1).split()) if reason else ""
+        text = f"not a plain tensor checkpoint{' (' + detail + ')' if detail else ''}"
+    line = " ".join(text.split()) or type(exc).__name__
+    return line if limit is None else line[:limit]
 
 
 def shown(value: Any) -> str:

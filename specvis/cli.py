@@ -14,6 +14,7 @@ from .interrupt import during_import
 _restore_hook = during_import()  # the command line's own imports (demo, registry, torch): Ctrl+C is one line
 
 from . import __version__, demo  # noqa: E402
+from .checks import one_line  # noqa: E402
 from .io import atomic_write, clean_stale_temps, write_text  # noqa: E402
 from .progress import wanted  # noqa: E402
 from .registry import (ACCEPT, ACCEPTANCE, METHODS, available, build_method, describe, method_flags,  # noqa: E402
@@ -291,7 +292,7 @@ def build_parser() -> Parser:
     _add_sampling(g)
     _add_method_options(g)
 
-    b = sub.add_parser("bench", help="benchmark methods against AR (JSON of API.md)")
+    b = sub.add_parser("bench", help="benchmark methods against AR (report fields: docs/design/api.md)")
     b.add_argument("--model", default="emoji", help=model_help)
     b.add_argument("--methods", default="ar,speculative",
                    help="comma-separated method specs, options as name:key=value, e.g. sjd:window=8 "
@@ -368,7 +369,7 @@ def _check_method_and_out(a: argparse.Namespace) -> None:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .viz import contact_sheet, heatmaps
+    from .viz import contact_sheet, heatmap_sheet
 
     _check_method_and_out(a)
     if a.method:
@@ -454,7 +455,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     for i, im in enumerate(out.images):
         _save_png(im, out_dir / f"{i:03d}.png")
     _save_png(contact_sheet(out.images), out_dir / "grid.png")
-    _save_png(contact_sheet(heatmaps(s.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1))),
+    _save_png(heatmap_sheet(s.accept_map, cell=max(out.images[0].width // pipe.target.layout.width, 1)),
               out_dir / "heatmap.png")
     # what ran: the method as clamped to the stream (generate.fit_to_stream); sv.Auto records its choice below
     ran = out.method if out.method is not None else method  # a MAR pipeline's generation names none
@@ -646,11 +647,6 @@ def out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
 
 
-def one_line(exc: BaseException) -> str:
-    """An error's message on one line (a multi-line message joined with spaces)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 OUTPUT_FLAGS = (("out", "--out"), ("json", "--json"), ("md", "--md"), ("plots", "--plots"))
 
 
@@ -689,10 +685,10 @@ def main(argv: list[str] | None = None) -> int:
             return {"generate": cmd_generate, "sample": cmd_sample, "bench": cmd_bench, "models": cmd_models,
                     "demo": demo.main}[a.command](a)
     except (UsageError, ValueError) as e:
-        print(f"specvis: error: {one_line(e)}", file=sys.stderr)
+        print(f"specvis: error: {one_line(e, limit=None)}", file=sys.stderr)
         return 2
     except OSError as e:  # FileNotFoundError, PermissionError, disk full ...: named by the flag whose path it is
-        print(f"specvis: error: {output_flag(e, a)}{one_line(e)}", file=sys.stderr)
+        print(f"specvis: error: {output_flag(e, a)}{one_line(e, limit=None)}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # an allocation the machine cannot make: one line, not torch's traceback
         if not out_of_memory(e):

@@ -17,19 +17,17 @@ from .methods.base import sync
 from .models.base import KVCache
 
 KINDS = ("target", "draft", "drafter")
-# untimed forwards of a size before its timed ones. Switching sizes costs the first forwards after the
-# switch: on the Zen 5 EPYC, batch 1, the emoji target's 1-token forwards after 17-token ones took 1.91,
-# 1.74, 1.46, 1.41, 1.39, 1.34 ms (the weights of wide calls are a second, packed copy:
-# models/weight_layout.py). With one untimed forward a goal run's curve priced AR's forward at 1.99 ms
-# while AR's decode took 1.80 ms a token; with three, 1.77 ms against 1.58
+# untimed forwards of a size before its timed ones: the first forwards after a switch of block size cost
+# more (the weights of wide calls are a second, packed copy: models/weight_layout.py), and a curve timed
+# on them prices AR's forward above what AR's decode takes (docs/results/archive/goal.md, "On a Zen 5 EPYC")
 WARM_CALLS = 8
-# timed forwards in a row after each warm-up, each one a repeat. One per warm-up made a curve of 20
-# repeats cost 198 forwards a size (auto's calibration: 22 s at batch 1, 68 s at batch 8, emoji bundle)
+# timed forwards in a row after each warm-up, each one a repeat: one per warm-up multiplies the warm-up
+# forwards by the repeats, and auto's calibration pays for them
 TIMED_CALLS = 4
 # stream fractions committed before the timed forwards: two live spans per size, through which a run's
-# forwards are priced at their own mean span (``bench.report.at_span``). At batch 8 a 17-token forward
-# of the emoji target took 15-17 ms at spans of 64-128 slots and 19-22 ms at 192-275, and a batch's last
-# forwards, run while its slowest row catches up, have the longest spans
+# forwards are priced at their own mean span (``bench.report.at_span``): a forward's cost grows with
+# the span it attends (goal.md, as above), and a batch's last forwards, run while its slowest row
+# catches up, have the longest spans
 FILLS = (0.25, 0.75)
 
 
@@ -157,7 +155,7 @@ def block_size_fields(stats) -> dict[str, dict[str, float]]:
     return out
 
 
-def _forward_fields(run: dict[str, Any]) -> SimpleNamespace:
+def forward_fields(run: dict[str, Any]) -> SimpleNamespace:
     """A report run's forwards by block size and their live spans, shaped like ``Stats``'s."""
     def field(kind: str, name: str, cast) -> dict[int, Any]:
         return {int(n): cast(v) for n, v in (run.get(f"{kind}_{name}") or {}).items()}

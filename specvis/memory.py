@@ -64,7 +64,7 @@ def tensor_bytes(*modules) -> int:
 def packing_bytes(*modules) -> int:
     """Bytes of the packed weight copies still to be made (``PackedLinear`` layers not yet called)."""
     layers = {id(s): s for m in modules if isinstance(m, torch.nn.Module) for s in m.modules()
-              if isinstance(s, PackedLinear) and s._packed_key is None}
+              if isinstance(s, PackedLinear) and not s.is_packed}
     return sum(s.weight.numel() * s.weight.element_size() for s in layers.values())
 
 

@@ -368,7 +368,7 @@ class Pipeline:
         return Condition(cond, uncond)
 
 
-# The pipeline classes before issue 51's one Pipeline: every model now has this one class (its family differs).
+# Other names of the one pipeline class, for callers that name it by the kind of model (its family differs).
 TextPipeline = ContinuousPipeline = Pipeline
 
 

@@ -41,7 +41,9 @@ ACCEPTANCE = {
 ACCEPT = "accept"  # the option naming a method's acceptance rule (its field of type AcceptanceRule)
 
 
-def _resolve(table: dict[str, str], name: str, what: str):
+def resolve(table: dict[str, str], name: str, what: str):
+    """The class registered as ``name`` in ``table`` (``METHODS`` or ``ACCEPTANCE``); ValueError naming
+    ``what`` when the name is unknown or its module is not importable."""
     if name not in table:
         raise ValueError(f"unknown {what} {name!r}; choose from {', '.join(table)}")
     module, cls = table[name].split(":")
@@ -53,14 +55,14 @@ def _resolve(table: dict[str, str], name: str, what: str):
 
 def refilling_methods() -> list[str]:
     """Names of the methods that restart finished rows with the next sample (``refills``)."""
-    return [name for name in available(METHODS) if _resolve(METHODS, name, "method").refills]
+    return [name for name in available(METHODS) if resolve(METHODS, name, "method").refills]
 
 
 def available(table: dict[str, str]) -> list[str]:
     out = []
     for name in table:
         try:
-            _resolve(table, name, "")
+            resolve(table, name, "")
             out.append(name)
         except ValueError:
             pass
@@ -83,7 +85,7 @@ def option_names(cls) -> list[str]:
 
 
 def _rules() -> dict[str, type]:
-    return {r: _resolve(ACCEPTANCE, r, "") for r in available(ACCEPTANCE)}
+    return {r: resolve(ACCEPTANCE, r, "") for r in available(ACCEPTANCE)}
 
 
 def _listing(cls, spell_key: Callable[[str], str | None]) -> str:
@@ -113,14 +115,14 @@ def build_method(name: str, options: dict[str, Any], acceptance: str | None = No
 
     A key that is not an option of the method or of its rule is a ValueError naming it (as ``spell``
     writes it: the CLI passes its flag names), and so is naming a rule for a method without one."""
-    cls = _resolve(METHODS, name, "method")
+    cls = resolve(METHODS, name, "method")
     holder = rule_field(cls)
     named = None if options.get(ACCEPT) == "none" else options.get(ACCEPT)
     if named is not None and holder is None:
         raise ValueError(f"method {name} has no option {spell(ACCEPT)!r} (it takes no acceptance rule); "
                          f"options: {_listing(cls, spell)}")
     rule_name = named or acceptance or "exact"
-    rule = _resolve(ACCEPTANCE, rule_name, "acceptance rule") if holder is not None else None
+    rule = resolve(ACCEPTANCE, rule_name, "acceptance rule") if holder is not None else None
     own, theirs = options_of(cls), options_of(rule) if rule else {}
     kw = {k: v for k, v in options.items()
           if k != ACCEPT and v is not None and (v != "none" or _takes_none_text(own.get(k) or theirs.get(k)))}
@@ -261,7 +263,7 @@ def method_flags() -> list[Flag]:
     flag_of: dict[str, str] = {}
     for table in (METHODS, ACCEPTANCE):
         for name in available(table):
-            for info in option_fields(_resolve(table, name, "")):
+            for info in option_fields(resolve(table, name, "")):
                 key = ACCEPT if info.type is AcceptanceRule else info.name
                 flag = ACCEPT if key == ACCEPT else info.flag
                 if flag_of.setdefault(key, flag) != flag:

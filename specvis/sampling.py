@@ -1,13 +1,13 @@
-"""One probability pipeline for every method (API.md, "Sampling").
+"""One probability pipeline for every method (docs/design/api.md, "Sampling").
 
 Per position: guided = u + s * (c - u)  ->  / temperature  ->  top-k  ->  top-p  ->  softmax.
 Temperature 0 is greedy and is represented as a point mass at the argmax, so that every acceptance
 rule (min(1, p/q), residual max(0, p - q)) becomes deterministic without special cases.
 Draws (``sample``, ``exponential``, ``uniform``) need no host synchronisation, keep static shapes (CUDA
 graphs) and are reproducible from a seeded ``torch.Generator``. Their uniforms are float64, so no code
-gets a probability floor: float32 uniforms are 0 with probability 2^-24, and at U = 0 the exponential
-race this module used to sample with let any code with p > 0 win (about V 2^-24 per draw: 81 stray
-codes in 102,400 draws over 16,384 codes, issue 47), as an acceptance test u < alpha accepts any
+gets a probability floor: a float32 uniform is 0 with probability 2^-24, and at U = 0 an exponential
+race (argmax p / E with E = -log(1 - U) = 0) lets any code with p > 0 win (about V 2^-24 per draw: one
+stray code in a thousand draws over 16,384 codes), as an acceptance test u < alpha accepts any
 alpha > 0. Each function states its resolution.
 """
 
@@ -68,7 +68,7 @@ class Sampling:
         return uncond + self.cfg_scale * (cond - uncond)
 
     def probs(self, cond: torch.Tensor, uncond: torch.Tensor | None = None) -> torch.Tensor:
-        """Raw logits (..., V) -> the sampling law (..., V) in float32 (steps 2-5 of API.md)."""
+        """Raw logits (..., V) -> the sampling law (..., V) in float32 (steps 2-5 of docs/design/api.md)."""
         logits = self.guide(cond.float(), None if uncond is None else uncond.float())
         if self.greedy:
             return one_hot_argmax(logits)

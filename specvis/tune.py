@@ -18,14 +18,12 @@ probe classes, margin):
    PROBE_SEED + 1, ...), round-robin in an order that reverses every batch (so that what one run
    leaves in the caches falls on each alike), until each has decoded ``PROBE_IMAGES`` images (at
    least three batches: two timed after the first), and the candidates are priced on all of their runs:
-   one image's acceptance can reorder candidates a few percent apart. (A bf16 goal run at batch 8
-   timed SJD window 4 on one batch, after AR's untimed one, at 1.09x AR; it ran 0.98x AR in the run,
-   and 0.94x over eight batches alternating with AR: a probe, not committed.)
+   one image's acceptance can reorder candidates a few percent apart, and one timed batch can rate
+   a candidate faster than AR that is not over a whole run.
    With ``probe_classes`` (a class-conditional target's workload: ``specvis bench`` passes the
    classes it will run) the probe batches take their rows from those classes instead, spread evenly
    over the list (image k of K probed has class ``probe_classes[k * N // K]``): candidates' order
-   depends on the class (a fp32 goal run at batch 1 probed class 0 only, where SJD window 8 led
-   window 16, and picked window 8 at 1.47x AR against window 16's 1.56x over 64 images of 11 classes).
+   depends on the class, so a probe of one class can pick what is slower over the workload.
 2. Cost curve: the seconds of one cached target / draft / drafter forward over n tokens, measured on
    this device at the call's batch size and CFG for every block size the probes used (at most
    ``MAX_SIZES`` of them, the rest interpolated): ``specvis.cost.CostProbe``.
@@ -36,23 +34,18 @@ probe classes, margin):
    wall-clock per image over its runs after the first (the first pays one-time costs), if it ran
    faster than the best predicted one beyond the probe's noise (``significantly_faster``: a
    one-sided 95% paired t-test on the runs' log wall-clock ratios, the same batches in both);
-   otherwise the best predicted one. (A fp32 goal run at batch 1 on an AVX2 EPYC timed SJD window 8
-   2% faster than window 16 over seven images, against the curve's 6% the other way, and ran 1.45x
-   AR against window 16's 1.63x over 64 images.) It runs when
-   that wall-clock is at most AR's over AR's runs after the first; otherwise, or when none passes
-   the margin, AR runs. The curve leaves out each round's sampling, acceptance and bookkeeping: on
-   the emoji target SJD windows 8 and 16 are 3.7% apart on the curve and 7% in wall-clock (fp32,
-   batch 1); SJD and Speculative run at 0.87-1.00 of their predicted speedup in the goal runs (the
-   chain tree 0.75-0.96), so with margin 1.05 a bf16 run at batch 8 picked SJD window 4, predicted
-   1.06x, and ran 0.96x AR; and on a launch-bound GPU every small operator of a round costs a
-   kernel launch. The margin keeps borderline candidates out (and spares their timing when none
-   passes it); the wall-clock against AR keeps out what the curve overrates.
+   otherwise the best predicted one: a few images' timing alone is noisier than the curve. It runs
+   when that wall-clock is at most AR's over AR's runs after the first; otherwise, or when none
+   passes the margin, AR runs. The curve leaves out each round's sampling, acceptance and
+   bookkeeping (a method runs below its predicted speedup by what those cost), and on a
+   launch-bound GPU every small operator of a round costs a kernel launch. The margin keeps
+   borderline candidates out (and spares their timing when none passes it); the wall-clock against
+   AR keeps out what the curve overrates. The runs that shaped each step are in
+   docs/results/archive/goal.md ("Auto at batch 1", "Auto against AR's wall-clock", the AVX2 run).
 
 Candidates (all with ``Exact`` acceptance, so lossless): ``SJD`` window 4, 8, 12, 16 (init
-vertical-sample, Gumbel coupling: the CLI's default SJD, 3.34 tokens per forward at window 16 and
-batch 1 on the emoji target, docs/results/archive/successors.md; window 12 because on a Zen 5 EPYC it ran
-1.55x AR and window 16 1.45x in a probe of ten images at batch 1, in fp32, and 1.42x and 1.43x over
-the 64 images of the goal run, docs/results/archive/goal.md); with a draft model ``Speculative``
+vertical-sample, Gumbel coupling: the CLI's default SJD, docs/results/archive/successors.md; window 12
+because the best window depends on the CPU: docs/results/archive/goal.md); with a draft model ``Speculative``
 gamma 2 and 4; with an EAGLE drafter ``EagleTree`` with 24 and 60 tree tokens and ``StaticTree`` (its
 default topology). Continuous-token targets get AR (no lossless candidate).
 
@@ -92,12 +85,10 @@ from .registry import spec_of
 from .sampling import Sampling
 
 PROBE_SEED = 1_000_003
-PROBE_IMAGES = 8  # images each close candidate is probed on (a bf16 goal run at batch 1 picked SJD window 8
-# over window 16, predicted 8% apart over 64 images, from one image's acceptance)
-CLOSE = 1.3  # candidates predicted within this factor of the best are probed on PROBE_IMAGES images. One
-# image's figure is noisy: in a calibration at batch 1 SJD window 16's fell from 2.11x on the first image
-# to 1.84x over eight; with 1.15 a fp32 goal run's first image left window 12 out (it ran 1.65x AR over
-# 64 images) and auto ran window 8 (1.57x) against window 16's 1.67x
+PROBE_IMAGES = 8  # images each close candidate is probed on: one image's acceptance can reorder candidates
+# a few percent apart (docs/results/archive/goal.md, "On a Zen 5 EPYC")
+CLOSE = 1.3  # candidates predicted within this factor of the best are probed on PROBE_IMAGES images: one
+# image's predicted speedup moves by up to 13% over eight, so a tighter factor can leave the best out
 MAX_SIZES = 12  # most block sizes measured per kind in the cost curve
 T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)  # one-sided 95% Student t, df 1..10
 _CACHE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # target -> {key: figures}

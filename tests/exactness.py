@@ -1,4 +1,4 @@
-"""The exactness harness: enumerate the exact law of API.md on tiny models and test a method's
+"""The exactness harness: enumerate the exact law of docs/design/api.md on tiny models and test a method's
 empirical law against it with a chi-square test. Later methods plug in through ``check_method``.
 
 The joint law of a whole grid is the product over positions of the sampling law

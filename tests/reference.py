@@ -1,6 +1,6 @@
-"""An independent, deliberately plain implementation of API.md's sampling law, for the tests.
+"""An independent, deliberately plain implementation of docs/design/api.md's sampling law, for the tests.
 
-It shares no code with ``specvis.sampling``: numpy, float64, one step per line of API.md, so that a
+It shares no code with ``specvis.sampling``: numpy, float64, one step per line of docs/design/api.md, so that a
 wrong CFG formula, a top-k that drops the k-th token or a top-p that keeps one token too few in the
 library disagrees with it (the exactness harness and the per-forward oracle compare against it).
 

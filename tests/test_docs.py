@@ -2,8 +2,10 @@
 the CLI's own parser (and builds its methods), every relative link in README.md and docs/**/*.md
 points at a file that exists, the result pages and the README's headline table are what
 scripts/results_tables.py generates from the committed JSON, docs/results keeps at most 25 current
-files and indexes every archived one, and the method of docs/design/adding-a-method.md, copied out of
-the page and registered with one line, builds from a spec and from flags and is exact by the harness.
+files and indexes every archived one, the method of docs/design/adding-a-method.md and the rule of
+docs/design/adding-a-rule.md, each copied out of its page and registered with one line, build from a
+spec and from flags and are exact by the harness (the rule where it claims to be), and every field a
+bench report writes is described in docs/design/api.md.
 """
 
 from __future__ import annotations
@@ -191,3 +193,87 @@ def test_the_documented_method_is_exact(row_above, target):
     Exact; a method on the page that drafted at the wrong positions or kept a rejected draft fails."""
     method = registry.method_from_spec(f"{row_above}:gamma=2")
     assert check_method(target, method, sv.Sampling(temperature=0.9, cfg_scale=2.0)) > 1e-3
+
+
+# ------------------------------------------------------------------------------------------ the bench report
+
+def documented_bench_fields() -> set[str]:
+    """The backticked names of docs/design/api.md's bench report section (its tables' first column and
+    its sentence on the methods' own statistics)."""
+    text = (ROOT / "docs" / "design" / "api.md").read_text().split("## Bench report", 1)[1]
+    out, tables_seen = set(), False
+    for line in text.splitlines():
+        if line.startswith("|"):
+            out.update(re.findall(r"`(\w+)`", line.split("|")[1]))
+            tables_seen = True
+        elif tables_seen:  # the sentence after the tables
+            out.update(re.findall(r"`(\w+)`", line))
+    return out
+
+
+def test_every_bench_report_field_is_documented():
+    """A small bench (AR, SJD, a tree method; with the cost curve) writes no field that
+    docs/design/api.md does not describe; the method's own ``Stats.extra`` means are covered by the
+    page's sentence on them."""
+    from specvis.bench import runner
+
+    pipe = sv.load("emoji")
+    report = runner.run_bench(pipe, ["sjd:window=4", "adt:total_tokens=8"], 1, 1, progress=False, metrics=[],
+                              cost_curve=True)
+    documented = documented_bench_fields()
+    missing = sorted(set(report) - documented)
+    missing += sorted({k for r in report["runs"] for k in r} - documented)
+    assert not missing, f"bench fields not in docs/design/api.md: {missing}"
+
+
+def test_the_bench_field_reader_reads_the_tables():
+    fields = documented_bench_fields()
+    assert {"runs", "speedup", "target_block_sizes", "wall_s_repeats", "mean_tree_depth"} <= fields
+    assert "true" not in fields and "ar" not in fields  # the meaning column is not read
+
+
+# ------------------------------------------------------------------------------------------ adding a rule
+
+def doc_rule_file() -> tuple[str, str]:
+    """(module path, code) of the rule file that docs/design/adding-a-rule.md shows."""
+    text = (ROOT / "docs" / "design" / "adding-a-rule.md").read_text()
+    m = re.search(r"<!-- rule-file: (\S+) -->\n```python\n(.*?)^```", text, re.S | re.M)
+    assert m, "adding-a-rule.md: no <!-- rule-file: ... --> python block"
+    return m.group(1), m.group(2)
+
+
+@pytest.fixture
+def neighbour(tmp_path, monkeypatch):
+    """The page's rule, in its own module, registered by the one line the page shows."""
+    path, code = doc_rule_file()
+    (tmp_path / Path(path).name).write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(Path(path).stem, None)
+    page = (ROOT / "docs" / "design" / "adding-a-rule.md").read_text()
+    line = re.search(r'^\s*"([\w-]+)": "specvis\.(\w+):(\w+)",$', page, re.M)
+    assert line and line.group(2) == Path(path).stem, "the page's registry line names its file"
+    monkeypatch.setitem(registry.ACCEPTANCE, line.group(1), f"{line.group(2)}:{line.group(3)}")
+    return line.group(1)
+
+
+def test_the_documented_rule_is_one_file_and_one_registry_line(neighbour):
+    """The page's rule builds from a spec and from flags, its option is checked, and a method whose walk
+    it lacks refuses it in one line."""
+    method = registry.method_from_spec(f"sjd:window=4:accept={neighbour}:weight=0.25")
+    assert method.acceptance.name == neighbour and method.acceptance.weight == 0.25 and not method.lossless
+    flags = build_parser().parse_args(["generate", "--method", "sjd", "--accept", neighbour, "--neighbour-weight", "0.3"])
+    assert _method(flags).acceptance.weight == 0.3
+    with pytest.raises(ValueError, match="weight"):
+        registry.method_from_spec(f"sjd:accept={neighbour}:weight=2")
+    with pytest.raises(ValueError, match="tree walk"):
+        registry.method_from_spec(f"eagle:accept={neighbour}")
+
+
+def test_the_documented_rule_is_exact_at_weight_0_and_not_above(neighbour, target):
+    """The page's rule, bound to the target's embeddings by ``generate``, passes the exactness harness
+    where it is speculative sampling's rule (weight 0) and fails it where it relaxes (weight 1)."""
+    sampling = sv.Sampling(temperature=0.9, cfg_scale=2.0)
+    exact = registry.method_from_spec(f"sjd:window=3:accept={neighbour}:weight=0")
+    assert check_method(target, exact, sampling) > 1e-3
+    relaxed = registry.method_from_spec(f"sjd:window=3:accept={neighbour}:weight=1")
+    assert check_method(target, relaxed, sampling) < 1e-6

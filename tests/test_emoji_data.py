@@ -89,7 +89,7 @@ def _write_synthetic(directory, n_per_class=10, num_classes=3):
     held = ed.holdout_mask(y, cps)
     directory.mkdir(parents=True, exist_ok=True)
     for name, m in (("train", ~held), ("eval", held)):
-        ed._atomic_save_npz(directory / f"{name}.npz", images=x[m], labels=y[m], codepoints=cps[m])
+        ed.atomic_save_npz(directory / f"{name}.npz", images=x[m], labels=y[m], codepoints=cps[m])
     return x, y, held
 
 

@@ -1,4 +1,4 @@
-"""Exactness of AR, draft-model speculative sampling and SJD (each coupling) against the enumerated law of API.md.
+"""Exactness of AR, draft-model speculative sampling and SJD (each coupling) against the enumerated law (docs/design/api.md).
 
 Each case draws 20,000 grids (3 conditions, batches of 10,000 mixing them) from a
 2x2 grid over 4 codes and runs a chi-square test at fixed seeds: a wrong residual, an off-by-one

@@ -3,8 +3,10 @@ values finite and positive, and its parts do what the GPU run relies on (models 
 with the drawn weights, the floor's byte count, rounds timed mid-stream, the bench summary, the
 transformers weights mapped onto specvis's Janus decoder, the CUDA-test counts)."""
 
+import argparse
 import importlib.util
 import json
+import warnings
 import math
 import os
 import subprocess
@@ -34,13 +36,29 @@ gs = load_script()
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
+def smoke_files(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_scale") / "smoke.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out), "--log", str(out.with_suffix(".log"))],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()), out.with_suffix(".log").read_text(), proc.stdout
+
+
+@pytest.fixture(scope="module")
+def smoke(smoke_files):
+    return smoke_files[0]
+
+
+def test_smoke_log_holds_the_plan_and_the_child_output(smoke_files):
+    """The output is teed to the log: the plan with each section's expected seconds first, the 7B child's
+    lines relayed, the closing line; the report keeps the plan and records the 7B child's exit."""
+    report, log, stdout = smoke_files
+    assert set(stdout.splitlines()) <= set(log.splitlines())  # stderr joins the log too
+    assert log.index("[gpu_scale] plan:") < log.index("[gpu_scale] bandwidth (expected")
+    assert "  [7b] [gpu_scale] 7b" in log and "wrote" in log.splitlines()[-1]
+    assert [p["section"] for p in report["plan"]][:2] == ["bandwidth", "7b"]
+    assert report["sections"]["7b"]["child"] == "exit 0"
 
 
 def positive(value, where: str) -> None:
@@ -220,6 +238,32 @@ def test_specvis_janus_holds_the_transformers_weights():
     assert model.layout.num_tokens == plan.janus_tokens
 
 
+def test_janus_generate_shim_by_version():
+    """transformers before 5.23 gets the per-model shim (recorded), 5.23 and later none; with the shim
+    transformers' Janus generate makes the image tokens (run this file under transformers 5.17 to see
+    the unpatched call fail)."""
+    transformers = pytest.importorskip("transformers")
+    from packaging.version import Version
+
+    plan = gs.plan_for(True)
+    vocab = plan.janus_text["vocab_size"]
+    ids = {"bos": vocab - 400, "pad": vocab - 398, "boi": vocab - 384}
+    installed = transformers.__version__
+    hf = gs.hf_janus(plan, torch.device("cpu"), torch.float32, ids)
+    patched = gs.janus_generate_shim(hf, installed)
+    assert (patched is None) == (Version(installed) >= Version("5.23.0"))
+    assert ("_prepare_static_cache" in vars(hf)) == (patched is not None)
+    assert gs.janus_generate_shim(gs.hf_janus(plan, torch.device("cpu"), torch.float32, ids), "5.23.0") is None
+    old = gs.janus_generate_shim(hf, "5.17.0") if patched is None else patched
+    assert old["transformers"] in ("5.17.0", installed) and "prefill_chunk_size" in old["what"]
+    prompt = torch.tensor([[ids["bos"], 5, 6, 7, ids["boi"]]])
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        out = gs.hf_generate(hf, prompt, torch.ones_like(prompt))
+    assert out.shape == (1, plan.janus_tokens)
+    assert type(hf)._prepare_static_cache is not vars(hf)["_prepare_static_cache"]  # the class is untouched
+
+
 def test_pytest_outcomes_counts_each_outcome():
     text = ("tests/test_cuda.py::test_a[ar] PASSED  [ 25%]\ntests/test_cuda.py::test_a[sjd] FAILED  [ 50%]\n"
             "tests/test_cuda.py::test_b SKIPPED (needs CUDA)  [ 75%]\ntests/test_cuda.py::test_c ERROR\n"
@@ -251,3 +295,88 @@ def test_resume_adds_to_an_earlier_report_of_the_same_device(tmp_path):
     path.write_text(json.dumps({**old, "device_name": "NVIDIA H200"}))
     with pytest.raises(SystemExit, match="device_name"):
         gs.resumed(path, fresh)
+
+
+def smoke_run(tmp_path):
+    args = argparse.Namespace(budget=120.0, tests_reserve=0.0, resume=None, child_report=None,
+                              out=str(tmp_path / "r.json"), only=None)
+    return gs.Run(args, gs.plan_for(True))
+
+
+def test_capture_failure_marks_graphs_figures_eager_and_errors_keep_tracebacks(tmp_path):
+    """A "graphs" block whose rounds fell back to eager (rounds' RuntimeWarning) is marked as not captured
+    in its runs, its by_mode entry and its headline mode; every warning is recorded; a failing section
+    records its error and traceback, and the next section still runs."""
+    run = smoke_run(tmp_path)
+    entry = run.report["emoji"]["1"]
+
+    def block():
+        entry["runs"] = [{"mode": "graphs", "method": "ar"}, {"mode": "eager", "method": "ar"}]
+        entry["by_mode"]["graphs"] = {"ar_img_s": 1.0}
+        entry["mode"] = "graphs"
+        warnings.warn(f"{gs.CAPTURE_FAILED}, running eagerly: boom", RuntimeWarning)
+        warnings.warn("something else", UserWarning)
+
+    run.in_process("emoji:graphs:b1", block)
+    assert run.report["sections"]["emoji:graphs:b1"] == {"status": "done", "capture_failed": 1}
+    assert [r.get("captured") for r in entry["runs"]] == [False, None]
+    assert entry["by_mode"]["graphs"]["captured"] is False and "eager" in entry["mode"]
+    assert [w["category"] for w in run.report["warnings"]] == ["RuntimeWarning", "UserWarning"]
+
+    def broken():
+        raise ValueError("no such thing")
+
+    run.in_process("vs_transformers", broken)
+    assert run.report["sections"]["vs_transformers"]["error"] == "ValueError: no such thing"
+    assert "raise ValueError" in run.report["tracebacks"][-1]["text"]
+    run.guarded("projection", broken)
+    assert run.report["errors"] == ["projection: ValueError: no such thing"]
+
+
+def test_a_child_section_that_dies_leaves_the_parent_whole(tmp_path):
+    """A section run in a child process that dies before recording it is an error with the child's exit
+    status and output tail (its traceback); the parent's report keeps what it had."""
+    run = smoke_run(tmp_path)
+    run.report["bandwidth_gbps"] = 12.5
+    run.section("bogus", 0, lambda: None, child=True)
+    entry = run.report["sections"]["bogus"]
+    assert entry["status"] == "error" and entry["child"] == "exit 1" and "exit 1" in entry["error"]
+    assert "ValueError" in run.report["tracebacks"][-1]["text"]
+    assert run.report["bandwidth_gbps"] == 12.5
+
+
+def test_the_plan_puts_sections_in_value_order_and_skips_what_does_not_fit(tmp_path):
+    """On CUDA: 7B, the captured blocks at batch 1 then 8, transformers, the tests, the hooks, compile
+    last; a section whose expected seconds are not left is skipped and says why."""
+    names = [n for n, _ in gs.schedule(True)]
+    assert names[:2] == ["bandwidth", "7b"]
+    assert names[2:6] == ["emoji_t2i:graphs:b1", "emoji:graphs:b1", "emoji_t2i:graphs:b8", "emoji:graphs:b8"]
+    assert names[6:10] == ["vs_transformers", "cuda_tests", "serve", "seeds"]
+    assert all(":compile:" in n or ":eager:" in n for n in names[10:])
+    high = sum(e for n, e in gs.schedule(True)[:7])
+    assert high <= 420 - 100, "the sections before the tests must fit one 8-minute call"
+    run = smoke_run(tmp_path)
+    run.section("emoji:graphs:b1", 10_000, lambda: pytest.fail("ran"))
+    assert run.report["sections"]["emoji:graphs:b1"]["status"] == "skipped"
+
+
+def test_hooks_run_the_scripts_that_exist_and_keep_their_json(tmp_path, monkeypatch):
+    """The server / keyed-noise hooks: a missing script is a recorded skip; an existing one runs with
+    ``OUT`` set (its JSON and output tail kept; on the smoke run its --device cuda becomes cpu); a script
+    that fails is an error naming it."""
+    run = smoke_run(tmp_path)
+    monkeypatch.setitem(gs.HOOKS, "serve", ("scripts/no_such_bench.py", ["--device", "cuda"]))
+    run.in_process("serve", lambda: gs.hook(run, "serve", 30))
+    assert run.report["sections"]["serve"]["status"] == "skipped" and "not in this tree" in run.report["serve"]["reason"]
+    script = tmp_path / "bench.py"
+    script.write_text("import json, os, sys\n"
+                      "json.dump({'argv': sys.argv[1:]}, open(os.path.join(os.environ['OUT'], 'r.json'), 'w'))\n"
+                      "print('measured'); sys.exit(int(os.environ.get('FAIL', '0')))\n")
+    monkeypatch.setitem(gs.HOOKS, "seeds", (str(script), ["--device", "cuda", "--quick"]))
+    run.in_process("seeds", lambda: gs.hook(run, "seeds", 30))
+    out = run.report["seeds"]
+    assert run.report["sections"]["seeds"]["status"] == "done" and out["status"] == "exit 0"
+    assert out["results"]["r.json"] == {"argv": ["--device", "cpu", "--quick"]} and out["tail"] == ["measured"]
+    monkeypatch.setenv("FAIL", "3")
+    run.in_process("seeds", lambda: gs.hook(run, "seeds", 30))
+    assert run.report["sections"]["seeds"]["status"] == "error" and "exit 3" in run.report["sections"]["seeds"]["error"]

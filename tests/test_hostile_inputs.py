@@ -26,7 +26,7 @@ from specvis import checks, demo
 from specvis.cli import main
 from specvis.io import clean_stale_temps
 from specvis.methods import rounds
-from specvis.models.checkpoint import one_line
+from specvis.checks import one_line
 from specvis.sample import sample
 
 T2I = Path(sv.__file__).parent / "assets" / "emoji_t2i" / "target"
@@ -375,6 +375,15 @@ def test_drafter_config_json_sizes(tmp_path, key, value):
     (d / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=f"config.json: {key} must be an integer"):
         sv.models.drafter.EagleDrafter.from_pretrained(d)
+
+
+def test_one_line_joins_the_lines_and_cuts_at_the_limit():
+    """Every line of a wrapped error is kept, on one line; the loaders cut it at 300 characters, the
+    CLI (limit None) does not; an empty message names the error's type."""
+    e = ValueError("first\n  second\tthird " + "x" * 400)
+    assert one_line(e).startswith("first second third x") and len(one_line(e)) == 300
+    assert len(one_line(e, limit=None)) == len("first second third ") + 400
+    assert one_line(OSError()) == "OSError"
 
 
 def test_checkpoint_errors_do_not_advise_unsafe_loading(tmp_path):

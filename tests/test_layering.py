@@ -1,4 +1,4 @@
-"""The house's gauges (issue 51), read off the source with ``ast``; every failure lists each violation
+"""The house's gauges, read off the source with ``ast``; every failure lists each violation
 as file:line.
 
 - Imports point down: no import cycle among specvis's modules, counting imports inside functions
@@ -9,6 +9,10 @@ as file:line.
   specvis/methods/, specvis/generate.py, specvis/pipeline.py, models/base.py, the families' base, MAR's,
   the embedded bundles' and the zoo: capabilities are declared.
 - No method file over 300 lines; README.md at most 200 lines.
+- No private name crosses a module: no ``from x import _name`` nor ``module._name`` of a specvis
+  module, and no ``obj._name`` in one module of a private attribute another module defines.
+- docs/design/api.md (the public contract) says what the code does: its generated sections are what
+  scripts/api_page.py reads off the code now.
 - The CLI, the demo and the model zoo ask a pipeline what its model can do (``conditioning``,
   ``tokens``, ``kv_cache``, ``num_iter``), never ``isinstance`` of a pipeline class; there is one
   pipeline class (no class in specvis subclasses ``Pipeline``): what differs is the model's family.
@@ -17,6 +21,7 @@ as file:line.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -252,3 +257,94 @@ def test_method_files_are_small(path):
 def test_readme_is_short():
     n = len((ROOT / "README.md").read_text().splitlines())
     assert n <= 200, f"README.md:{n}: {n} lines (at most 200)"
+
+
+# ---------------------------------------------------------------- private names
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_defs(tree: ast.AST) -> set[str]:
+    """The private names a module defines: functions, classes, assigned names and assigned attributes."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            out.add(n.attr)
+    return {x for x in out if private(x)}
+
+
+def private_crossings(paths: list[Path], root: Path = ROOT, package: str = "specvis") -> list[str]:
+    """Each use in one module of a private name of another module of ``package``, as file:line: code:
+    ``from m import _x``, ``m._x`` with ``m`` an imported module of the package, and ``obj._x`` (not
+    ``self``/``cls``) where ``_x`` is defined in another module and not in this one."""
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in paths}
+    defs = {p: private_defs(t) for p, t in trees.items()}
+    elsewhere = {p: set().union(*(d for q, d in defs.items() if q != p)) for p in paths}
+    out = []
+    for path, tree in trees.items():
+        modules = set()  # names bound to modules of the package
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith(package)):
+                out += [f"{path.relative_to(root)}:{n.lineno}: {ast.unparse(n)}" for a in n.names if private(a.name)]
+                modules.update(a.asname or a.name for a in n.names if not private(a.name))
+            elif isinstance(n, ast.Import):
+                modules.update(a.asname or a.name.split(".")[0] for a in n.names if a.name.startswith(package))
+        for n in ast.walk(tree):
+            if not (isinstance(n, ast.Attribute) and private(n.attr)):
+                continue
+            base = n.value.id if isinstance(n.value, ast.Name) else None
+            if base in ("self", "cls"):
+                continue
+            if base in modules or (n.attr in elsewhere[path] and n.attr not in defs[path]):
+                out.append(f"{path.relative_to(root)}:{n.lineno}: {ast.unparse(n)}")
+    return sorted(set(out))
+
+
+def test_no_private_name_crosses_a_module():
+    """A name another module needs is public (or lives with its user): catches bench/report.py importing
+    cost's ``_forward_fields`` and memory.py reading ``PackedLinear._packed_key``."""
+    found = private_crossings(list(MODULES.values()))
+    assert not found, "\n".join(found)
+
+
+def test_the_private_name_finder_finds_them(tmp_path):
+    pkg = tmp_path / "specvis"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("_X = 1\nclass A:\n    def __init__(self):\n        self._k = None\n"
+                              "    def same(self, other):\n        return other._k\n")
+    (pkg / "b.py").write_text("from .a import _X, A\nimport specvis.a as a\nimport torch\n"
+                              "def f(o):\n    return a._X, o._k, torch._dynamo, o.__dict__\n")
+    assert private_crossings([pkg / "a.py", pkg / "b.py"], tmp_path) == [
+        "specvis/b.py:1: from .a import _X, A", "specvis/b.py:5: a._X", "specvis/b.py:5: o._k"]
+
+
+# ---------------------------------------------------------------- the public contract
+
+
+def api_page():
+    spec = importlib.util.spec_from_file_location("api_page", ROOT / "scripts" / "api_page.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_api_page_is_what_the_code_says():
+    """docs/design/api.md's generated sections (public names, signatures, methods and rules with their
+    defaults, Sampling/Stats/Generation/MemoryPlan fields, every command's flags) are current: a
+    default, field or flag changed without ``python scripts/api_page.py`` fails here."""
+    page = api_page()
+    text = page.DOC.read_text()
+    assert page.current(text) == text, "docs/design/api.md is not current: run python scripts/api_page.py"
+
+
+def test_the_api_page_check_sees_a_stale_default():
+    page = api_page()
+    text = page.DOC.read_text()
+    stale = text.replace("`sv.Jacobi(window=16)`", "`sv.Jacobi(window=8)`")
+    assert stale != text and page.current(stale) != stale

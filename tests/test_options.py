@@ -20,7 +20,7 @@ from specvis.accept import AcceptanceRule, BoundRule, Exact, RuleTables
 from specvis.options import members, option_fields, parse, spell
 
 ROOT = Path(__file__).resolve().parents[1]
-CLASSES = [registry._resolve(t, n, "") for t in (registry.METHODS, registry.ACCEPTANCE) for n in t]
+CLASSES = [registry.resolve(t, n, "") for t in (registry.METHODS, registry.ACCEPTANCE) for n in t]
 OPTIONS = [(cls, info) for cls in CLASSES for info in option_fields(cls) if info.type is not AcceptanceRule]
 
 
@@ -219,7 +219,7 @@ from dataclasses import dataclass
 import torch
 
 from specvis.accept import AcceptanceRule, Exact, RuleMethod
-from specvis.methods.round import Verdict
+from specvis.methods.verdicts import Verdict
 from specvis.options import option
 
 

@@ -14,7 +14,7 @@ import specvis as sv
 from specvis.bench import sweeps
 from specvis.cli import _method, build_parser
 from specvis.options import option_fields, spell
-from specvis.registry import (ACCEPT, ACCEPTANCE, METHODS, _resolve, build_method, describe, method_flags,
+from specvis.registry import (ACCEPT, ACCEPTANCE, METHODS, resolve, build_method, describe, method_flags,
                               method_from_spec, option_names, parse_method_spec, spec_of)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def generate_method(*flags):
 
 def test_generate_flags_set_the_api_fields():
     a = build_parser().parse_args(["generate"])
-    fields = {ACCEPT}.union(*(option_names(_resolve(t, n, "")) for t in (METHODS, ACCEPTANCE) for n in t))
+    fields = {ACCEPT}.union(*(option_names(resolve(t, n, "")) for t in (METHODS, ACCEPTANCE) for n in t))
     assert set(a.method_flags) == fields  # every option of every method and rule has its flag
     names = [f.name for f in a.method_flags.values()]
     assert len(set(names)) == len(names) and "--tree-top-k" in names and "--lantern-k" in names
@@ -185,16 +185,16 @@ def test_each_generated_flag_sets_its_own_field(key):
     owner, info = flag.owners[0]
     if key == ACCEPT:
         got = generate_method("--method", owner, "--accept", "lantern")
-        assert got == _resolve(METHODS, owner, "")(acceptance=sv.Lantern())
+        assert got == resolve(METHODS, owner, "")(acceptance=sv.Lantern())
         return
     value = _flag_value(info)
     args = [flag.name] if flag.boolean else [flag.name, value]
     if owner in ACCEPTANCE:
         got = generate_method("--method", "speculative", "--accept", owner, *args).acceptance
-        base = _resolve(ACCEPTANCE, owner, "")()
+        base = resolve(ACCEPTANCE, owner, "")()
     else:
         got = generate_method("--method", owner, *args)
-        base = _resolve(METHODS, owner, "")()
+        base = resolve(METHODS, owner, "")()
     changed = [i.name for i in option_fields(type(got)) if getattr(got, i.name) != getattr(base, i.name)]
     assert changed == [info.name], (flag.name, args, changed)
 

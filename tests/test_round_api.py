@@ -13,7 +13,7 @@ from exactness import check_method
 
 import specvis as sv
 from specvis.methods.base import DecodeContext
-from specvis.methods.round import Chain, Verdict
+from specvis.methods.verdicts import Chain, Verdict
 from specvis.methods.views import guided_view
 from specvis.models.base import Condition
 

@@ -1,4 +1,4 @@
-"""The probability pipeline of API.md, step by step, and seeded reproducibility."""
+"""The probability pipeline of docs/design/api.md, step by step, and seeded reproducibility."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """Jacobi decoding and Speculative Jacobi Decoding (specvis.methods.sjd).
 
-Exactness: SJD's output law is tested against the enumerated law of API.md with the chi-square
+Exactness: SJD's output law is tested against the enumerated law of docs/design/api.md with the chi-square
 harness of ``exactness.py`` (20,000 grids per case in batches of 10,000 rows that mix three
 conditions, so every row's window sits at its own position): every initialisation, windows 1, 2, 3,
 4, 5 and larger than the grid, refine on and off, CFG, top-k, top-p and temperature != 1, on a 2x2

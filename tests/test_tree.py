@@ -17,7 +17,7 @@ from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_m
 
 import specvis as sv
 from specvis.accept import Exact
-from specvis.methods.round import Tree, verify_tree
+from specvis.methods.verdicts import Tree, verify_tree
 from specvis.methods.adt import AdaptiveSchedule, ADTTree
 from specvis.methods.eagle import EagleTree
 from specvis.models.base import Condition, Layout

@@ -17,7 +17,6 @@ from ..cost import FILLS, KINDS, TIMED_CALLS, WARM_CALLS, CostProbe, measure  # 
 from ..io import write_text
 from ..zoo import load
 
-_Probe, _measure = CostProbe, measure  # their names before they moved to specvis.cost
 
 @torch.no_grad()
 def cost_curve(pipe, sizes: dict[str, list[int]], batch_size: int, repeats: int = 5, sampling=None,
@@ -30,7 +29,7 @@ def cost_curve(pipe, sizes: dict[str, list[int]], batch_size: int, repeats: int 
     (default: the pipeline's) runs them, after each fraction ``FILLS`` of the stream. Class-conditional
     pipelines use classes 0, 1, ...; text-to-image ones ``prompts`` (row i: prompt i mod len) on ``grid``.
     Returns {kind: [{"tokens": n, "median_s": s, "spans": [[live span, s], ...]}, ...]} for the kinds
-    asked for (``_measure``)."""
+    asked for (``specvis.cost.measure``)."""
     probe = CostProbe(sizes, repeats)
     sampling = sampling or pipe.default_sampling
     if prompts is None:

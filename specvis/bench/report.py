@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cost import (BLOCK_FIELDS, _forward_fields, at_span, block_size_fields, curve_cost,  # noqa: F401 (names kept here)
+from ..cost import (BLOCK_FIELDS, forward_fields, at_span, block_size_fields, curve_cost,  # noqa: F401 (names kept here)
                     predicted_time)
 from ..io import atomic_write, read_text, write_text
 from .quality import seed_groups, summarize
@@ -335,7 +335,7 @@ def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -
         m["n_images"] = n
         for k in ("tokens", "target_forwards", "draft_forwards"):
             m[k] = sum(int(x[k]) for x in runs)
-        m.update(block_size_fields(map(_forward_fields, runs)))  # summed over the shards, spans weighted
+        m.update(block_size_fields(map(forward_fields, runs)))  # summed over the shards, spans weighted
         for k in ("step_compression", "mean_accepted_length"):
             m[k] = sum(x[k] * x["n_images"] for x in runs) / n
         m["wall_s"] = sum(x["wall_s"] for x in runs)

@@ -1,6 +1,6 @@
 """``specvis bench``: AR first, then each method on the same classes and seeds; warm-up excluded;
 each configuration timed ``repeats`` times in rounds, a round interleaved batch by batch across the
-methods (batch 1 of every method, then batch 2, ...), and the median wall-clock reported (API.md JSON).
+methods (batch 1 of every method, then batch 2, ...), and the median wall-clock reported (docs/design/api.md).
 
 With ``json_path`` the report is written after every round and a rerun reuses the runs
 whose key (model, device, batch size, number of images, seed, sampling, shard, method, config,

@@ -27,10 +27,9 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from .. import checks
-from ..checks import config_sizes
+from ..checks import config_sizes, one_line
 from ..generate import Generation
 from ..models.base import Condition, Prompts
-from ..models.checkpoint import one_line
 from ..models.decoder import PromptDecoder
 from ..models.loading import (config_dtype, empty_parameters, load_safetensors, resolve, safetensors_dtype,
                               safetensors_index)

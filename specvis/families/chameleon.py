@@ -10,7 +10,7 @@ rows of ``lm_head`` directly. Two layouts, as their official inference code buil
   ``<reserved08706>``, begin-image ``<racm3:break>``; a 32x32 grid, no structural tokens. CFG is
   InstructPix2Pix-style over three rows (full, image-only, unconditional = [BOS, begin-image]): for a
   text-only prompt the image-only row equals the unconditional one, so the guided logits are
-  u + s_text (c - u), API.md's formula with s = guidance_scale_text (official 3.0; temperature 0.7,
+  u + s_text (c - u), docs/design/api.md's formula with s = guidance_scale_text (official 3.0; temperature 0.7,
   top-p 0.9). Meta's code left-pads prompts of a batch with attended pad tokens; specvis gives every
   row its own length (the same law for batch 1).
 - Lumina-mGPT (``ChameleonXLLMXForConditionalGeneration``, ``inference_solver.py``): the human turn

@@ -8,8 +8,8 @@ end-of-image, which no image token depends on, so specvis stops after the last r
 restricted to the visual tokens (the official ``prefix_allowed_tokens_fn``). The prompt template is
 ``<bos> text <|image start|>H*W<|image token|>`` (``Emu3Processor(..., return_for_image_generation=True)``);
 the native size is 720x720 px, i.e. 90x90 tokens. CFG: transformers' ``generate`` guides
-log-softmaxed logits, u' + s (c' - u') with c' = c - logsumexp(c); that is API.md's formula plus a
-per-row constant, which the softmax over the image vocabulary removes, so the law is API.md's.
+log-softmaxed logits, u' + s (c' - u') with c' = c - logsumexp(c); that is docs/design/api.md's formula plus a
+per-row constant, which the softmax over the image vocabulary removes, so the law is docs/design/api.md's.
 The unconditional prompt is the official negative prompt through the same template.
 
 Prompt text: the official scripts append the positive suffix " masterpiece, film grained, best

@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..checks import one_line
 from ..io import read_text, regular_file
-from ..models.checkpoint import one_line
 from ..models.decoder import DecoderConfig
 from ..models.loading import Piece, Route, check_header, rename_with, safetensors_files
 

@@ -5,7 +5,7 @@ by a separate generation head over the VQ codebook (16,384 codes, 24x24 grid at 
 Janus-Pro). No structural tokens inside the image. CFG (``JanusForConditionalGeneration.generate``,
 image mode): the unconditional prompt is the conditional one with every token but BOS and
 begin-of-image replaced by the pad token, same length, attended; guided = u + s (c - u) on the raw
-generation-head logits, which is API.md's formula. A text prompt is the processor's chat template
+generation-head logits, which is docs/design/api.md's formula. A text prompt is the processor's chat template
 followed by begin-of-image (``JanusProcessor(..., generation_mode="image")``).
 """
 

@@ -26,7 +26,7 @@ explains why specvis's valid-first prefix gives the official left-padded logits)
 prompt is flan-t5 input ids (``</s>`` included), encoded the same way. Text cleaning: the official
 ``clean_caption`` applied twice (ftfy, BeautifulSoup, ~40 regular expressions for URLs, HTML, ids, file
 names, sizes; ``specvis.families.llamagen_caption``, which needs ftfy and beautifulsoup4). CFG: the unconditional row is the model's ``uncond_embedding`` under the caption's mask, guided =
-u + s (c - u) on raw logits (API.md's formula); official defaults cfg 7.5, top-k 1000, temperature 1.
+u + s (c - u) on raw logits (docs/design/api.md's formula); official defaults cfg 7.5, top-k 1000, temperature 1.
 The text encoder is loaded in the GPT's dtype, on its device (the official script runs both in bf16).
 """
 
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 
+from ..checks import one_line
 from ..models.base import Captions
-from ..models.checkpoint import one_line
 from ..pipeline import Pipeline
 from .base import OwnFormatFamily, display_name
 from .hf import read_json

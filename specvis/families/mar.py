@@ -133,7 +133,7 @@ def check_draft(target, draft) -> None:
             raise ValueError(f"the MAR draft's {what} {b} differs from the target's {a}")
 
 
-MARPipeline = Pipeline  # before the one Pipeline: a MAR directory's pipeline is a Pipeline of FAMILY
+MARPipeline = Pipeline  # another name of the one pipeline class: a MAR directory's pipeline is a Pipeline of FAMILY
 
 
 class SphereLatentDecoder(torch.nn.Module):

@@ -36,9 +36,8 @@ class ADTTree(TreeMethod):
     Bounds (Sec. IV-B): ``depth_range=(d_min, d_max)`` and ``topk_range=(k_min, k_max)`` are *open*
     intervals, d_min < d < d_max and k_min < k < k_max; the defaults are the paper's Anole setting
     (Sec. V-A: (0, 10) and (3, 14), beta 1, l_d 1, l_k 3), i.e. depths 1..9 and top-k 4..13. Values
-    are clamped into the interval; ``random`` draws uniformly from its integers. (API.md lists
-    ``depth_range=(1, 10)``; the default stays the paper's (0, 10), which admits depth 1; the authors'
-    public code has no schedule to settle it.)
+    are clamped into the interval; ``random`` draws uniformly from its integers. (0, 10) admits depth
+    1; the authors' public code has no schedule that settles the lower bound otherwise.
 
     First tree (no neighbour yet; the authors' public code does not contain the schedule): the
     midpoint of the admissible integers, ((d_min + d_max) // 2, (k_min + k_max) // 2) -- equidistant

@@ -9,7 +9,7 @@ import torch
 from ..options import Options
 from .base import DecodeContext
 from .ordered import reveal_rounds
-from .round import Verdict
+from .verdicts import Verdict
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The loop contract shared by every method: the decode context (views, rule, committed tokens), Stats.
 
 A method is a frozen dataclass with ``name``, ``lossless`` and ``decode(ctx: DecodeContext) -> None``.
-Its rounds draft a proposal (``round.Chain`` / ``round.Tree``), score it with one target forward,
+Its rounds draft a proposal (``verdicts.Chain`` / ``verdicts.Tree``), score it with one target forward,
 ``ctx.verify`` it with the bound acceptance rule and ``ctx.accept`` the verdict (commit + target cache
 rollback), inside ``ctx.run`` (eager, or captured as CUDA graphs). A method with statistics of its own
 records one typed dataclass (``ctx.record``), reported in ``Stats.extra``. ``specvis.generate`` builds the
@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ..models.base import KVCache
-from .round import Chain, Tree, Verdict, verify_chain_rule, verify_tree
+from .verdicts import Chain, Tree, Verdict, verify_chain_rule, verify_tree
 from .rounds import run_plain, run_rounds
 from .slots import SlotQueue
 from .laws import DiscreteLaw
@@ -26,7 +26,7 @@ from .views import DrafterView, GuidedModel
 
 @dataclass
 class Stats:
-    """Per-call statistics (API.md). Forward counts are batched calls; the condition pass that
+    """Per-call statistics of a decode. Forward counts are batched calls; the condition pass that
     yields the first image token counts as a target forward, so AR has step_compression 1.0 where
     the layout has no structural tokens (with Emu3's row ends, W / (W + 1): a forced token costs AR
     a forward but is not an image token)."""

@@ -66,7 +66,7 @@ from .base import DecodeContext
 from .cspd_mar import decode_ordered
 from .laws import (ContinuousLaw, cat_runs, matches, paper_log_ratio, paper_residual, trajectory_log_ratio,
                    trajectory_residual)
-from .round import Verdict
+from .verdicts import Verdict
 
 RATIOS = ("paper", "coupled", "trajectory")
 

@@ -25,7 +25,7 @@ import torch
 from ..accept import AcceptanceRule, rule_option
 from ..options import option
 from .base import DecodeContext
-from .round import Tree
+from .verdicts import Tree
 from .trees import (FixedSchedule, TreeMethod, TreeRound, TreeSchedule, catch_up, cfg_rows, decode_trees,
                     log_draft)
 

@@ -1,6 +1,6 @@
 """The law of each position, as the guided views return it: one object per kind of token.
 
-``DiscreteLaw``: the sampling law of API.md over image codes and structural ids (probabilities), with
+``DiscreteLaw``: the sampling law of docs/design/api.md over image codes and structural ids (probabilities), with
 the temperature-1 law of the same positions for greedy rules that relax on it (LANTERN).
 ``ContinuousLaw``: a diffusion head's sampler conditioned on the transformer's z (and z_uncond for
 CFG, applied on epsilon): a token is the end x_0 of a reverse run x_K .. x_0, whose density is

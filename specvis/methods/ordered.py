@@ -24,7 +24,7 @@ import torch
 from ..sampling import Sampling
 from .base import DecodeContext
 from .laws import ContinuousLaw, GuidedHead
-from .round import Verdict
+from .verdicts import Verdict
 from .views import count_forward
 
 

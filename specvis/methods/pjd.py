@@ -25,7 +25,7 @@ d_{i-1} (``SpeculativeSampler.__call__``, sched:249-329):
 - ``rcm``: the Row-Causal Mask, drafts of other rows are never attended (sched:587-595; applied to every
   row, where the official offsets miss rows past the second, pjd_zipar_brief A6-1).
 
-Checked against the official loop on tiny random Lumina-mGPTs, greedy (``scripts/faithfulness_pjd.py``,
+Checked against the official loop on tiny random Lumina-mGPTs, greedy (``docs/results/archive/faithfulness_pjd.py``,
 docs/guide/rows2d.md): the same grids and forward counts up to the random first drafts once three official
 defects are corrected in memory (those RCM offsets, the unconditional half's Jacobi positions one below its
 prefix's, sched:569, and the verification one slot early in the step after a row end, sched:1152);
@@ -55,7 +55,7 @@ from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option
 from ..options import option
 from ..sampling import exponential, sample, uniform
 from .base import DecodeContext
-from .round import Verdict
+from .verdicts import Verdict
 from .rows2d import MAX_ROWS, Rows
 
 COUPLINGS = ("none", "gumbel")
@@ -119,12 +119,12 @@ class PJD(RuleMethod):
         K, gen, rule = self.chain(ctx.layout.width), ctx.generator, ctx.rule
         g = K - 1
         rows = Rows(ctx, lag=self.lag, chain=K, rcm=self.rcm)
-        B, H, W, V, dev = ctx.n.shape[0], rows.H, rows.W, ctx.V, ctx.device
+        B, H, W, V, dev = ctx.n.shape[0], rows.height, rows.width, ctx.V, ctx.device
         uni = torch.zeros(V, device=dev)
         uni[: ctx.layout.vocab_size] = 1.0 / ctx.layout.vocab_size
         gumbel = self.coupling == "gumbel"
-        st = {"D": torch.zeros(B, H, g, dtype=torch.long, device=dev),  # drafts of columns c .. c + g - 1
-              "Q": torch.zeros(B, H, g, V, device=dev),  # the law each was drawn from
+        st = {"drafts": torch.zeros(B, H, g, dtype=torch.long, device=dev),  # drafts of columns c .. c + g - 1
+              "laws": torch.zeros(B, H, g, V, device=dev),  # the law each was drawn from
               "has": torch.zeros(B, H, g, dtype=torch.bool, device=dev),
               "race": torch.ones(B, H, g, V, dtype=torch.float64, device=dev) if gumbel else None}
         kk = torch.arange(g, device=dev)
@@ -143,16 +143,16 @@ class PJD(RuleMethod):
             q0 = uni.expand(B, H, g, V)
             if self.init == "vertical-repeat":  # a committed token above: a copy (point-mass law, exact)
                 col = c[..., None] + kk
-                above = ((rows.rid - 1) * rows.S)[..., None] + col
+                above = ((rows.rid - 1) * rows.stride)[..., None] + col
                 idx = above.clamp(0, ctx.L - 1).flatten(1)
                 ok = (rows.rid[..., None] >= 1) & (col < W) & ctx.filled.gather(1, idx).view(above.shape)
                 point = torch.nn.functional.one_hot(ctx.tokens.gather(1, idx).view(above.shape), V).to(q0.dtype)
                 q0 = torch.where(ok[..., None], point, q0)
             if gumbel:
                 st["race"] = torch.where(fresh[..., None], exponential(st["race"], gen), st["race"])
-            st["D"] = torch.where(fresh, draw(q0, st["race"]), st["D"])
-            st["Q"] = torch.where(fresh[..., None], q0, st["Q"])
-            D, Q = st["D"], st["Q"]
+            st["drafts"] = torch.where(fresh, draw(q0, st["race"]), st["drafts"])
+            st["laws"] = torch.where(fresh[..., None], q0, st["laws"])
+            D, Q = st["drafts"], st["laws"]
             block = rows.block(v, D)
             law = ctx.target.forward(block.tokens, block.positions, block.mask)
             P = rows.chain_laws(block, law.probs)  # (B, H, K, V): the law of column c + k
@@ -185,8 +185,8 @@ class PJD(RuleMethod):
             if gumbel:  # E_m follows its position; a new position gets a fresh one
                 race = torch.where(had[..., None], _at(st["race"], j.clamp_max(g - 1)), exponential(st["race"], gen))
                 st["race"] = race
-            st["D"] = torch.where(keep, old_d, draw(p_j, race))
-            st["Q"] = torch.where(keep[..., None], old_q, p_j)
+            st["drafts"] = torch.where(keep, old_d, draw(p_j, race))
+            st["laws"] = torch.where(keep[..., None], old_q, p_j)
             st["has"] = (keep | redraw) & rows.open[..., None]
 
         def restart(fresh: torch.Tensor, _law) -> None:  # a new sample: its rows from the start, no drafts

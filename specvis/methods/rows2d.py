@@ -96,21 +96,24 @@ class Rows:
     """Row state of a 2-D decode over the grid of ``ctx.layout``: per sample and image row, ``c`` the
     committed image tokens, ``started``, ``tail_cached`` (the forced tail before the row is cached) and
     ``last_cached`` (a complete row's last token is cached). ``lag``: row r + 1 starts once row r has
-    ``lag`` image tokens (clipped to the width). ``chain``: the longest chain a row feeds (x + drafts)."""
+    ``lag`` image tokens (clipped to the width). ``chain``: the longest chain a row feeds (x + drafts).
+    The grid's geometry: ``height``, ``width``, ``row_end`` (row-end ids after each row), ``stride``
+    (stream positions per row); ``lead_tail`` (row-end ids a starting row feeds before x: all but the
+    last) and ``group_slots`` (a row's slots in the fed block: lead_tail + chain)."""
 
     def __init__(self, ctx: DecodeContext, lag: int, chain: int, rcm: bool) -> None:
         lay = ctx.layout
         if lay.height > MAX_ROWS:
             raise ValueError(f"2-D decoding supports at most {MAX_ROWS} image rows, got {lay.height}")
         self.ctx, self.rcm = ctx, rcm
-        self.H, self.W, self.E, self.S = lay.height, lay.width, lay.row_end, lay.stride
-        self.lag, self.K = min(lag, self.W), chain
-        self.P = max(self.E - 1, 0)  # tail tokens fed before x at a row start (all but the last)
-        self.G = self.P + chain
+        self.height, self.width, self.row_end, self.stride = lay.height, lay.width, lay.row_end, lay.stride
+        self.lag, self.chain = min(lag, self.width), chain
+        self.lead_tail = max(self.row_end - 1, 0)  # tail tokens fed before x at a row start (all but the last)
+        self.group_slots = self.lead_tail + chain
         B, dev = ctx.n.shape[0], ctx.device
-        self.rid = torch.arange(self.H, device=dev)[None].expand(B, -1)
-        self.c = torch.zeros(B, self.H, dtype=torch.long, device=dev)
-        self.started = torch.zeros(B, self.H, dtype=torch.bool, device=dev)
+        self.rid = torch.arange(self.height, device=dev)[None].expand(B, -1)
+        self.c = torch.zeros(B, self.height, dtype=torch.long, device=dev)
+        self.started = torch.zeros(B, self.height, dtype=torch.bool, device=dev)
         self.tail_cached = torch.zeros_like(self.started)
         self.last_cached = torch.zeros_like(self.started)
         self.due_tail = torch.zeros_like(self.started)
@@ -139,22 +142,22 @@ class Rows:
     @property
     def open(self) -> torch.Tensor:
         """(B, H) rows that predict tokens this round."""
-        return self.started & (self.c < self.W)
+        return self.started & (self.c < self.width)
 
     @property
     def finishing(self) -> torch.Tensor:
-        return self.started & (self.c >= self.W) & ~self.last_cached
+        return self.started & (self.c >= self.width) & ~self.last_cached
 
     @property
     def top(self) -> torch.Tensor:
         """(B, H) the first incomplete row: every row above it is complete (its context is AR's)."""
-        complete = (self.c >= self.W).long()
+        complete = (self.c >= self.width).long()
         above = torch.nn.functional.pad(complete.cumprod(1), (1, 0), value=1)[:, :-1].bool()
         return self.open & above
 
     def above(self) -> torch.Tensor:
         """(B, H) committed image tokens of the row above (the width for row 0)."""
-        return torch.nn.functional.pad(self.c, (1, 0), value=self.W)[:, :-1]
+        return torch.nn.functional.pad(self.c, (1, 0), value=self.width)[:, :-1]
 
     def begin_round(self) -> None:
         """Start every row whose row above has ``lag`` image tokens (no row end: row 1 waits for row 0
@@ -162,20 +165,20 @@ class Rows:
         up = self.above()
         prev_started = torch.cat([torch.ones_like(self.started[:, :1]), self.started[:, :-1]], 1)
         can = ~self.started & (self.rid > 0) & prev_started & (up >= self.lag)
-        if self.E == 0:
-            can &= (self.rid >= 2) | (up >= self.W)
+        if self.row_end == 0:
+            can &= (self.rid >= 2) | (up >= self.width)
         self.started |= can
-        self.due_tail = can if self.E > 0 else torch.zeros_like(can)
+        self.due_tail = can if self.row_end > 0 else torch.zeros_like(can)
 
     def _last_row_done(self) -> None:
         """The last row never feeds its last token (nothing below needs it)."""
-        self.last_cached[:, -1] |= self.c[:, -1] >= self.W
+        self.last_cached[:, -1] |= self.c[:, -1] >= self.width
 
     # ------------------------------------------------------------------ the fed block
     def block(self, v: torch.Tensor, drafts: torch.Tensor | None) -> Block:
         """The round's fed block: row r feeds its chain of ``v[b, r]`` slots (x then ``drafts[b, r, :v-1]``
         at the next columns), a finishing row its last token, a starting row (row ends) its lead tail."""
-        ctx, H, E, S, K, P = self.ctx, self.H, self.E, self.S, self.K, self.P
+        ctx, H, E, S, K, P = self.ctx, self.height, self.row_end, self.stride, self.chain, self.lead_tail
         B, dev = self.c.shape[0], self.c.device
         codes = ctx.layout.vocab_size
         c = self.c
@@ -211,35 +214,35 @@ class Rows:
         fed = torch.cat([t_fed, (v > 0)[..., None], k[None, None] + 1 < v[..., None]], 2)
         key = torch.cat([torch.ones_like(t_fed), key_x[..., None], torch.ones_like(d_pos, dtype=torch.bool)], 2)
         committed = torch.cat([torch.ones_like(t_fed), real_x[..., None], torch.zeros_like(d_pos, dtype=torch.bool)], 2)
-        row = self.rid[..., None].expand(-1, -1, self.G)
-        flat = lambda t: t.reshape(B, H * self.G)
+        row = self.rid[..., None].expand(-1, -1, self.group_slots)
+        flat = lambda t: t.reshape(B, H * self.group_slots)
         order, count, (tok, ps, ky, cm, rw) = _compact(flat(fed), flat(tokens), flat(pos), flat(key), flat(committed), flat(row))
         F = order.shape[1]
         j = torch.arange(F, device=dev)
         valid = j[None] < count[:, None]
         tok, ps = torch.where(valid, tok, 0), torch.where(valid, ps, 0)
-        index = torch.full((B, H * self.G), -1, dtype=torch.long, device=dev)
+        index = torch.full((B, H * self.group_slots), -1, dtype=torch.long, device=dev)
         index.scatter_(1, order, torch.where(valid, j[None].expand(B, -1), -1))
         see = (valid & ky)[:, None, :] & (ps[:, None, :] < ps[:, :, None])
         if self.rcm:
             see &= (rw[:, None, :] == rw[:, :, None]) | cm[:, None, :]
         mask = see | torch.eye(F, dtype=torch.bool, device=dev)[None]
-        return Block(tok, ps, mask, index.view(B, H, self.G), real_x, c.clone(),
+        return Block(tok, ps, mask, index.view(B, H, self.group_slots), real_x, c.clone(),
                      finishing, self.due_tail.clone())
 
     def chain_laws(self, block: Block, law: torch.Tensor) -> torch.Tensor:
         """(B, H, K, ...) the law after each chain slot (x: column c, d_k: column c + k) from the block's
         laws (B, F, ...); slots not fed get the block's first law (never used)."""
         B = law.shape[0]
-        idx = block.index[:, :, self.P:].clamp_min(0).reshape(B, -1)
-        return rows_at(law, idx).view(B, self.H, self.K, *law.shape[2:])
+        idx = block.index[:, :, self.lead_tail:].clamp_min(0).reshape(B, -1)
+        return rows_at(law, idx).view(B, self.height, self.chain, *law.shape[2:])
 
     # ------------------------------------------------------------------ commit and cache
     def commit(self, block: Block, n: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Commit ``n[b, r]`` tokens ``values[b, r, :n]`` at row r's next columns (and the round's forced
         tails), keep in the target cache each row's first n chain slots (its tail with its x; a finishing
         row's last token), advance the rows. Returns the per-sample count committed."""
-        ctx, H, W, E, S, K, P = self.ctx, self.H, self.W, self.E, self.S, self.K, self.P
+        ctx, H, W, E, S, K, P = self.ctx, self.height, self.width, self.row_end, self.stride, self.chain, self.lead_tail
         B, dev = n.shape[0], n.device
         codes = ctx.layout.vocab_size
         c = block.c

@@ -16,7 +16,7 @@ from ..accept import AcceptanceRule, RuleMethod, rule_option
 from ..options import option
 from ..sampling import sample
 from .base import DecodeContext
-from .round import Chain, Verdict
+from .verdicts import Chain, Verdict
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from ..accept import AcceptanceRule, rule_option, without
 from ..options import option
 from ..sampling import sample
 from .base import DecodeContext
-from .round import Tree
+from .verdicts import Tree
 from .trees import FixedSchedule, TreeMethod, TreeSchedule, catch_up, cfg_rows, decode_trees, log_draft
 
 # Topologies of the official LANTERN code (jadohu/LANTERN, models/drafters/choices.py), by its names;

@@ -39,7 +39,7 @@ import torch
 from ..accept import RuleMethod
 from ..sampling import rows_at
 from .base import DecodeContext
-from .round import Tree, Verdict
+from .verdicts import Tree, Verdict
 
 
 @dataclass

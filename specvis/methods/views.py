@@ -23,7 +23,7 @@ from .laws import ContinuousLaw, DiscreteLaw, GuidedHead
 
 class GuidedModel:
     """A ``CachedTokenModel`` bound to B samples and a ``Sampling``: runs both CFG halves as one
-    batch of 2B rows and returns the sampling law of API.md for the B samples (``DiscreteLaw``).
+    batch of 2B rows and returns the sampling law of docs/design/api.md for the B samples (``DiscreteLaw``).
 
     ``keep_soft``: under greedy sampling every law also holds the temperature-1 law of the same
     positions (``Sampling.soft_probs``), for rules that relax greedy decoding on it (LANTERN).

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from ..options import Options, option
 from ..sampling import sample
 from .base import DecodeContext
-from .round import Verdict
+from .verdicts import Verdict
 from .rows2d import MAX_ROWS, Rows
 
 

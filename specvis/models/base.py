@@ -1,6 +1,6 @@
 """The model protocol that decoding methods rely on, and the static KV cache behind it.
 
-``TokenModel`` (API.md) is what a model family must offer for exactness tests: ``layout``,
+``TokenModel`` (docs/design/api.md) is what a model family must offer for exactness tests: ``layout``,
 ``null_condition`` and teacher-forced ``logits``. ``CachedTokenModel`` adds what the decoding
 methods use; every method talks to a model only through it:
 
@@ -255,6 +255,10 @@ class Condition:
 
 @runtime_checkable
 class TokenModel(Protocol):
+    """What a model must offer for ``sv.generate`` and the exactness tests: its ``layout`` (grid and
+    vocabulary), its class conditions and ``logits``: raw teacher-forced logits, no cache, no guidance,
+    no sampling. Cached decoding needs ``CachedTokenModel`` (``specvis.models.base``)."""
+
     layout: Layout
     null_condition: int | None  # the class id of the unconditional row (None: text-conditioned)
     num_conditions: int | None  # classes 0 .. num_conditions - 1 (None: text-conditioned, prompts)

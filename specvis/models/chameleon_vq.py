@@ -45,10 +45,11 @@ import torch
 import torch.nn as nn
 
 from .base import code_grid
-from .checkpoint import build_from_state_dict, one_line
+from ..checks import one_line
+from .checkpoint import build_from_state_dict
 from .loading import read_torch_file
 from .conv_blocks import Decoder, Encoder
-from .vq import VQConfig, _Quantizer
+from .vq import Quantizer, VQConfig
 
 __all__ = ["ChameleonVQ", "ChameleonVQConfig", "image_token_ids", "read_text_vocab", "read_vqgan_state_dict",
            "find_tokenizer_dir", "load_chameleon_vq", "TOKENIZER_PLACES"]
@@ -188,7 +189,7 @@ class ChameleonVQ(nn.Module):
         self.encoder = Encoder(in_channels=cfg.in_channels, out_channels=cfg.z_channels, **shape)
         self.decoder = Decoder(in_channels=cfg.z_channels, out_channels=cfg.out_ch, tanh_out=cfg.tanh_out, **shape)
         # the nearest-code quantiser of the LlamaGen VQ, without its L2 normalisation (Chameleon has none)
-        self.quantize = _Quantizer(VQConfig(codebook_size=cfg.n_embed, codebook_embed_dim=cfg.embed_dim,
+        self.quantize = Quantizer(VQConfig(codebook_size=cfg.n_embed, codebook_embed_dim=cfg.embed_dim,
                                             codebook_l2_norm=False))
         self.quant_conv = nn.Conv2d(cfg.z_channels, cfg.embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)

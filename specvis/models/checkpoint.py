@@ -5,30 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from ..checks import one_line
 from ..io import atomic_write, read_text, regular_file
 from .loading import identity_route, load_safetensors, load_state_dict_file, read_torch_file, skeleton
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-
-
-def one_line(exc: BaseException) -> str:
-    """The first line of an error's message. torch's weights-only refusal is replaced by its reason:
-    its advice to load with ``weights_only=False`` is wrong for a file of unknown origin."""
-    text = str(exc)
-    if "Weights only load failed" in text:
-        reason = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\n\s*\n|$)", text, re.S)
-        detail = " ".join(reason.group(1).split()) if reason else ""
-        return f"not a plain tensor checkpoint{' (' + detail + ')' if detail else ''}"[:300]
-    lines = text.strip().splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
 def read_state_dict(path: str | os.PathLike, prefer: tuple[str, ...] = ("ema", "model", "state_dict"),

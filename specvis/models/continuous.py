@@ -19,7 +19,7 @@ eps = eps_u + s (eps_c - eps_u), both halves in one batch, the variance from the
 (as MAR). Two deliberate departures from MAR's sampler: (1) the last step adds noise too (its variance
 is tiny, between beta_tilde_1 and beta_1), so that x_0 has a Gaussian density given x_1, which CSpD's
 ratio (Eq. 5) and the exact trajectory ratio need; (2) temperature 0 is greedy: x_K = 0 and no step
-noise, a deterministic map, as API.md requires of temperature 0.
+noise, a deterministic map, as docs/design/api.md requires of temperature 0.
 
 Adapting a bidirectional, masked MAR later: keep this protocol and the head, and change what a
 "forward" means. ``prefill`` encodes the class/buffer tokens; ``forward_tokens(tokens, positions)``

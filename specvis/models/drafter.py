@@ -37,10 +37,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..checks import config_sizes
+from ..checks import config_sizes, one_line
 from ..io import read_text
 from .base import CacheGeometry, KVCache
-from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_tensors, one_line, read_state_dict
+from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_tensors, read_state_dict
 from .decoder import Float32Rope, rope_1d
 from .loading import Piece
 from .llamagen import LlamaGenConfig, TransformerBlock, rope_2d_table

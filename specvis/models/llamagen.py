@@ -245,7 +245,7 @@ class LlamaGen(Float32Rope, CachedStack, nn.Module):
         """
         sd = read_state_dict(path)
         try:
-            shapes = _trunk_shapes(sd)
+            shapes = trunk_shapes(sd)
             table = sd["cls_embedding.embedding_table.weight"].shape[0]
         except (KeyError, ValueError) as e:
             if "cls_embedding.cap_proj.fc1.weight" in sd:
@@ -378,7 +378,7 @@ class LlamaGenT2I(LlamaGen):
         stored ``freqs_cis`` is used as a hint, else 256."""
         sd = read_state_dict(path)
         try:
-            shapes = _trunk_shapes(sd)
+            shapes = trunk_shapes(sd)
             proj_dim, caption_dim = sd["cls_embedding.cap_proj.fc1.weight"].shape
             token_num = sd["cls_embedding.uncond_embedding"].shape[0]
         except (KeyError, ValueError) as e:
@@ -391,7 +391,7 @@ class LlamaGenT2I(LlamaGen):
                               caption_dim=caption_dim, cls_token_num=token_num)
 
 
-def _trunk_shapes(sd: dict[str, torch.Tensor]) -> tuple[int, int, int, int, int]:
+def trunk_shapes(sd: dict[str, torch.Tensor]) -> tuple[int, int, int, int, int]:
     """(vocab, dim, layers, feed-forward width, wqkv rows) read from an official LlamaGen state dict
     (KeyError or ValueError when it is not one)."""
     vocab, dim = sd["tok_embeddings.weight"].shape

@@ -50,6 +50,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..checks import one_line
 from ..io import read_text, regular_file
 
 TRACE: list[tuple[str, str]] | None = None
@@ -241,11 +242,6 @@ def drop_pages(t: torch.Tensor) -> bool:
     end = start + t.numel() * t.element_size()
     a, b = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
     return b > a and _MADVISE(a, b - a, mmap.MADV_DONTNEED) == 0
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
 
 
 def safetensors_keys(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:

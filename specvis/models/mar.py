@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import one_line
+from ..checks import one_line
 from ..diffusion import StepSpec, space_timesteps
 from .continuous import DiffusionHead
 

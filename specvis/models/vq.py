@@ -165,7 +165,7 @@ class _Decoder(nn.Module):
         return self.conv_out(swish(self.norm_out(h)))
 
 
-class _Quantizer(nn.Module):
+class Quantizer(nn.Module):
     def __init__(self, cfg: VQConfig) -> None:
         super().__init__()
         self.l2_norm = cfg.codebook_l2_norm
@@ -216,7 +216,7 @@ class VQModel(nn.Module):
         cfg = self.config
         self.encoder = _Encoder(cfg)
         self.decoder = _Decoder(cfg)
-        self.quantize = _Quantizer(cfg)
+        self.quantize = Quantizer(cfg)
         self.quant_conv = nn.Conv2d(cfg.z_channels, cfg.codebook_embed_dim, 1)
         self.post_quant_conv = nn.Conv2d(cfg.codebook_embed_dim, cfg.z_channels, 1)
 

@@ -56,6 +56,11 @@ class PackedLinear(nn.Linear):
     _packed: torch.Tensor | None = None
     _packed_key: tuple | None = None
 
+    @property
+    def is_packed(self) -> bool:
+        """Whether the packed copy has been made (a packed call ran since the last pickling)."""
+        return self._packed_key is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         rows = PACKED_MIN_ROWS.get(w.dtype)

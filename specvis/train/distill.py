@@ -49,7 +49,7 @@ from specvis.models.drafter import EagleDrafter
 from specvis.models.llamagen import LlamaGen
 from specvis.sampling import Sampling
 from specvis.train.common import machine_info, run_main, save_final
-from specvis.train.train_ar import _StopFlag, add_loop_arguments, fit, make_optimizer, open_run, restore, stoppable
+from specvis.train.train_ar import StopFlag, add_loop_arguments, fit, make_optimizer, open_run, restore, stoppable
 
 BUNDLE = Path(__file__).resolve().parents[1] / "assets" / "emoji"
 DEFAULTS = {"draft": {"batch_size": 16, "lr": 2e-4, "warmup": 20},
@@ -203,7 +203,7 @@ def load_student(kind: str, directory: str, target: LlamaGen):
     return student
 
 
-def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
+def _train(args: argparse.Namespace, stop: StopFlag) -> dict | None:
     """Run (or resume) the distillation; the report written to ``OUT/report.json`` (None when stopped by a signal)."""
     out, state = open_run(args)
     hp = state["hparams"] if state is not None else {

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from specvis.train import atomic_write
-from specvis.train.emoji_data import (EXCLUDED, IMAGE_SIZE, _atomic_save_npz, class_of, ensure_font, load_font,
+from specvis.train.emoji_data import (EXCLUDED, IMAGE_SIZE, atomic_save_npz, class_of, ensure_font, load_font,
                                       render_emoji)
 
 __all__ = ["CLDR_ANNOTATIONS", "read_annotations", "captions_for", "candidate_codepoints", "build", "main"]
@@ -118,7 +118,7 @@ def write(out: str | Path, font_path: str | Path, annotations_path: str | Path =
     arrays, words = build(font_path, read_annotations(annotations_path))
     held = np.arange(len(arrays["codepoints"])) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
     for split, mask in (("train", ~held), ("eval", held)):
-        _atomic_save_npz(out / f"{split}.npz", **{k: v[mask] for k, v in arrays.items()})
+        atomic_save_npz(out / f"{split}.npz", **{k: v[mask] for k, v in arrays.items()})
     summary = {
         "num_glyphs": len(words), "num_train": int((~held).sum()), "num_eval": int(held.sum()),
         "num_captions": sum(len(w["captions"]) for w in words.values()),

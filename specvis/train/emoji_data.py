@@ -202,7 +202,7 @@ def build_dataset(font_path: str | os.PathLike, size: int = IMAGE_SIZE) -> dict[
 # --------------------------------------------------------------------------- files
 
 
-def _atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
+def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
             np.savez_compressed(f, **arrays)
@@ -237,7 +237,7 @@ def write_dataset(out: str | os.PathLike, font_path: str | os.PathLike, size: in
     data = build_dataset(font_path, size)
     held = holdout_mask(data["labels"], data["codepoints"])
     for name, mask in (("train", ~held), ("eval", held)):
-        _atomic_save_npz(out / f"{name}.npz", **{k: v[mask] for k, v in data.items()})
+        atomic_save_npz(out / f"{name}.npz", **{k: v[mask] for k, v in data.items()})
     font_sha = hashlib.sha256(Path(font_path).read_bytes()).hexdigest()
     classes = []
     for k, c in enumerate(CLASSES):

@@ -80,7 +80,7 @@ def build_report(args: argparse.Namespace) -> tuple[dict, dict[str, str]]:
     for split in ("train", "eval"):
         names = spread_prompts(table, split, args.per_split)
         gen = pipe(prompts=names, method=specvis.AR(), sampling=sampling, seed=args.seed)
-        prompts = specvis.Prompts.of(pipe._ids(names, "prompts", *pipe.grid))
+        prompts = pipe.prefix(names, "prompts", *pipe.grid)
         rep[f"samples_{split}_prompts"] = {"prompts": names, **law_stats(pipe.target, pipe.draft, prompts, gen.tokens, sampling)}
         sheet = _real_images(Path(args.data), table, names[:12]) + gen.images[:12]
         save_image_grid(sheet, img / f"t2i_{split}_prompts.png", columns=min(12, len(names)))
@@ -89,7 +89,7 @@ def build_report(args: argparse.Namespace) -> tuple[dict, dict[str, str]]:
         cps = z["eval_codepoints"][: args.eval_sequences].tolist()
     by_cp = {v["codepoint"]: k for k, v in table.items()}
     names = [by_cp[f"U+{cp:04X}"] for cp in cps]
-    prompts = specvis.Prompts.of(pipe._ids(names, "prompts", *pipe.grid))
+    prompts = pipe.prefix(names, "prompts", *pipe.grid)
     rep["heldout_teacher_forced"] = law_stats(pipe.target, pipe.draft, prompts, codes, sampling)
     for name in ("target", "draft"):
         plot_ar_losses(Path(args.runs) / f"t2i_{name}", img / f"t2i_loss_{name}.png", f"t2i {name}", pipe.target.layout.vocab_size)

@@ -242,7 +242,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-class _StopFlag:
+class StopFlag:
     """Set by SIGTERM/SIGINT: the loop checkpoints after the current step and exits without finishing."""
 
     def __init__(self) -> None:
@@ -265,11 +265,11 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
-def stoppable(run: Callable[[argparse.Namespace, "_StopFlag"], dict | None]) -> Callable[[argparse.Namespace], dict | None]:
+def stoppable(run: Callable[[argparse.Namespace, "StopFlag"], dict | None]) -> Callable[[argparse.Namespace], dict | None]:
     """``train(args)`` of a trainer from its ``run(args, stop)``: SIGTERM/SIGINT set ``stop``, the loop
     checkpoints and ``train`` returns None (rerun the same command to resume)."""
     def train(args: argparse.Namespace) -> dict | None:
-        with _StopFlag() as stop:
+        with StopFlag() as stop:
             return run(args, stop)
 
     train.__doc__ = run.__doc__
@@ -285,7 +285,7 @@ def open_run(args: argparse.Namespace) -> tuple[Path, dict | None]:
     return out, read_checkpoint(out / "ckpt.pt", args.fresh)
 
 
-def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
+def _train(args: argparse.Namespace, stop: StopFlag) -> dict | None:
     """Run (or resume) training; returns the report written to ``OUT/report.json``, or None when
     stopped by SIGTERM/SIGINT (state checkpointed: rerun to resume, e.g. with a larger ``--minutes``)."""
     out, state = open_run(args)
@@ -374,7 +374,7 @@ def restore(state: dict | None, model: torch.nn.Module, opt: torch.optim.Optimiz
 
 def fit(model: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, hp: dict, args: argparse.Namespace,
         step: int, elapsed: float, n_train: int, tokens_per_row: int, batch_loss_of, eval_loss_of, save_ckpt,
-        out: Path, stop: _StopFlag) -> tuple[int, float] | None:
+        out: Path, stop: StopFlag) -> tuple[int, float] | None:
     """The time-limited loop shared by the trainers: batches of ``hp["batch_size"]`` random rows
     (``batch_loss_of(idx)``), the warm-up + cosine schedule, clipping, loss/eval logs, periodic
     checkpoints (``save_ckpt(step, elapsed)``). Returns (step, elapsed) after a final checkpoint, or

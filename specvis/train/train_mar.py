@@ -40,7 +40,7 @@ from specvis.models.mar import CHECKPOINT_NAME, MAR, MARConfig
 from specvis.train import atomic_write
 from specvis.io import write_text
 from specvis.train.common import machine_info, run_main
-from specvis.train.train_ar import (_StopFlag, add_loop_arguments, fit, load_tokens, make_optimizer, num_classes_of, open_run,
+from specvis.train.train_ar import (StopFlag, add_loop_arguments, fit, load_tokens, make_optimizer, num_classes_of, open_run,
                                     restore, stoppable)
 
 MODEL_PRESETS: dict[str, dict] = {
@@ -167,7 +167,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
+def _train(args: argparse.Namespace, stop: StopFlag) -> dict | None:
     """Run (or resume) training; the report (also ``OUT/report.json``), or None when stopped by a signal."""
     out, state = open_run(args)
     ckpt_path = out / "ckpt.pt"

@@ -31,7 +31,7 @@ from specvis.train import atomic_write
 from specvis.train.common import machine_info, run_main, write_text
 from specvis.train.emoji_captions import load_captions
 from specvis.train.janus_format import JanusSpec, new_decoder
-from specvis.train.train_ar import _StopFlag, add_loop_arguments, fit, load_tokens, make_optimizer, open_run, restore, stoppable
+from specvis.train.train_ar import StopFlag, add_loop_arguments, fit, load_tokens, make_optimizer, open_run, restore, stoppable
 
 PRESETS: dict[str, dict] = {
     "target": {"dim": 256, "n_layer": 5, "n_head": 4, "ffn_hidden": 704, "batch_size": 16, "lr": 8e-4, "warmup": 100},
@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _train(args: argparse.Namespace, stop: _StopFlag) -> dict | None:
+def _train(args: argparse.Namespace, stop: StopFlag) -> dict | None:
     """Run (or resume) training; the report, or None when stopped by a signal (checkpointed)."""
     from specvis.train.text_tokenizer import load as load_tokenizer
 

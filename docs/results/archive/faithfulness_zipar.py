@@ -1,6 +1,6 @@
 """Faithfulness of ``sv.ZipAR`` to the official LlamaGen-ZipAR loop, greedily, on a tiny random LlamaGen.
 
-    python scripts/faithfulness_zipar.py PATH/TO/ZipAR [--windows 2 3 4 8] [--grid 8] [--out docs/results/archive/zipar-faithfulness]
+    python docs/results/archive/faithfulness_zipar.py PATH/TO/ZipAR [--windows 2 3 4 8] [--grid 8] [--out docs/results/archive/zipar-faithfulness]
 
 PATH is a local checkout of ThisisBillhe/ZipAR (its ``LlamaGen-ZipAR`` tree is imported; nothing of it is
 copied here). Runs on CPU (torch only). Setting (pjd_zipar_brief D1): the official ``Transformer`` with
@@ -106,7 +106,7 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         data = {"grid": a.grid, "seed": a.seed, "classes": classes.tolist(), "rows": rows}
         lines = [f"# ZipAR: specvis vs the official LlamaGen-ZipAR loop ({a.grid}x{a.grid}, greedy, CFG 2)", "",
-                 f"Produced by `python scripts/faithfulness_zipar.py ZIPAR_CHECKOUT --grid {a.grid} --windows "
+                 f"Produced by `python docs/results/archive/faithfulness_zipar.py ZIPAR_CHECKOUT --grid {a.grid} --windows "
                  f"{' '.join(map(str, a.windows))}` (setting and expected differences in its docstring).", "",
                  "| method | official forwards | specvis forwards | equal tokens | equal by image row |",
                  "| --- | ---: | ---: | ---: | --- |"]

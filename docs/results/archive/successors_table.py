@@ -1,6 +1,6 @@
 """Tables of docs/results/archive/successors.md from emoji-successors-b{1,8}.json (+ forward-cost-cpu.json).
 
-``python scripts/successors_table.py`` prints the markdown tables. Predicted speedup (batch 1, SJD
+``python docs/results/archive/successors_table.py`` prints the markdown tables. Predicted speedup (batch 1, SJD
 only): AR's forwards against the run's forwards, both priced by the committed one-thread CPU cost
 curve of the target (forward-cost-cpu.json, batch 1 with CFG), which measured exactly the block sizes
 SJD feeds (window + 1 = 5, 9, 17 tokens); efficiency = measured speedup / predicted. Runs with a draft

@@ -1,6 +1,6 @@
 """Step compression of ZipAR and PJD against AR, SJD and GSD on ``emoji-t2i`` (counts, no timing).
 
-    python scripts/rows2d_steps.py [--prompts 16] [--out docs/results/archive/rows2d-steps]
+    python docs/results/archive/rows2d_steps.py [--prompts 16] [--out docs/results/archive/rows2d-steps]
 
 The first ``prompts`` prompts of docs/results/data/emoji-t2i-prompts.txt, each method at batch 1 (each
 prompt alone, seed = its index) and at batch 8 (consecutive groups of 8, seed = the group's index), at
@@ -22,7 +22,7 @@ import specvis as sv
 from specvis.io import write_text
 from specvis.registry import build_method, parse_method_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]  # the repository: this script lives in docs/results/archive
 SPECS = ["ar", "sjd:window=16:init=vertical-sample:coupling=gumbel",
          "sjd:window=16:init=vertical-sample:coupling=gumbel:accept=gsd",
          "zipar:window=4", "zipar:window=8", "pjd", "pjd:init=vertical-repeat", "pjd:window=16:lag=4",
@@ -67,7 +67,7 @@ def main() -> None:
     data = {"model": "emoji-t2i", "prompts": a.prompts, "default_sampling": repr(pipe.default_sampling), "rows": rows}
     write_text(out.with_suffix(".json"), json.dumps(data, indent=1))
     lines = ["# Step compression of the 2-D methods on emoji-t2i (counts, no timing)", "",
-             f"Produced by `python scripts/rows2d_steps.py --prompts {a.prompts}` (setting in its docstring): "
+             f"Produced by `python docs/results/archive/rows2d_steps.py --prompts {a.prompts}` (setting in its docstring): "
              f"the first {a.prompts} prompts, default sampling `{pipe.default_sampling}` (T=1) and greedy (same CFG).", "",
              "| sampling | batch | method | step compression | batch-8 / batch-1 | lower-row share | rows in flight |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]

@@ -3,7 +3,7 @@ bf16 law depends on the block it is computed in (what "exact" means for a bf16 m
 cost curve of each dtype, and AR and SJD in each dtype against the faster AR, timed image by image in one
 process. One torch thread; run it alone on a core.
 
-    taskset -c 0 python scripts/bf16_probe.py --out docs/results/archive/bf16-cpu
+    taskset -c 0 python docs/results/archive/bf16_probe.py --out docs/results/archive/bf16-cpu
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def curves(pipes: dict, sizes: list[int], alternations: int) -> dict:
 
 def markdown(r: dict) -> str:
     lines = [f"# bf16 against fp32 on this CPU ({r['cpu']}, torch {r['torch']}, one thread)", "",
-             "Written by `scripts/bf16_probe.py`; the JSON beside this file has every figure.", "",
+             "Written by `docs/results/archive/bf16_probe.py`; the JSON beside this file has every figure.", "",
              "## Target forward cost (batch 1, CFG: two rows), ms", "",
              "| tokens | fp32 | bf16 | fp32 / one token | bf16 / one token |", "| ---: | ---: | ---: | ---: | ---: |"]
     for a, b in zip(r["cost_curve"]["fp32"], r["cost_curve"]["bf16"]):

@@ -1,6 +1,6 @@
 """Measured total variation of ZipAR's and PJD's output law to the target (AR) law on enumerable tiny models.
 
-``python scripts/rows2d_tv.py [--out docs/results/archive/rows2d-tv] [--samples 30000]`` writes OUT.md and
+``python docs/results/archive/rows2d_tv.py [--out docs/results/archive/rows2d-tv] [--samples 30000]`` writes OUT.md and
 OUT.json (about a minute on one core).
 
 Setting: the harness's tiny random decoders (tests/exactness.py ``tiny_prompt_model``, sharpened so that
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the repository's tests/
 from exactness import condition_rows, exact_law, sample_counts, tiny_llamagen, tiny_prompt_model  # noqa: E402
 
 import specvis as sv  # noqa: E402
@@ -101,7 +101,7 @@ def main() -> None:
     data = {"samples": args.samples, "tiny": rows, "greedy_8x8": wide_rows}
     write_text(out.with_suffix(".json"), json.dumps(data, indent=1))
     lines = ["# ZipAR and PJD: measured TV to the target law on tiny models", "",
-             f"Produced by `python scripts/rows2d_tv.py --samples {args.samples}` (setting in its docstring). T = 1: mean over 3",
+             f"Produced by `python docs/results/archive/rows2d_tv.py --samples {args.samples}` (setting in its docstring). T = 1: mean over 3",
              "prompts of TV(empirical law of the sampled grids, exact enumerated law); AR's row is the sampling-noise",
              "floor at the same sample count. Greedy: fraction of the 3 prompts whose grid differs from AR's.", "",
              "| layout | method | TV at T = 1 | forwards (batch 3, T = 1) | greedy grids differing |",

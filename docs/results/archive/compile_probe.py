@@ -7,7 +7,7 @@ three ways on the bundle (one torch thread):
    bucket) included;
 3. the same image again: every graph compiled, guards only.
 
-    taskset -c 1 python scripts/compile_probe.py --json docs/results/archive/compile-cpu.json
+    taskset -c 1 python docs/results/archive/compile_probe.py --json docs/results/archive/compile-cpu.json
 """
 from __future__ import annotations
 

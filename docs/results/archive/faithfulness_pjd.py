@@ -1,6 +1,6 @@
 """Faithfulness of ``sv.PJD`` to the official PJD loop (Lumina-mGPT), greedily, on a tiny random Lumina-mGPT.
 
-    python scripts/faithfulness_pjd.py PATH/TO/PJD_CHECKOUT [--grid 8] [--settings 8:8 4:4 4:2]
+    python docs/results/archive/faithfulness_pjd.py PATH/TO/PJD_CHECKOUT [--grid 8] [--settings 8:8 4:4 4:2]
         [--prompts 4] [--sharp 1e6] [--sweep 10] [--out docs/results/archive/pjd-faithfulness]
 
 It needs transformers 4.44-4.46 (the official ``_sample`` override takes ``logits_warper`` and reads
@@ -9,7 +9,7 @@ It needs transformers 4.44-4.46 (the official ``_sample`` override takes ``logit
     python3 -m venv /tmp/pjd-venv
     /tmp/pjd-venv/bin/pip install torch==2.13.0 transformers==4.44.2 accelerate sentencepiece absl-py \\
         numpy Pillow safetensors tqdm einops pyyaml
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD /tmp/pjd-venv/bin/python scripts/faithfulness_pjd.py /tmp/pjd-official
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD /tmp/pjd-venv/bin/python docs/results/archive/faithfulness_pjd.py /tmp/pjd-official
 
 The checkout (nothing of it is copied here). PJD (boyaliao/PJD) is an overlay on Lumina-mGPT and has no
 git snapshot to clone; PATH is assembled by hand: the Alpha-VLLM/Lumina-mGPT tree (commit 104abe4, its
@@ -443,7 +443,7 @@ def main() -> None:
                 "prompts": prompts, "rows": rows, "sweep_seeds": a.sweep, "sweeps": sweeps}
         lines = [f"# PJD: specvis vs the official PJD loop (tiny Lumina-mGPT, {grid}x{grid}, greedy, CFG {CFG:g}, "
                  f"lm_head x{a.sharp:g})", "",
-                 f"Produced by `python scripts/faithfulness_pjd.py PJD_CHECKOUT --grid {grid} --settings "
+                 f"Produced by `python docs/results/archive/faithfulness_pjd.py PJD_CHECKOUT --grid {grid} --settings "
                  f"{' '.join(a.settings)} --prompts {a.prompts} --sharp {a.sharp:g} --seed {a.seed}` (checkout, "
                  "substitutions, setting and variants in its docstring). Forwards per prompt; an official count "
                  "includes the three steps generating begin-image, h, w, which specvis prefills, and, for plain AR, "
