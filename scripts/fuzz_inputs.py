@@ -12,11 +12,14 @@ and is judged by what a user sees:
 Scenarios (damaged files in a ``sample`` directory, two ``sample`` processes on one directory, stale
 temporaries, the demo's model allow-list) drive several commands and check files on disk.
 
-Prints a table (case | expected | verdict | exit | seconds | first line of the error) and a summary;
-exits 1 when any case is a defect. Run from the repository root::
+Prints a table (case | expected | verdict | exit | seconds | first line of the error), a summary and
+one line per class of input (the first campaign's cases, then the second's: data loss, hangs,
+tracebacks, silent accepts, messages, memory, progress) with its counts; exits 1 when any case is a
+defect. Run from the repository root::
 
     python scripts/fuzz_inputs.py              # every case (a few minutes on a 2-core machine)
     python scripts/fuzz_inputs.py -k device,seed   # the cases whose name contains "device" or "seed"
+    python scripts/fuzz_inputs.py -g hangs,"data loss"   # the cases of these classes
     python scripts/fuzz_inputs.py --list
 """
 
@@ -35,6 +38,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -53,6 +57,8 @@ class Case:
     hide: tuple[str, ...] = ()  # ... and none of these
     timeout: float = 120.0
     scenario: Callable[["Work"], "Outcome"] | None = None
+    group: str = "first campaign"  # the class of input it belongs to (the summary counts each)
+    env: dict | None = None  # environment variables of its process
 
 
 @dataclass
@@ -149,7 +155,7 @@ def run_case(case: Case, work: Work) -> Outcome:
         argv = ["-m", "specvis.cli", *work.fill(case.argv)]
     else:
         argv = ["-c", API_HARNESS, case.code]
-    rc, _, err, seconds = run(argv, work, case.timeout)
+    rc, _, err, seconds = run(argv, work, case.timeout, env=case.env)
     return judge(case, rc, err, seconds)
 
 
@@ -178,6 +184,41 @@ def make_fixtures(work: Work) -> None:
                                                 "config_inflated")})
     work.paths.update(prompts_latin1=str(d / "prompts_latin1.txt"), prompts_blank=str(d / "prompts_blank.txt"))
     work.paths["out"] = str(d / "out")
+    # second campaign: files that are not what they claim, FIFOs, devices, damaged checkpoints
+    (d / "mine.json").write_text('{"model": "mine", "notes": [1, 2]}')
+    (d / "list.json").write_text("[1, 2, 3]")
+    (d / "adir").mkdir()
+    (d / "prompts.txt").write_text("a cat\n")
+    os.mkfifo(d / "prompts_fifo")
+    fifo = d / "config_fifo"
+    fifo.mkdir()
+    for f in T2I.iterdir():
+        if f.name != "config.json":
+            (fifo / f.name).symlink_to(f)
+    os.mkfifo(fifo / "config.json")
+    from safetensors.torch import load_file, save_file
+    import torch
+
+    sd = load_file(str(T2I / "model.safetensors"))
+    key = next(k for k in sd if "mlp.down_proj.weight" in k)
+    raw = (T2I / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header[key]["data_offsets"][1] = 2**62
+    lying = json.dumps(header).encode()
+    for tag, write in (("nan", lambda f: save_file({k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                                                     for k, v in sd.items()}, f, metadata={"format": "pt"})),
+                       ("int32", lambda f: save_file({**sd, key: sd[key].to(torch.int32)}, f, metadata={"format": "pt"})),
+                       ("lying", lambda f: Path(f).write_bytes(len(lying).to_bytes(8, "little") + lying + raw[8 + n:]))):
+        target = d / f"t2i_{tag}"
+        target.mkdir()
+        for f in T2I.iterdir():
+            if f.name != "model.safetensors":
+                (target / f.name).symlink_to(f)
+        write(str(target / "model.safetensors"))
+    work.paths.update({k.replace(".", "_"): str(d / k) for k in ("mine.json", "list.json", "adir", "prompts.txt",
+                                                                  "prompts_fifo", "config_fifo", "t2i_nan", "t2i_int32",
+                                                                  "t2i_lying")})
 
 
 # ---------------------------------------------------------------- scenarios
@@ -313,6 +354,18 @@ def scenario_demo_cfg_inf(work: Work) -> Outcome:
     if rc != 0:
         return Outcome("FAILED", rc, s, (err.strip().splitlines() or [""])[-1])
     return Outcome("ok", rc, s, out.strip())
+
+
+def scenario_bench_json_not_a_report(work: Work) -> Outcome:
+    """``bench --json`` on a user's JSON that is not a bench report: one line naming --json, the file
+    byte-identical (the first campaign overwrote it, "starting afresh")."""
+    mine = Path(work.paths["mine_json"])
+    before = mine.read_bytes()
+    rc, _, err, s = run(["-m", "specvis.cli", "bench", "--model", "random-tiny", "--methods", "ar", "--num", "1",
+                         "--no-cost-curve", "--metrics", "none", "--json", str(mine)], work, 120)
+    if mine.read_bytes() != before:
+        return Outcome("FAILED", rc, s, "the user's JSON was overwritten")
+    return judge(Case("", "fail", names=("--json", "not a specvis bench report")), rc, err, s)
 
 
 # ---------------------------------------------------------------- the cases
@@ -486,22 +539,102 @@ def cases() -> list[Case]:
         Case("demo: model allow-list", "ok", scenario=scenario_demo_allow_list),
         Case("demo: cfg inf / nan", "ok", scenario=scenario_demo_cfg_inf),
     ]
-    return c
+    return c + second_campaign(G, GE, T, S, PIPE)
+
+
+def second_campaign(G: list, GE: list, T: list, S: list, PIPE: str) -> list[Case]:
+    """Issue "nothing lost, nothing hangs": each case in the class the issue files it under."""
+    B = ["bench", "--model", "random-tiny", "--methods", "ar", "--num", "1", "--no-cost-curve", "--metrics", "none"]
+    MAR = ["generate", "--model", "emoji-mar", "--num", "3", "--out", "{out}"]
+    loss = [Case("bench json: a user's JSON object", "fail", scenario=scenario_bench_json_not_a_report),
+            Case("cli bench json a list", "fail", B + ["--json", "{list_json}"], names=("--json",)),
+            Case("cli bench merge a list", "fail", ["bench", "--merge", "{mine_json}", "{list_json}", "--json",
+                                                    "{out}.json"], names=("--merge",))]
+    hangs = [Case("cli pjd window 100000", "ok", G + ["--method", "pjd", "--window", "100000"]),
+             Case("cli pjd window 2**62", "ok", G + ["--method", "pjd", "--window", str(2**62)]),
+             Case("cli pjd lag 2**62", "ok", G + ["--method", "pjd", "--lag", str(2**62)]),
+             Case("cli zipar window 2**62", "ok", G + ["--method", "zipar", "--window", str(2**62)]),
+             Case("api PJD(window=10**9) memory plan", "ok",
+                  code=PIPE + "assert pipe.memory(1, sv.PJD(window=10**9)).fits"),
+             Case("cli generate num 10**12", "fail", G[:3] + ["--num", str(10**12), "--out", "{out}"], names=("--num",),
+                  timeout=60),
+             Case("cli sample num 10**12", "fail", S + ["-n", str(10**12)], names=("--num",), timeout=60),
+             Case("cli bench num 10**12", "fail", ["bench", "--model", "random-tiny", "--num", str(10**12)],
+                  names=("--num",), timeout=60),
+             Case("cli config.json FIFO", "fail", T[:2] + ["{config_fifo}"] + T[3:] + ["--prompt", "cat"],
+                  names=("config.json", "regular file"), timeout=60),
+             Case("cli prompts FIFO", "fail", ["sample", "--model", "emoji-t2i", "-n", "1", "--prompts", "{prompts_fifo}",
+                                               "--out", "{out}"], names=("--prompts", "regular file"), timeout=60),
+             Case("cli prompts /dev/zero", "fail", ["sample", "--model", "emoji-t2i", "-n", "1", "--prompts", "/dev/zero",
+                                                    "--out", "{out}"], names=("--prompts", "regular file"), timeout=60),
+             Case("cli SPECVIS_THREADS 10**9", "fail", G, names=("SPECVIS_THREADS",), env={"SPECVIS_THREADS": str(10**9)}),
+             Case("api load threads=10**9", "fail", code="sv.load('random-tiny', threads=10**9)", names=("threads",)),
+             Case("cli auto-repeats 10**6", "fail", G + ["--method", "auto", "--auto-repeats", str(10**6)],
+                  names=("repeats",)),
+             Case("cli eagle tree-top-k 10**9", "fail", G + ["--method", "eagle", "--tree-top-k", str(10**9)],
+                  names=("--tree-top-k",)),
+             Case("cli lantern-k 10**9", "fail", G + ["--method", "sjd", "--accept", "lantern", "--lantern-k", str(10**9)],
+                  names=("k",))]
+    tracebacks = [Case("cli emoji-mar batch-size 2", "fail", MAR + ["--batch-size", "2"], names=("batch_size",), timeout=300),
+                  Case("api emoji-continuous method pjd", "fail", code="sv.load('emoji-continuous')([0], method='pjd')",
+                       names=("method",)),
+                  Case("api memory method='warp'", "fail", code=PIPE + "pipe.memory(1, method='warp')", names=("method",)),
+                  Case("api memory method=3", "fail", code=PIPE + "pipe.memory(1, method=3)", names=("method",)),
+                  Case("api memory sampling='x'", "fail", code=PIPE + "pipe.memory(1, sampling='x')", names=("sampling",)),
+                  Case("api memory prompt_tokens=-1", "fail", code=PIPE + "pipe.memory(1, prompt_tokens=-1)",
+                       names=("prompt_tokens",)),
+                  Case("api progress=3", "fail", code=PIPE + "pipe([0], progress=3)", names=("progress",)),
+                  Case("api generate(None)", "fail", code="sv.generate(None, [0])", names=("model",)),
+                  Case("api Sampling(temperature=1e-40)", "fail", code="sv.Sampling(temperature=1e-40)",
+                       names=("temperature",)),
+                  Case("api Sampling(cfg_scale=1e30)", "fail", code="sv.Sampling(cfg_scale=1e30)", names=("cfg_scale",))]
+    silent = [Case("cli class 3 99 num 1", "fail", ["generate", "--model", "emoji", "--class", "3", "99", "--num", "1",
+                                                    "--out", "{out}"], names=("--class", "99")),
+              Case("cli method ''", "fail", G + ["--method", ""], names=("--method",)),
+              Case("cli out ''", "fail", G[:-1] + [""], names=("--out",)),
+              Case("cli bench methods ''", "fail", ["bench", "--model", "random-tiny", "--methods", ""], names=("--methods",)),
+              Case("cli bench methods ',,,'", "fail", ["bench", "--model", "random-tiny", "--methods", ",,,"],
+                   names=("--methods",)),
+              Case("cli NaN weights", "fail", T[:2] + ["{t2i_nan}"] + T[3:] + ["--prompt", "cat"], names=("NaN",)),
+              Case("cli an int32 weight", "fail", T[:2] + ["{t2i_int32}"] + T[3:] + ["--prompt", "cat"], names=("int32",)),
+              Case("api SJD(window=10**9) planned clamped", "ok",
+                   code=PIPE + "assert pipe.memory(1, sv.SJD(window=10**9)).fits; pipe([0], method=sv.SJD(window=10**9))")]
+    messages = [Case("cli md /", "fail", B + ["--md", "/"], names=("--md",)),
+                Case("cli plots FILE", "fail", B + ["--plots", "{afile}"], names=("--plots",)),
+                Case("cli bench json DIR", "fail", B + ["--json", "{adir}"], names=("--json",)),
+                Case("cli demo host bogus.invalid", "fail", ["demo", "--host", "bogus.invalid"], names=("--host",)),
+                Case("cli prompt 120000 characters", "fail", T + ["--prompt", "a" * 120_000], names=("--prompt",)),
+                Case("cli safetensors header 2**62 bytes", "fail", T[:2] + ["{t2i_lying}"] + T[3:] + ["--prompt", "cat"],
+                     names=("inconsistent",))]
+    memory = [Case("api refill plan counts the prefix caches", "ok",
+                   code=PIPE + "assert pipe.memory(2, refill=True).kv_bytes > pipe.memory(2).kv_bytes; "
+                               "pipe([0, 1, 2], 'ar', batch_size=2)")]
+    progress = [Case("cli generate --progress", "ok", G + ["--method", "ar", "--progress"]),
+                Case("cli generate --quiet", "ok", G + ["--method", "ar", "--quiet"]),
+                Case("cli progress and quiet", "fail", G + ["--progress", "--quiet"], names=("--quiet",)),
+                Case("api progress=True", "ok", code=PIPE + "pipe([0], 'ar', progress=True)")]
+    groups = (("data loss", loss), ("hangs", hangs), ("tracebacks", tracebacks), ("silent accepts", silent),
+              ("messages", messages), ("memory", memory), ("progress", progress))
+    return [dataclasses.replace(c, group=g) for g, cs in groups for c in cs]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-k", dest="filter", help="run only the cases whose name contains one of these comma-separated "
                                              "strings (case-insensitive)")
+    p.add_argument("-g", dest="groups", help="run only the cases of these comma-separated classes (e.g. hangs,"
+                                              "\"data loss\"; --list shows each case's class)")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
     p.add_argument("--memory-gib", type=float, default=8.0, help="address-space cap of each case's process (GiB)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
     a = p.parse_args(argv)
     keys = [k.strip().lower() for k in (a.filter or "").split(",") if k.strip()]
-    todo = [c for c in cases() if not keys or any(k in c.name.lower() for k in keys)]
+    groups = [g.strip() for g in (a.groups or "").split(",") if g.strip()]
+    todo = [c for c in cases() if (not keys or any(k in c.name.lower() for k in keys))
+            and (not groups or c.group in groups)]
     if a.list:
         for c in todo:
-            print(f"{c.expect:4s}  {c.name}")
+            print(f"{c.expect:4s}  {c.group:16s}  {c.name}")
         return 0
     scratch = Path(tempfile.mkdtemp(prefix="specvis-fuzz-"))
     work = Work(scratch, int(a.memory_gib * 2**30))
@@ -524,6 +657,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(scratch, ignore_errors=True)
     print(f"\n{len(todo)} cases in {time.monotonic() - t0:.0f} s: {len(todo) - len(bad)} as expected, {len(bad)} defects")
+    for g in dict.fromkeys(c.group for c in todo):  # one line per class of input
+        n = sum(c.group == g for c in todo)
+        d = sum(c.group == g for c, _ in bad)
+        print(f"  {g:16s} {n:4d} cases  {n - d:4d} as expected  {d:3d} defects")
     for c, o in bad:
         print(f"  DEFECT {o.verdict}: {c.name}: {o.line[:200]}")
     return 1 if bad else 0

@@ -29,6 +29,7 @@ ROWS2D = "tests/test_rows2d.py"
 SERVE_LAW = "tests/test_serve_law.py"
 SERVE = "tests/test_serve.py"
 SEEDS = "tests/test_seeds.py"
+LOST = "tests/test_nothing_lost.py"
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,8 @@ MUTANTS = [
            "if finish is None and len(pieces) == 1 and maps_in_place(", "if len(pieces) == 1 and maps_in_place(",
            ("tests/test_loading_paths.py", "-k", "converting")),
     Mutant("scale: mapped weights planned as free memory", "specvis/models/weight_layout.py",
-           "return max(0, int(line.split()[1]) * 1024 - mapped_weight_bytes())",
-           "return max(0, int(line.split()[1]) * 1024)", ("tests/test_loading_paths.py", "-k", "available")),
+           "machine = max(0, int(line.split()[1]) * 1024 - mapped_weight_bytes())",
+           "machine = max(0, int(line.split()[1]) * 1024)", ("tests/test_loading_paths.py", "-k", "available")),
     Mutant("scale: rows filled twice not seen", "specvis/models/loading.py",
            "        overlap |= start < end\n", "        overlap |= False\n", ("tests/test_loading_paths.py", "-k", "routes")),
     Mutant("scale: rows missing at a destination's end not seen", "specvis/models/loading.py",
@@ -560,6 +561,32 @@ MUTANTS = [
     Mutant("rows2d: a sample's queries see the padding of a block its neighbours made longer", "specvis/methods/rows2d.py",
            "see = (valid & ky)[:, None, :] & (ps[:, None, :] < ps[:, :, None])",
            "see = ky[:, None, :] & (ps[:, None, :] < ps[:, :, None])", (ROWS2D, "-k", "neighbours")),
+    Mutant("slots: a refill's prefill allocates the stream's slots too (twice the KV during a refill)",
+           "specvis/models/decoder.py",
+           "            self.setup_cache(len(conditions), -self.layout.stream_len)",
+           "            self.setup_cache(len(conditions), 0)", (LOST, "-k", "refill")),
+    Mutant("slots: a restarted row's new prefix is not inside the live-span bound", "specvis/models/decoder.py",
+           "        self.cache.bound = max(self.cache.bound, width)", "        pass", (SLOTS, "-k", "live_span")),
+    Mutant("plan: the refill's prefix caches not planned", "specvis/memory.py",
+           "        if refill:  # the wave's prefix-only cache", "        if False:  # the wave's prefix-only cache",
+           (LOST, "-k", "refill")),
+    Mutant("plan: PJD's drafts not counted", "specvis/memory.py",
+           "(3 * ffn + V)) + method_bytes", "(3 * ffn + V))", (LOST, "-k", "pjd_window")),
+    Mutant("plan: the method planned before the stream clamp", "specvis/pipeline.py",
+           "        method = fit_to_stream(AR() if method is None else method, layout.stream_len)",
+           "        method = AR() if method is None else method", (LOST, "-k", "after_the_stream_clamp")),
+    Mutant("plan: the cgroup's limit ignored", "specvis/models/weight_layout.py",
+           "    known = [cgroup_headroom_bytes(), address_space_headroom_bytes()]",
+           "    known = [None, address_space_headroom_bytes()]", (LOST, "-k", "least_of_the_limits")),
+    Mutant("bench: a JSON that is not a report taken for one", "specvis/bench/report.py",
+           "    return obj.get(MARKER[0]) == MARKER[1] or (\"specvis_version\" in obj and \"model\" in obj)",
+           "    return True", (LOST, "-k", "not_a_report")),
+    Mutant("mapped weights: a file rewritten in place with the same size not seen", "specvis/models/loading.py",
+           "        if now[3] != mtime:", "        if False:", ("tests/test_loading_paths.py", "-k", "rewritten")),
+    Mutant("files: a FIFO opened (blocks) instead of refused", "specvis/io.py",
+           "        if not stat.S_ISREG(st.st_mode):", "        if False:", (LOST, "-k", "fifos and prompts")),
+    Mutant("silent: NaN first logits let through", "specvis/methods/views.py",
+           "        if not bool(torch.isfinite(logits).all()):", "        if False:", (LOST, "-k", "nan_weights")),
     Mutant("slots: a restarted row keeps its previous sample's tracked positions", "specvis/models/decoder.py",
            "            self.cache.pos[rows] = -1", "            pass", (SLOTS, "-k", "as_alone and zipar")),
     Mutant("slots: a restarted row keeps its previous sample's prefix length", "specvis/models/decoder.py",

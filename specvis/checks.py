@@ -66,6 +66,14 @@ def number(value: Any, what: str, allowed: str) -> float:
     return value
 
 
+def progress(value: Any, what: str = "progress") -> Any:
+    """A call's ``progress``: None or False (none), True (a bar on stderr) or a callable taking the
+    fraction of the stream done."""
+    if value is None or isinstance(value, bool) or callable(value):
+        return value
+    raise InputTypeError(f"{what} must be True, False, None or a callable taking the fraction done, got {shown(value)}")
+
+
 def seed(value: Any, what: str = "seed") -> int:
     """A seed of ``torch.Generator.manual_seed``: an integer in 0 .. 2**64 - 1."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -137,6 +145,9 @@ def class_ids(classes: Any, num_classes: int, what: str = "classes") -> list[int
     return out
 
 
+MAX_TEXT = 20_000  # characters of a prompt: far past any model's context (a few thousand tokens)
+
+
 def text(value: Any, what: str, allow_empty: bool = False) -> str:
     """A text prompt: a str with some non-space character (unless ``allow_empty``: a negative prompt
     may be empty), valid Unicode (a command-line argument that was not UTF-8 arrives with lone
@@ -145,6 +156,8 @@ def text(value: Any, what: str, allow_empty: bool = False) -> str:
         raise InputTypeError(f"{what} must be a str, got {shown(value)}")
     if not allow_empty and not value.strip():
         raise ValueError(f"{what} is empty: give some text")
+    if len(value) > MAX_TEXT:
+        raise ValueError(f"{what} has {len(value)} characters, more than the {MAX_TEXT} a prompt may have")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

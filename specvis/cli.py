@@ -9,13 +9,21 @@ import typing
 import warnings
 from pathlib import Path
 
-from . import __version__, demo
-from .checks import one_line
-from .serve import cli as serve_cli
-from .io import atomic_write, clean_stale_temps, write_text
-from .registry import (ACCEPT, ACCEPTANCE, METHODS, available, build_method, describe, method_flags, method_from_spec,
-                       parse_method_spec)
-from .sampling import Sampling
+from .interrupt import during_import
+
+_restore_hook = during_import()  # the command line's own imports (demo, registry, torch): Ctrl+C is one line
+
+from . import __version__, demo  # noqa: E402
+from .checks import one_line  # noqa: E402
+from .io import atomic_write, clean_stale_temps, write_text  # noqa: E402
+from .progress import wanted  # noqa: E402
+from .serve import cli as serve_cli  # noqa: E402
+from .registry import (ACCEPT, ACCEPTANCE, METHODS, available, build_method, describe, method_flags,  # noqa: E402
+                       method_from_spec, parse_method_spec)
+from .sampling import Sampling  # noqa: E402
+
+
+_restore_hook()
 
 
 class UsageError(Exception):
@@ -46,6 +54,13 @@ def default_method_spec(pipe=None) -> str:
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not usage + message
         raise UsageError(message)
+
+
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", action="store_true",
+                   help="show the progress bar (images done, tokens/s, ETA) on stderr even when it is not a terminal")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _add_device(p: argparse.ArgumentParser) -> None:
@@ -93,7 +108,7 @@ def _device_line(pipe) -> str:
             f" | compile {'on' if pipe.compiled else 'off'}")
 
 
-def _plan_memory(pipe, batch_size: int, methods, sampling, verbose: bool = False) -> None:
+def _plan_memory(pipe, batch_size: int, methods, sampling, verbose: bool = False, refill: bool = False) -> None:
     """Before any forward: each method's memory plan at ``batch_size`` (``Pipeline.memory``; text
     prompts planned at ``specvis.memory.DEFAULT_PROMPT_TOKENS``, the call re-plans with its own);
     printed with ``-v``; a plan that does not fit is the one-line error. Pipelines without a KV cache
@@ -101,7 +116,7 @@ def _plan_memory(pipe, batch_size: int, methods, sampling, verbose: bool = False
     if not pipe.kv_cache:
         return
     for method in methods:
-        plan = pipe.memory(batch_size, method, sampling)
+        plan = pipe.memory(batch_size, method, sampling, refill=refill)
         if verbose:
             print(f"  {plan.describe()}")
         if not plan.fits:
@@ -237,6 +252,7 @@ def _add_sample_parser(sub, model_help: str, method_help: str) -> None:
     s.add_argument("--seed", type=int, default=0, help="batch j runs with seed + j (default 0)")
     s.add_argument("--out", default="samples", help="output directory: images/NNNNNN.png, samples.npz, stats.json; "
                                                     "rerunning into it skips the images already there")
+    _add_progress(s)
     _add_device(s)
     _add_sampling(s)
     _add_method_options(s)
@@ -275,6 +291,7 @@ def build_parser() -> Parser:
     g.add_argument("--compare-ar", action="store_true",
                    help="also run plain AR on the same conditions and seed (after an untimed one-image warm-up "
                         "of each) and print the wall-clock speedup; only the method's images are written")
+    _add_progress(g)
     _add_device(g)
     _add_sampling(g)
     _add_method_options(g)
@@ -311,6 +328,7 @@ def build_parser() -> Parser:
     b.add_argument("--no-cost-curve", action="store_true",
                    help="skip measuring the forward cost curve (target, draft, drafter by block size) that "
                         "predicted_speedup and efficiency come from")
+    _add_progress(b)
     _add_device(b)
     _add_sampling(b)
     b.add_argument("--accept", default=None, help="acceptance rule of the methods that take one and whose spec "
@@ -345,9 +363,20 @@ def _check_draft(pipe, names: list[str]) -> None:
                          f"checkpoint of the same family as {pipe.name} ({pipe.family.name})")
 
 
+def _check_method_and_out(a: argparse.Namespace) -> None:
+    """``--method ""`` is not the default method, ``--out`` a writable directory (not "": the current
+    one): one line each, before the model loads."""
+    from .io import check_output_dir
+
+    if a.method is not None and not a.method.strip():
+        raise ValueError(f"--method is empty: give one of {', '.join(METHODS)} or a spec, or leave it out for the model's default")
+    check_output_dir(a.out, "--out")
+
+
 def cmd_generate(a: argparse.Namespace) -> int:
     from .viz import contact_sheet, heatmap_sheet
 
+    _check_method_and_out(a)
     if a.method:
         _method(a)  # bad flags fail before the model loads
     if a.num is not None and a.num < 1:
@@ -372,6 +401,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     method = _method(a, pipe)  # without --method: the model's default (DEFAULT_METHODS)
     _check_draft(pipe, [method.name])
     sampling = _sampling(a, pipe.default_sampling)
+    show = wanted(a.progress, a.quiet)  # a bar on stderr (specvis.progress)
     text = pipe.conditioning != "class"  # prompts (through the checkpoint's processor or text encoder)
     if text:
         if a.classes:
@@ -389,21 +419,22 @@ def cmd_generate(a: argparse.Namespace) -> int:
         def run(m, n: int = num):
             return pipe(prompts=prompts[:n], negative_prompts=None if negative is None else negative[:n], method=m,
                         sampling=sampling, seed=a.seed, height=a.height, width=a.width,
-                        positive_suffix=a.positive_suffix, batch_size=a.batch_size)
+                        positive_suffix=a.positive_suffix, batch_size=a.batch_size, progress=show)
     else:
         if a.prompts or a.negative_prompts or a.height is not None or a.width is not None or not a.positive_suffix:
             raise ValueError(f"model {a.model} is class-conditional: --prompt/--negative-prompt/--height/--width/"
                              "--no-positive-suffix do not apply (give --class N)")
+        bad = [c for c in a.classes or [] if not 0 <= c < pipe.num_classes]  # every class given, used or not
+        if bad:
+            raise ValueError(f"--class {bad[0]} is out of range; model {a.model} has classes 0..{pipe.num_classes - 1}")
         classes = a.classes or list(range(pipe.num_classes))
         num = a.num or (len(a.classes) if a.classes else 8)
         classes = [classes[i % len(classes)] for i in range(num)]
-        bad = [c for c in classes if not 0 <= c < pipe.num_classes]
-        if bad:
-            raise ValueError(f"--class {bad[0]} is out of range; model {a.model} has classes 0..{pipe.num_classes - 1}")
 
         def run(m, n: int = num):
-            return pipe(classes[:n], m, sampling, seed=a.seed, batch_size=a.batch_size)
-    _plan_memory(pipe, min(num, a.batch_size or num), [method], sampling, verbose=a.verbose)  # before any forward
+            return pipe(classes[:n], m, sampling, seed=a.seed, batch_size=a.batch_size, progress=show)
+    _plan_memory(pipe, min(num, a.batch_size or num), [method], sampling, verbose=a.verbose,
+                 refill=a.batch_size is not None and a.batch_size < num)  # before any forward
     ar = None
     if a.compare_ar and method.name != "ar":
         from .methods.ar import AR
@@ -467,14 +498,15 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+PROMPTS_LIMIT = 16 << 20  # bytes of a --prompts file: some hundred thousand prompts
+MAX_IMAGES = 10**6  # --num: sample names its images NNNNNN.png; far more than one run writes
+
+
 def read_prompts(path: str) -> list[str]:
     """One prompt a line (blank lines skipped)."""
-    try:
-        lines = [ln.strip() for ln in Path(path).read_text().splitlines()]
-    except FileNotFoundError:
-        raise ValueError(f"--prompts {path}: no such file (one prompt a line)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"--prompts {path}: cannot read ({e.__class__.__name__})") from None
+    from .io import read_text
+
+    lines = [ln.strip() for ln in read_text(path, "--prompts", PROMPTS_LIMIT).splitlines()]
     prompts = [ln for ln in lines if ln]
     if not prompts:
         raise ValueError(f"--prompts {path}: no prompts (one a line)")
@@ -485,6 +517,7 @@ def cmd_sample(a: argparse.Namespace) -> int:
     """``specvis sample``: this rank's share of the images (``specvis.sample``); rank 0 merges."""
     from .sample import init_distributed, sample
 
+    _check_method_and_out(a)
     if a.method:
         _method(a)  # bad flags fail before the model loads (and before the process group)
     if a.num < 1:
@@ -507,7 +540,7 @@ def cmd_sample(a: argparse.Namespace) -> int:
         _plan_memory(pipe, min(a.batch_size, a.num), [method], sampling)  # before any forward
         stats = sample(pipe, method, sampling, out, num=a.num, batch_size=a.batch_size, seed=a.seed,
                        classes=a.classes, prompts=prompts, height=a.height, width=a.width, dist=dist, model=a.model,
-                       progress=sys.stderr.isatty())
+                       progress=wanted(a.progress, a.quiet))
     finally:
         dist.close()
     if stats is not None:
@@ -535,16 +568,35 @@ def check_metrics(text: str | None) -> None:
             raise ValueError(f"--metrics: unknown metric {name!r}; choose from {', '.join(allowed)} (comma-separated)")
 
 
+def _bench_outputs(a: argparse.Namespace) -> None:
+    """``bench``'s outputs, checked before the model loads: ``--json`` a writable file that is absent
+    or a bench report (resumed; anything else is refused and left as it is), ``--md`` a writable
+    file, ``--plots`` a writable directory."""
+    from .bench.report import read_report
+    from .io import check_output_dir, check_output_file
+
+    if a.json is not None:
+        if check_output_file(a.json, "--json").exists():
+            read_report(a.json, "--json")
+    if a.md is not None:
+        check_output_file(a.md, "--md")
+    if a.plots is not None:
+        check_output_dir(a.plots, "--plots")
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from .bench.report import markdown_table, merge_reports
     from .bench.runner import run_bench
 
+    _bench_outputs(a)  # every output path before any work: a report to resume, never another file
     if a.merge:
         if not a.json:
             raise ValueError("--merge needs --json OUT for the merged report")
         report, class_names = merge_reports(a.merge, a.json), None
     else:
         specs = [s for s in a.methods.split(",") if s.strip()]
+        if not specs:
+            raise ValueError(f"--methods {a.methods!r} names no method: give comma-separated specs, e.g. ar,sjd:window=16")
         check_metrics(a.metrics)
         for spec in specs:  # a bad spec fails before the model loads
             method_from_spec(spec, a.accept)
@@ -569,7 +621,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         report = run_bench(pipe, specs, a.num, a.batch_size, a.seed, sampling, a.repeats, a.accept, prompts=prompts,
                            height=a.height, width=a.width,
-                           progress=sys.stderr.isatty(), on_run=show, json_path=a.json, shards=a.shards,
+                           progress=wanted(a.progress, a.quiet), on_run=show, json_path=a.json, shards=a.shards,
                            shard_index=a.shard_index, metrics=metrics, data_dir=a.data, warmup=a.warmup,
                            cost_curve=not a.no_cost_curve, continuous=a.continuous)  # writes --json
     if a.md:
@@ -591,10 +643,10 @@ def check_common(a: argparse.Namespace) -> None:
         checks.device(a.device, "--device")
     if getattr(a, "seed", None) is not None:
         checks.seed(a.seed, "--seed")
-    for flag in ("num", "batch_size", "repeats"):
+    for flag, high in (("num", MAX_IMAGES), ("batch_size", MAX_IMAGES), ("repeats", 1000), ("shards", MAX_IMAGES)):
         value = getattr(a, flag, None)
-        if value is not None and value < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+        if value is not None and not 1 <= value <= high:
+            raise ValueError(f"--{flag.replace('_', '-')} must be an integer in 1..{high}, got {value}")
     for flag in ("height", "width"):
         value = getattr(a, flag, None)
         if value is not None and value < 1:
@@ -608,6 +660,24 @@ def out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
 
 
+OUTPUT_FLAGS = (("out", "--out"), ("json", "--json"), ("md", "--md"), ("plots", "--plots"))
+
+
+def output_flag(exc: OSError, a: argparse.Namespace | None) -> str:
+    """``"--out DIR: "`` when ``exc`` concerns a path under one of the command's output flags, else ""."""
+    name = exc.filename
+    if a is None or not name:
+        return ""
+    path = Path(name).absolute()
+    for dest, flag in OUTPUT_FLAGS:
+        value = vars(a).get(dest)
+        if isinstance(value, str) and value.strip():
+            given = Path(value).absolute()
+            if path == given or given in path.parents:
+                return f"{flag} {value}: "
+    return ""
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as one line, like the CLI's errors (not the file and source line of where it was raised)."""
     print(f"specvis: warning: {message}", file=sys.stderr if file is None else file)
@@ -615,6 +685,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    a = None
     if argv[:1] == ["train-drafter"]:  # its own flags: python -m specvis.train.train_drafter
         from .train.train_drafter import main as train_drafter
 
@@ -626,8 +697,11 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning
             return {"generate": cmd_generate, "sample": cmd_sample, "bench": cmd_bench, "models": cmd_models,
                     "demo": demo.main, "serve": serve_cli.main}[a.command](a)
-    except (UsageError, ValueError, OSError) as e:  # OSError: FileNotFoundError, PermissionError, disk full ...
+    except (UsageError, ValueError) as e:
         print(f"specvis: error: {one_line(e, limit=None)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # FileNotFoundError, PermissionError, disk full ...: named by the flag whose path it is
+        print(f"specvis: error: {output_flag(e, a)}{one_line(e, limit=None)}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # an allocation the machine cannot make: one line, not torch's traceback
         if not out_of_memory(e):

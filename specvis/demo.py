@@ -404,8 +404,26 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
     from .checks import device
 
     device(args.device, "--device")
-    serve(args.model or ["emoji"], args.port, args.host, args.device)
+    listen_address(args.host)
+    try:
+        serve(args.model or ["emoji"], args.port, args.host, args.device)
+    except OSError as e:  # the address is not this machine's, the port is taken, ...
+        raise ValueError(f"--host {args.host} --port {args.port}: cannot listen ({e.strerror or e})") from None
     return 0
+
+
+def listen_address(host: str) -> str:
+    """``--host``: ``localhost`` or an IP address (v4 or v6) to listen on, checked without a name lookup
+    (a lookup would send a query off this machine). One line naming --host otherwise."""
+    import ipaddress
+
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"--host {host!r}: give an IP address to listen on (127.0.0.1, 0.0.0.0, ::) or "
+                             "localhost") from None
+    return host
 
 
 if __name__ == "__main__":

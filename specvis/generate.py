@@ -24,6 +24,7 @@ from .models.continuous import ContinuousAR
 from .models.decoder import CachedStack
 from .noise import image_seeds
 from .options import Options, option_fields
+from .progress import ImageBar
 from .registry import method_argument, refilling_methods
 from .sampling import Sampling, make_generator, sampling_argument
 
@@ -147,13 +148,17 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     ``Condition`` (conditional and unconditional rows given).
     ``graphs``: replay each round as a captured CUDA graph (default: on for CUDA models; no effect on
     CPU); the tokens are the same either way. ``progress``: called after each round (between captured
-    rounds) with the fraction of the stream every row has committed (one host read a round; for UIs).
+    rounds) with the fraction of the stream every row has committed (one host read a round; for UIs);
+    True shows a bar on stderr (images done, tokens per second, ETA: ``specvis.progress``).
     ``ordered``: the model reveals its tokens in an order of its own (MAR), as its family declares it
     (``families.mar.MARReveal``); ``conditions`` are then class ids and the tokens continuous.
     ``batch_size``: decode at most this many samples at once; when one finishes, the next condition
     takes its row (continuous batching, ``methods/slots.py``; methods that declare ``refills``). The
     tokens come back in the conditions' order; ``stats.step_compression`` counts each row's tokens over
     the batched forwards."""
+    if not isinstance(model, torch.nn.Module):
+        raise checks.InputTypeError(f"model must be a loaded token model (pipe.target, a torch module), got {checks.shown(model)}")
+    progress = checks.progress(progress)
     method = method_argument(method)
     if isinstance(method, Auto):
         raise ValueError(REFUSED)
@@ -198,8 +203,14 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
                         progress=progress, seeds=seeds, coupled=rule is not None and "noise" in method.acceptance.needs)
     if queued is not None:
         ctx.queue = SlotQueue(ctx, queued)
-    with torch.inference_mode():  # no autograd bookkeeping on the round's many small ops
-        wall = timed(lambda: method.decode(ctx), device)
+    bar = ImageBar(queued.batch if queued is not None else ctx.n.shape[0], ctx.L) if progress is True else None
+    ctx.progress = bar.fraction if bar is not None else progress or None  # True: a bar on stderr; False: none
+    try:
+        with torch.inference_mode():  # no autograd bookkeeping on the round's many small ops
+            wall = timed(lambda: method.decode(ctx), device)
+    finally:
+        if bar is not None:
+            bar.close()
     stats = ctx.stats(wall)
     if ctx.latents is not None:  # continuous tokens (made under inference mode: cloned into normal tensors)
         return Generation(None, stats, latents=ctx.latents[:, : ctx.L].clone(), method=method)

@@ -105,13 +105,13 @@ class GSD(Rule):
     on the ``embedding`` table ("input": the target's input embeddings, "codebook": the tokenizer's);
     accept with min(1, P(C)/Q(C)); ``residual`` "paper" (max(0, p - q)) or "min-tv" (max(0, p - q f))."""
 
-    group: int = option(25, low=0, flag="gsd-group", help="tokens ranked next to x by p, G/2 on each side")
+    group: int = option(25, low=0, high=4096, flag="gsd-group", help="tokens ranked next to x by p, G/2 on each side")
     delta_p: float = option(0.15, low=0, high=1, flag="gsd-delta-p", help="probability filter |p(y) - p(x)| < delta_p")
-    max_dist: float | None = option(None, low=0, flag="gsd-max-dist",
+    max_dist: float | None = option(None, low=0, high=1e6, flag="gsd-max-dist",
                                     help="distance filter: squared distance over the table's median (None: off)")
     embedding: str = option("input", choices=EMBEDDINGS, flag="gsd-embedding",
                             help="distance table: input (the target's input embeddings) or codebook (the tokenizer's)")
-    ranks: tuple[int, int] | None = option(None, low=0, flag="gsd-ranks", aliases={"official": (7, 6)},
+    ranks: tuple[int, int] | None = option(None, low=0, high=4096, flag="gsd-ranks", aliases={"official": (7, 6)},
                                            help="(below, above) rank window overriding group (official: the official "
                                                 "code's (7, 6))")
     residual: str = option("paper", choices=RESIDUALS,

@@ -205,7 +205,7 @@ class Lantern(Rule):
     temperature-1 law. See the module docstring for the equations and bounds.
     Needs ``bind(RuleTables(codebook))`` before use (``specvis.generate`` does it with ``codebook=``)."""
 
-    k: int = option(1000, low=1, flag="lantern-k",
+    k: int = option(1000, low=1, high=4096, flag="lantern-k",
                     help="neighbours per code, the code itself included (B_k(x); the official lantern_k + 1)")
     delta: float = option(0.2, low=0, high=1, flag="lantern-delta",
                           help="total-variation budget of a merge (budgets paper and output)")
@@ -214,7 +214,7 @@ class Lantern(Rule):
     budget: str = option("paper", choices=BUDGETS, flag="lantern-budget",
                          help="paper: delta bounds each candidate's distorted target (Alg. 1); output: delta bounds "
                               "the committed token's law; relative: LANTERN++, p(A) <= lam p(x)")
-    lam: float = option(5.0, low=1, flag="lantern-lam",
+    lam: float = option(5.0, low=1, high=1000, flag="lantern-lam",
                         help="budget relative: the neighbourhood's mass is at most lam p(x) (LANTERN++'s lambda)")
     residual: str = option("paper", choices=RESIDUALS,
                            help="paper: the budget's own residual; min-tv: Cool-SD's max(0, p - q f)")

@@ -101,7 +101,7 @@ class MemoryPlan:
 
     def line(self) -> str:
         """The one line a call that does not fit stops with."""
-        return (f"a batch of {self.batch_size} needs {self.needed_bytes} bytes ({self.needed_bytes / GIB:.2f} GiB: KV cache "
+        return (f"not enough memory: a batch of {self.batch_size} needs {self.needed_bytes} bytes ({self.needed_bytes / GIB:.2f} GiB: KV cache "
                 f"{self.kv_bytes / GIB:.2f} GiB + laws and activations {self.other_bytes / GIB:.2f} GiB) but {self.device} "
                 f"has {self.free_bytes} bytes ({(self.free_bytes or 0) / GIB:.2f} GiB) free; the largest batch that fits "
                 f"is {self.max_batch_size}")
@@ -120,10 +120,15 @@ class MemoryPlanError(ValueError):
 
 
 def plan(target, draft=None, drafter=None, others=(), *, batch_size: int, cfg: bool, prefix: int,
-         method_slots: int, device: torch.device | str | None = None, free: int | None = None) -> MemoryPlan:
+         method_slots: int, method_bytes: int = 0, refill: bool = False, device: torch.device | str | None = None,
+         free: int | None = None) -> MemoryPlan:
     """The ``MemoryPlan`` of a call (module docstring): ``target`` (and ``draft``, ``drafter``) are the
     cached models, ``others`` further resident modules (tokenizer, VQ), ``prefix`` the longest
-    prompt in tokens, ``method_slots`` the method's scratch slots (its ``pad``)."""
+    prompt in tokens, ``method_slots`` the method's scratch slots (its ``pad``), ``method_bytes`` what
+    else the method allocates per cache row (``scratch_bytes``: PJD's drafts and their laws).
+    ``refill``: continuous batching (fewer rows than samples): a wave of as many samples' prefixes is
+    prefilled apart from the running cache, in a cache of their prefix slots, and copied out
+    (``CachedStack.prefill_prefixes``): twice the target's prefix-only cache of the rows."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     p = next(target.parameters())
@@ -136,10 +141,13 @@ def plan(target, draft=None, drafter=None, others=(), *, batch_size: int, cfg: b
             if model is not None:
                 q = next(model.parameters())
                 total += model.cache_geometry(rows, prefix, method_slots).nbytes(q.dtype, q.device)
+        if refill:  # the wave's prefix-only cache and its copy (the target alone refills)
+            q = next(target.parameters())
+            total += 2 * target.cache_geometry(rows, prefix, -target.layout.stream_len).nbytes(q.dtype, q.device)
         return total
 
     V, ffn = target.layout.law_size, target.config.ffn_hidden
-    per_row_other = 4 * ((method_slots + 1) * V * LAW_COPIES + max(prefix, method_slots + 1) * (3 * ffn + V))
+    per_row_other = 4 * ((method_slots + 1) * V * LAW_COPIES + max(prefix, method_slots + 1) * (3 * ffn + V)) + method_bytes
     per_sample = rows_per_sample * (kv(1) + per_row_other)
     fixed = packing_bytes(target, draft, drafter)
     rows = rows_per_sample * batch_size

@@ -111,14 +111,24 @@ class Options:
     def check(self) -> None:
         """Cross-field checks (a one-line ValueError); none by default."""
 
+    def scratch_bytes(self, layout: Any) -> int:
+        """Bytes per cache row a method's round allocates beyond its cache slots and the laws of its
+        ``pad`` slots (``specvis.memory.plan`` adds them): 0 unless the method holds more (PJD's drafts)."""
+        return 0
+
+
+def _num(v: float) -> str:
+    """A bound as written: whole numbers in full (16777216, not 1.67772e+07), others as ``:g``."""
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
+
 
 def _range(info: OptionInfo | None) -> str:
     low, high = (info.low, info.high) if info is not None else (None, None)
     if low is not None and high is not None:
-        return f" in {'(' if info.open_low else '['}{low:g}, {high:g}]"
+        return f" in {'(' if info.open_low else '['}{_num(low)}, {_num(high)}]"
     if low is not None:
-        return f" {'>' if info.open_low else '>='} {low:g}"
-    return f" <= {high:g}" if high is not None else ""
+        return f" {'>' if info.open_low else '>='} {_num(low)}"
+    return f" <= {_num(high)}" if high is not None else ""
 
 
 def members(tp: Any) -> tuple:

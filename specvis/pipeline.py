@@ -10,10 +10,12 @@ import torch
 
 from . import checks
 from .cpu_features import NATIVE_FLAGS, native_dot_products
-from .generate import Generation
+from .generate import Generation, fit_to_stream
 from .memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, MemoryPlanError, plan
 from .models.base import Captions, Condition, Prompts
 from .models.decoder import CachedStack
+from .models.loading import check_mapped_files
+from .options import Options
 from .models.weight_layout import prepare_cpu_linears
 from .registry import method_argument
 from .sampling import Sampling, sampling_argument
@@ -180,20 +182,27 @@ class Pipeline:
         return self
 
     def memory(self, batch_size: int = 1, method=None, sampling: Sampling | None = None,
-               prompt_tokens: int | None = None) -> MemoryPlan:
+               prompt_tokens: int | None = None, refill: bool = False) -> MemoryPlan:
         """The memory a call of ``batch_size`` samples with ``method`` (None: AR) and ``sampling``
         (None: the pipeline's default; CFG doubles the rows) needs, against what the device has free
         now (``specvis.memory``): ``weights_bytes``, ``kv_bytes``, ``free_bytes``, ``fits``,
         ``max_batch_size``. ``prompt_tokens``: the longest prompt (default: the model's fixed prefix,
-        or ``DEFAULT_PROMPT_TOKENS`` for text prompts); a call plans with its own prompts. A model
-        without a KV cache (MAR) has no plan: ``Family.memory`` refuses in one line."""
-        return self.family.memory(self, batch_size, method, sampling, prompt_tokens)
+        or ``DEFAULT_PROMPT_TOKENS`` for text prompts); a call plans with its own prompts. ``refill``:
+        the call has more samples than ``batch_size`` rows (continuous batching: the refills' prefix
+        caches are planned too). A model
+        without a KV cache (MAR) has no plan: ``Family.memory`` refuses in one line. The arguments are
+        checked as a call's are (one line naming the argument)."""
+        batch_size = checks.integer(batch_size, "batch_size", low=1)
+        method, sampling, _ = call_arguments(method, sampling, 0, self.default_sampling)
+        if prompt_tokens is not None:
+            prompt_tokens = checks.integer(prompt_tokens, "prompt_tokens", low=1, high=checks.MAX_SIZE)
+        return self.family.memory(self, batch_size, method, sampling, prompt_tokens, refill=bool(refill))
 
-    def check_memory(self, condition: Condition, method, sampling: Sampling) -> MemoryPlan:
+    def check_memory(self, condition: Condition, method, sampling: Sampling, refill: bool = False) -> MemoryPlan:
         """The plan of a call about to run; a ``MemoryPlanError`` (one line: bytes needed, bytes free,
         the largest batch that fits) when it does not fit. Runs before any forward."""
         widths = [prefix_width(c, self.target) for c in (condition.cond, condition.uncond) if c is not None]
-        p = self.memory(condition.batch, method, sampling, prompt_tokens=max(widths))
+        p = self.memory(condition.batch, method, sampling, prompt_tokens=max(widths), refill=refill)
         if not p.fits:
             raise MemoryPlanError(p.line())
         return p
@@ -218,9 +227,13 @@ class Pipeline:
         family's official positive suffix to each text prompt, as its official scripts do (Emu3:
         ``POSITIVE_SUFFIX``; the other families have none), False turns it off; ``num_iter``,
         ``cfg_schedule``: the sampler of an ordered model (MAR); ``batch_size``: decode at most this many
-        images at once, a finished one's row taking the next (continuous batching, ``generate``). Each
-        argument is checked before any forward; the family builds the condition, the memory plan is
-        checked, the family runs and decodes."""
+        images at once, a finished one's row taking the next (continuous batching, ``generate``);
+        ``progress``: True shows a bar on stderr (images, tokens/s, ETA), a callable gets the fraction
+        done after each round. Each argument is checked before any forward, and the weights files still
+        mapped into the models are checked unchanged (``models.loading.check_mapped_files``); the family
+        builds the condition, the memory plan is checked, the family runs and decodes."""
+        check_mapped_files()  # a weights file rewritten under the loaded model: one line, not changed weights or SIGBUS
+        progress = checks.progress(progress)
         if batch_size is not None:
             batch_size = checks.integer(batch_size, "batch_size", low=1)
         request = Request(classes, prompts, negative_prompts, height, width, positive_suffix, num_iter, cfg_schedule,
@@ -229,7 +242,8 @@ class Pipeline:
         method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
         self.family.check_method(self, method, sampling)
         condition = self.family.condition(self, request, sampling)
-        self.family.check_memory(self, condition if batch_size is None else condition[:batch_size], method, sampling)
+        refill = batch_size is not None and batch_size < condition.batch
+        self.family.check_memory(self, condition[:batch_size] if refill else condition, method, sampling, refill=refill)
         out = self.family.run(self, condition, request, method, sampling, seed, progress)
         if decode:
             out.images = self.images_of(out)
@@ -398,15 +412,20 @@ def configure_models(pipe: Pipeline, dtype: str | torch.dtype | None = None, com
 
 
 def memory_plan(pipe: Pipeline, batch_size: int = 1, method=None, sampling: Sampling | None = None,
-                prompt_tokens: int | None = None) -> MemoryPlan:
+                prompt_tokens: int | None = None, refill: bool = False) -> MemoryPlan:
     """``Pipeline.memory`` of a KV-cached model (``Family.memory``): the cached models and what else
     the family keeps resident (``Family.resident``: the tokenizer, or the loaded VQ)."""
     from .methods.ar import AR
 
     sampling = sampling or pipe.default_sampling
     prefix = min(pipe.target.max_prefix, DEFAULT_PROMPT_TOKENS) if prompt_tokens is None else int(prompt_tokens)
+    layout = pipe.target.layout
+    with warnings.catch_warnings():  # the call says what it clamps; the plan is of the clamped method
+        warnings.simplefilter("ignore")
+        method = fit_to_stream(AR() if method is None else method, layout.stream_len)
     return plan(pipe.target, pipe.draft, pipe.drafter, pipe.family.resident(pipe), batch_size=batch_size,
-                cfg=sampling.uses_cfg, prefix=prefix, method_slots=(AR() if method is None else method).pad)
+                cfg=sampling.uses_cfg, prefix=prefix, method_slots=method.pad, refill=refill,
+                method_bytes=method.scratch_bytes(layout) if isinstance(method, Options) else 0)
 
 
 def generate_with_kv_cache(pipe: Pipeline, rows, method, sampling: Sampling, seed: int, codebook, progress,

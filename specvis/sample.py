@@ -42,7 +42,7 @@ import numpy as np
 
 from .checks import SEED_LIMIT
 from .generate import keyed_method
-from .io import atomic_write, clean_stale_temps, write_text
+from .io import atomic_write, clean_stale_temps, read_text, write_text
 from .registry import describe
 from .shards import batches, shard_work
 
@@ -110,7 +110,7 @@ def _rank_file(out: Path, rank: int) -> Path:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path, "sample file"))
     except (OSError, ValueError):
         return None
 
@@ -259,15 +259,17 @@ def _sample_locked(pipe, method, sampling, out: Path, config: dict[str, Any], wo
     mine_set = set(mine)
     record = {j: st for j, st in old.items() if j in mine_set}
     generated = skipped = 0
-    from tqdm import tqdm
+    from .progress import ImageBar
 
-    for j, (conds, s) in tqdm(list(zip(mine, my_work)), disable=not progress or dist.rank != 0,
-                              desc=f"sample rank {dist.rank}", leave=False):
+    bar = ImageBar(sum(len(c) for c, _ in my_work), pipe.target.layout.stream_len, f"sample rank {dist.rank}",
+                   enabled=progress and dist.rank == 0)
+    for j, (conds, s) in zip(mine, my_work):
         first = j * batch_size
         ids = list(range(first, first + len(conds)))
         missing = [i for i in ids if not _complete(image_path(out, i))]
         if not missing:
             skipped += len(ids)
+            bar.update(len(ids), tokens=0)  # already there: done, nothing decoded
             continue
         for i in missing:
             if image_path(out, i).exists():
@@ -283,6 +285,8 @@ def _sample_locked(pipe, method, sampling, out: Path, config: dict[str, Any], wo
         generated += len(missing)
         record[j] = _batch_stats(gen, ids, s)
         _write_rank(out, dist, record)
+        bar.update(len(ids))
+    bar.close()
     # always leave this rank's file (carried-over stats too) for the merge, even with nothing to do
     _write_rank(out, dist, record)
     dist.barrier()

@@ -22,6 +22,12 @@ from .checks import InputTypeError, integer, number, shown
 
 
 NOISES = ("stream", "keyed")
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
+"""Temperatures other than 0 (greedy) lie in this range: logits / T must stay finite in fp32 (T =
+1e-40 turned logits of 0.1 into inf, and the law into NaN), and a T above it is the uniform law."""
+TEMPERATURES = f"0 (greedy) or a finite number in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]"
+MAX_CFG_SCALE = 1e3  # guided logits u + s (c - u) stay finite in fp32 for logits of any model's size
+MAX_TOP_K = 2**24  # above any vocabulary (checks.MAX_SIZE)
 
 
 @dataclass(frozen=True)
@@ -39,14 +45,15 @@ class Sampling:
     def __post_init__(self) -> None:
         """Types and ranges, one line naming the field (``specvis.checks``): numbers are finite (an
         infinite cfg_scale turns every law into NaN), ints are never bools (``top_k=True`` is not 1)."""
-        if number(self.temperature, "temperature", ">= 0 (0 = greedy)") < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        t = number(self.temperature, "temperature", TEMPERATURES)
+        if t != 0 and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be {TEMPERATURES}, got {self.temperature}")
         if self.top_k is not None:
-            integer(self.top_k, "top_k", 1)
+            integer(self.top_k, "top_k", 1, MAX_TOP_K)
         if self.top_p is not None and not 0.0 < number(self.top_p, "top_p", "in (0, 1]") <= 1.0:
             raise ValueError(f"top_p must be None or a number in (0, 1], got {self.top_p}")
-        if number(self.cfg_scale, "cfg_scale", ">= 0 (1 = no guidance)") < 0:
-            raise ValueError(f"cfg_scale must be a finite number >= 0 (1 = no guidance), got {self.cfg_scale}")
+        if not 0 <= number(self.cfg_scale, "cfg_scale", f"in [0, {MAX_CFG_SCALE:g}] (1 = no guidance)") <= MAX_CFG_SCALE:
+            raise ValueError(f"cfg_scale must be a finite number in [0, {MAX_CFG_SCALE:g}] (1 = no guidance), got {self.cfg_scale}")
         if self.noise not in NOISES:
             raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {shown(self.noise)}")
 

@@ -193,7 +193,9 @@ def threads_for(n_params: int, device, threads: int | str | None = None) -> tupl
     """(intra-op thread count to set, or None to leave torch's, and why). In order: ``threads``
     (``sv.load(threads=)``), the environment variable ``SPECVIS_THREADS``, then: leave torch's when
     ``OMP_NUM_THREADS`` is set, the device is not the CPU or the target has ``SMALL_MODEL_PARAMS``
-    parameters or more; else 1. A value of 0 means torch's default. A bad value is a ValueError."""
+    parameters or more; else 1. A value of 0 means torch's default; more than the machine's cores
+    (``os.cpu_count``) is refused (OpenMP aborts the process when it cannot make its threads). A bad
+    value is a ValueError."""
     for value, what in ((threads, "threads="), (os.environ.get(THREADS_ENV), THREADS_ENV)):
         if value is None or value == "":
             continue
@@ -201,8 +203,10 @@ def threads_for(n_params: int, device, threads: int | str | None = None) -> tupl
             n = int(value) if not isinstance(value, bool) else -1
         except (TypeError, ValueError):
             n = -1
-        if n < 0 or (isinstance(value, float) and value != n):
-            raise ValueError(f"{what} {value!r}: give a whole number of CPU threads >= 1 (0: torch's default)")
+        cores = os.cpu_count() or 1
+        if n < 0 or n > cores or (isinstance(value, float) and value != n):
+            raise ValueError(f"{what} {value!r}: give a whole number of CPU threads in 1..{cores}, this machine's "
+                             "cores (0: torch's default)")
         return (n or None), what
     if os.environ.get("OMP_NUM_THREADS"):
         return None, "OMP_NUM_THREADS"
@@ -245,6 +249,11 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
         pipe = BUNDLES[name][1](dev, dtype)
     elif Path(name).is_dir() or "/" in str(name):
         from .families import load_pipeline
+        from .io import check_directory_files
+
+        for d in (name, draft, drafter):  # a FIFO among the files would block its reader for ever
+            if d is not None and Path(d).is_dir():
+                check_directory_files(d, "model" if d is name else "draft" if d is draft else "drafter")
 
         pipe = load_pipeline(name, draft=draft, drafter=drafter, device=dev, dtype=dtype, quantize=quantize)
     else:

@@ -414,12 +414,12 @@ def test_registry_and_spec():
 @pytest.mark.parametrize("make,message", [
     (lambda: method_from_spec("auto:bogus=1"), "method auto has no option 'bogus'; options: margin, repeats"),
     (lambda: method_from_spec("auto:accept=lantern"), "method auto has no option 'accept'"),
-    (lambda: sv.Auto(margin=0.5), "Auto.margin must be a finite number >= 1, got 0.5"),
-    (lambda: sv.Auto(repeats=0), "Auto.repeats must be an integer >= 1, got 0"),
-    (lambda: sv.Auto(probe_classes=()), "Auto.probe_classes must be a non-empty list of integers >= 0 or None, got ()"),
+    (lambda: sv.Auto(margin=0.5), "Auto.margin must be a finite number in [1, 100], got 0.5"),
+    (lambda: sv.Auto(repeats=0), "Auto.repeats must be an integer in [1, 200], got 0"),
+    (lambda: sv.Auto(probe_classes=()), "Auto.probe_classes must be a non-empty list of integers in [0, 16777216] or None, got ()"),
     (lambda: method_from_spec("auto:probe_classes=0,x"),
-     "method option probe_classes must be a non-empty list of integers >= 0 or None, got '0,x'"),
-    (lambda: sv.Auto(probe_classes=(-1,)), "Auto.probe_classes must be a non-empty list of integers >= 0 or None"),
+     "method option probe_classes must be a non-empty list of integers in [0, 16777216] or None, got '0,x'"),
+    (lambda: sv.Auto(probe_classes=(-1,)), "Auto.probe_classes must be a non-empty list of integers in [0, 16777216] or None"),
     (lambda: sv.load("random-tiny")([0], sv.Auto(probe_classes=(99,))), "Auto.probe_classes: class 99 is out of range"),
 ])
 def test_bad_input_is_one_line(make, message):

@@ -6,8 +6,10 @@ file's private mapping (``models.loading.maps_in_place``) when the file stores t
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -253,3 +255,81 @@ def test_routes_filling_rows_twice_or_not_at_all_are_refused():
                         ({"a": slice(0, 3), "b": slice(3, 5)}, "lacks 1 tensors, e.g. 'w'")):
         with pytest.raises(ValueError, match=match):
             loading.check_routes(runs, route(runs), dests, "x")
+
+
+def _mapped_shard(pipe) -> Path:
+    w = pipe.target.layers[0].feed_forward.w2.weight
+    where = mapping_of(w)
+    assert where is not None and where.endswith(".safetensors"), "the test needs a weight left in the mapping"
+    return Path(where)
+
+
+def test_a_weights_file_rewritten_in_place_stops_the_next_call(janus_bf16, tmp_path):
+    """A bf16 checkpoint's weights stay in the file mapping; the file rewritten in place (same size, other
+    bytes) makes the next call one ValueError naming the file, before any forward; a file replaced by a
+    new one (rename: a new inode) leaves the mapped weights as they were and calls go on. Catches: a
+    call that runs on the silently changed weights (no check), a check that compares only sizes, a
+    check that refuses a replaced file."""
+    d = shutil.copytree(janus_bf16, tmp_path / "ckpt")
+    pipe = sv.load(str(d), dtype="bf16")
+    call = dict(prompts=["a cat"], method="ar", decode=False, sampling={"temperature": 0})
+    first = pipe(**call).tokens
+    shard = _mapped_shard(pipe)
+    data = shard.read_bytes()
+    fresh = shard.with_name("fresh.tmp")
+    fresh.write_bytes(data)
+    os.replace(fresh, shard)  # a new inode: the old mapping stands
+    assert torch.equal(pipe(**call).tokens, first)
+    pipe = sv.load(str(d), dtype="bf16")
+    shard = _mapped_shard(pipe)
+    header = 8 + int.from_bytes(data[:8], "little")
+    with open(shard, "r+b") as f:  # in place: the same inode and size, other weights
+        f.seek(header)
+        f.write(bytes(len(data) - header))
+    with pytest.raises(ValueError, match=re.escape(str(shard))) as e:
+        pipe(**call)
+    assert "\n" not in str(e.value) and "rewritten" in str(e.value)
+
+
+def test_a_truncated_weights_file_is_one_line_not_sigbus(janus_bf16, tmp_path):
+    """The mapped file truncated under a loaded model: the next call is one line naming the file and its
+    sizes, not the process killed by SIGBUS. Runs in a child process (the bug kills it)."""
+    import subprocess
+    import sys
+
+    d = shutil.copytree(janus_bf16, tmp_path / "ckpt")
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import specvis as sv
+from test_loading_paths import _mapped_shard
+pipe = sv.load({str(d)!r}, dtype="bf16")
+call = dict(prompts=["a cat"], method="ar", decode=False, sampling={{"temperature": 0}})
+pipe(**call)
+shard = _mapped_shard(pipe)
+os.truncate(shard, 4096)
+try:
+    pipe(**call)
+except ValueError as e:
+    print("ERROR", e)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.returncode, p.stderr[-500:])
+    assert "ERROR weights file" in p.stdout and "changed size" in p.stdout and "4096" in p.stdout
+
+
+def test_a_changed_file_of_a_freed_model_is_forgotten(janus_bf16, tmp_path):
+    """Once the model that mapped a file is freed, rewriting the file stops nothing: another pipeline's
+    call runs. Catches: a process-wide record that refuses every later call."""
+    import gc
+
+    d = shutil.copytree(janus_bf16, tmp_path / "ckpt")
+    pipe = sv.load(str(d), dtype="bf16")
+    shard = _mapped_shard(pipe)
+    del pipe
+    gc.collect()
+    with open(shard, "r+b") as f:
+        f.seek(64)
+        f.write(b"\0" * 16)
+        f.truncate(4096)
+    sv.load("random-tiny")([0], "ar", decode=False)

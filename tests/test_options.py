@@ -35,18 +35,36 @@ def test_every_field_is_declared_with_help():
         assert info.check(info.default) == info.default  # every default passes its own declaration
 
 
-def at(info, v):
-    """A value of ``info`` whose numbers are all ``v`` (the tightest one a cross-field check allows)."""
+def at(info, v, top=False):
+    """A value of ``info`` whose numbers are all ``v`` (the tightest one a cross-field check allows;
+    ``top``: an open interval's upper end is ``v``)."""
     if not any(typing.get_origin(m) is tuple for m in members(info.type)):
         return v
-    if info.name == "tree":
-        return ((v,),)
+    if info.name == "tree":  # rank v needs its elder siblings 0 .. v - 1
+        return tuple((i,) for i in range(v + 1)) if top else ((v,),)
     if info.owner == "ADTTree":  # an open interval: (low, low + 2) holds one integer
-        return (v, v + 2)
+        return (v - 2, v) if top else (v, v + 2)
     return (v, v) if info.name == "ranks" else (v,)
 
 
 BOUNDED = [p for p in OPTIONS if p[1].low is not None or p[1].high is not None]
+
+
+def numbers_in(tp) -> set:
+    out = set()
+    for m in members(tp):
+        out |= numbers_in(typing.get_args(m)[0]) if typing.get_origin(m) is tuple else {m} & {int, float}
+    return out
+
+
+@pytest.mark.parametrize("cls,info", OPTIONS, ids=ids(OPTIONS))
+def test_every_number_has_an_upper_bound(cls, info):
+    """Each option holding numbers declares the largest it takes (``high``) or counts stream tokens
+    (``stream``: clamped to the stream before the plan and the run), so that no value makes unbounded
+    work or memory (PJD's window of 2**62, Auto's 10**6 repeats). Catches a numeric option declared
+    without a bound."""
+    if numbers_in(info.type):
+        assert info.high is not None or info.stream, f"{cls.__name__}.{info.name} has no upper bound"
 
 
 @pytest.mark.parametrize("cls,info", BOUNDED, ids=ids(BOUNDED))
@@ -59,7 +77,8 @@ def test_bounds_are_exact(cls, info):
         if bound is None:
             continue
         edge = bound if step != 1 else int(bound)
-        inside, outside = at(info, edge), at(info, edge + past)
+        top = bound == info.high
+        inside, outside = at(info, edge, top), at(info, edge + past, top)
         if info.open_low and bound == info.low:
             inside, outside = at(info, edge + step), at(info, edge)
         made = cls(**{info.name: inside})
@@ -68,7 +87,8 @@ def test_bounds_are_exact(cls, info):
             cls(**{info.name: outside})
         message = str(e.value)
         assert message.startswith(f"{cls.__name__}.{info.name} must be ") and "\n" not in message
-        assert message.endswith(f"got {outside!r}")
+        shown = repr(outside) if len(repr(outside)) <= 60 else repr(outside)[:57] + "..."  # as errors show it
+        assert message.endswith(f"got {shown}")
 
 
 @pytest.mark.parametrize("cls,info", OPTIONS, ids=ids(OPTIONS))
@@ -99,8 +119,8 @@ def test_tuples_are_checked_item_by_item_and_stored_as_tuples():
     for make, text in [(lambda: sv.ADTTree(depth_range=(2, 5, 9)), "ADTTree.depth_range must be a list of 2 integers"),
                        (lambda: sv.ADTTree(depth_range=(2, True)), "ADTTree.depth_range must be a list of 2 integers"),
                        (lambda: sv.Auto(probe_classes=(0, 1.0)), "Auto.probe_classes must be a non-empty list"),
-                       (lambda: sv.GSD(ranks=(7, -1)), "GSD.ranks must be a list of 2 integers >= 0 or official = 7/6 or None"),
-                       (lambda: sv.StaticTree(tree=[[0], []]), "non-empty lists of integers >= 0")]:
+                       (lambda: sv.GSD(ranks=(7, -1)), r"GSD.ranks must be a list of 2 integers in \[0, 4096\] or official = 7/6 or None"),
+                       (lambda: sv.StaticTree(tree=[[0], []]), r"non-empty lists of integers in \[0, 1023\]")]:
         with pytest.raises(ValueError, match=text):
             make()
 

@@ -223,7 +223,7 @@ def test_tuple_options_are_written_with_slashes_and_dots():
     assert generate_method("--method", "static-tree", "--tree", "0,0.0,0.0.0") == sv.StaticTree(tree=[[0], [0, 0], [0, 0, 0]])
     for spec, message in [("static-tree:tree=0/0.1", "StaticTree.tree: path [0, 1] has no elder sibling [0, 0]"),
                           ("static-tree:tree=0/x", "method option tree must be one of mc_sim_7b_63, "),
-                          ("static-tree:tree=0/x", "or a non-empty list of non-empty lists of integers >= 0, got '0/x'"),
+                          ("static-tree:tree=0/x", "or a non-empty list of non-empty lists of integers in [0, 1023], got '0/x'"),
                           ("adt:depth_range=2/3", "ADTTree.depth_range must be an open interval")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             strict(spec)

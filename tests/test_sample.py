@@ -108,8 +108,8 @@ def test_rerun_after_a_kill_generates_only_what_is_missing(single, tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--model", "random-tiny", "--num", "0"], "--num must be >= 1, got 0"),
-    (["--model", "random-tiny", "--num", "2", "--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--model", "random-tiny", "--num", "0"], "--num must be an integer in 1..1000000, got 0"),
+    (["--model", "random-tiny", "--num", "2", "--batch-size", "0"], "--batch-size must be an integer in 1.."),
     (["--model", "random-tiny", "--num", "2", "--method", "warp"], "unknown method 'warp'"),
     (["--model", "random-tiny", "--num", "2", "--class", "9"], "--class 9 is out of range"),
     (["--model", "random-tiny", "--num", "2", "--method", "ar", "--window", "4"], "method ar has no option '--window'"),

@@ -152,12 +152,20 @@ def test_a_pipeline_call_checks_batch_size_before_any_forward():
 def test_restarted_rows_stay_inside_the_live_span(grid, method):
     """With live spans of 8 slots checked (``CHECK_LIVE``), no forward attends a slot past its span while
     rows restart: the caches' bound must cover a restarted row's new prefix even when it is longer than
-    the stream of the row it replaces (2x2 grid, prompts of up to 5 tokens), and the tokens equal the
-    whole-cache run's."""
+    the stream of the row it replaces, and the tokens equal the whole-cache run's. Two sets: the harness
+    prompts (up to 6 tokens), and short prompts (3 tokens: rows of 3 + 4 slots on the 2x2 grid, inside
+    the first bucket) followed by prompts of 12 tokens restarting those rows, whose prefix crosses into
+    the second bucket. Catches: ``load_prefixes`` not raising the cache's bound (``decoder.py``)."""
+    from specvis.models.base import Condition, Prompts
     from test_live_attention import live
 
     m = tiny_prompt_model(0, vocab=7, height=grid, width=grid)
-    whole = sv.generate(m, condition_rows(m, ORDER), method, GREEDY, batch_size=3)
-    with live(8):
-        spanned = sv.generate(m, condition_rows(m, ORDER), method, GREEDY, batch_size=3)
-    assert torch.equal(whole.tokens, spanned.tokens)
+    short, long = [1, 5, 2], [1, 4, 4, 6, 7, 3, 5, 8, 6, 4, 7, 2]
+    prompts = [short, short, short, long, long, short, long]
+    restarting = Condition(Prompts.of(prompts), Prompts.of([m.unconditional(Prompts.of([q])).ids[0].tolist()
+                                                             for q in prompts]))
+    for conditions in (condition_rows(m, ORDER), restarting):
+        whole = sv.generate(m, conditions, method, GREEDY, batch_size=3)
+        with live(8):
+            spanned = sv.generate(m, conditions, method, GREEDY, batch_size=3)
+        assert torch.equal(whole.tokens, spanned.tokens)

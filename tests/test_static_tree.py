@@ -239,7 +239,7 @@ def test_topology_and_presets():
     topo = st.Topology(m.paths, torch.device("cpu"))
     assert topo.children.tolist() == [[1, 2], [3, -1], [-1, -1], [-1, -1]] and topo.D == 2
     for bad, msg in [("nope", "must be one of mc_sim_7b_63, "), ([], "non-empty"), ([[0], [0, 1]], "elder sibling"),
-                     ([[0, 0]], "no parent"), ([[0], [0]], "twice"), ([[0], [-1]], "integers >= 0")]:
+                     ([[0, 0]], "no parent"), ([[0], [0]], "twice"), ([[0], [-1]], r"integers in \[0, 1023\]")]:
         with pytest.raises(ValueError, match=msg):
             sv.StaticTree(tree=bad)
 

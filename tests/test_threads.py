@@ -1,6 +1,8 @@
 """CPU intra-op threads chosen by sv.load: 1 for small targets on CPU unless SPECVIS_THREADS,
 OMP_NUM_THREADS or threads= say otherwise (torch's count is restored after each test)."""
 
+import os
+
 import pytest
 import torch
 
@@ -48,6 +50,7 @@ def test_specvis_threads_overrides(monkeypatch):
 
 
 def test_threads_argument_wins(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)  # any machine: 4 threads within its cores
     monkeypatch.setenv("SPECVIS_THREADS", "2")
     pipe = sv.load("random-tiny", threads=4)
     assert torch.get_num_threads() == 4 and pipe.extras["threads"] == 4 and pipe.extras["threads_source"] == "threads="
@@ -60,7 +63,9 @@ def test_zero_means_torchs_default(monkeypatch):
 
 
 @pytest.mark.parametrize("env,arg,message", [
-    ("abc", None, "SPECVIS_THREADS 'abc': give a whole number of CPU threads >= 1"),
+    ("abc", None, "SPECVIS_THREADS 'abc': give a whole number of CPU threads in 1.."),
+    (str(10**9), None, "SPECVIS_THREADS '1000000000': give a whole number of CPU threads in 1.."),
+    (None, 10**9, "threads= 1000000000: give a whole number of CPU threads in 1.."),
     ("-2", None, "SPECVIS_THREADS '-2': give a whole number"),
     (None, 2.5, "threads= 2.5: give a whole number"),
     (None, "x", "threads= 'x': give a whole number"),

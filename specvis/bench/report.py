@@ -12,7 +12,7 @@ import numpy as np
 
 from ..cost import (BLOCK_FIELDS, forward_fields, at_span, block_size_fields, curve_cost,  # noqa: F401 (names kept here)
                     predicted_time)
-from ..io import atomic_write, write_text
+from ..io import atomic_write, read_text, write_text
 from .quality import seed_groups, summarize
 
 # report fields that, with a run's method/config/acceptance, identify a completed configuration
@@ -20,6 +20,31 @@ KEY_FIELDS = ("model", "device", "batch_size", "num_images", "seed", "sampling",
 OPTIONAL_KEY_FIELDS = ("num_iter", "continuous")  # in the key only where the report has them (older keys stay valid)
 TIMING_FIELDS = ("wall_s", "wall_s_repeats", "images_per_s", "speedup", "speedup_rounds", "predicted_speedup",
                  "efficiency", "forward_s_repeats", "forward_share", "round_efficiency", "forward_vs_curve")
+
+
+MARKER = ("specvis_report", "bench")  # the first field of every report ``run_bench`` writes
+
+
+def is_bench_report(obj: Any) -> bool:
+    """Whether ``obj`` (a parsed JSON file) is a bench report: a JSON object carrying ``MARKER``, or one
+    written before the marker (``specvis_version``, ``model`` and a list of run objects)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("runs"), list) or not all(isinstance(r, dict) for r in obj["runs"]):
+        return False
+    return obj.get(MARKER[0]) == MARKER[1] or ("specvis_version" in obj and "model" in obj)
+
+
+def read_report(path: str | Path, what: str = "--json") -> dict[str, Any]:
+    """The bench report at ``path`` (a regular file, ``io.read_text``), or one line naming ``what`` that
+    says it is not one: nothing that is not a report is ever taken for one (or overwritten)."""
+    try:
+        obj = json.loads(read_text(path, what))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} {path}: not a specvis bench report (not JSON: {e.msg}, line {e.lineno}); "
+                         f"give another path or move the file") from None
+    if not is_bench_report(obj):
+        raise ValueError(f"{what} {path}: not a specvis bench report (a JSON {type(obj).__name__} without its "
+                         f"{MARKER[0]!r} field); give another path or move the file")
+    return obj
 
 
 def run_key(report: dict[str, Any], run: dict[str, Any]) -> str:
@@ -275,12 +300,7 @@ def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -
     and speedups recomputed, per-class accept maps weighted by images, quality recomputed from the
     shards' observation files when all are present (else mean metrics weighted, Frechet ones dropped).
     Forwards by block size are summed; the first shard's ``cost_curve`` prices them (predicted speedups)."""
-    reports = []
-    for p in paths:
-        try:
-            reports.append(json.loads(Path(p).read_text()))
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read bench report {p}: {e}") from None
+    reports = [read_report(p, "--merge") for p in paths]
     first = reports[0]
     for p, r in zip(paths, reports):
         for k in ("model", "device", "batch_size", "num_images", "seed", "sampling", "shards"):

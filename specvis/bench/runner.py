@@ -24,12 +24,13 @@ from tqdm import tqdm
 from .. import __version__
 from ..cpu_features import cpu_description
 from ..generate import keyed_method
+from ..progress import ImageBar
 from ..registry import build_method, describe, parse_method_spec
 from ..sampling import Sampling
 from ..shards import Work, batches, shard_work  # the one work split, shared with specvis sample
 from .quality import Metric, QualitySource, build_metrics, seed_groups, summarize
 from .forward_cost import cost_curve as measure_curve
-from .report import (BLOCK_FIELDS, block_size_fields, key_id, load_observations, markdown_table, run_key,
+from .report import (BLOCK_FIELDS, MARKER, block_size_fields, key_id, load_observations, markdown_table, read_report, run_key,
                      save_observations, set_speedups, side_path, write_report)
 
 __all__ = ["batches", "shard_work", "run_bench", "markdown_table"]
@@ -61,7 +62,7 @@ def _run(pipe, conds: list[int], method, sampling: Sampling, seed: int, prompts:
                 height=grid[0], width=grid[1], batch_size=rows)
 
 
-def _round(pipe, methods: list, work: Work, sampling: Sampling, bar: tqdm | None, warmup: str,
+def _round(pipe, methods: list, work: Work, sampling: Sampling, bar: ImageBar | None, warmup: str,
            prompts: list | None, grid: tuple[int | None, int | None],
            between: Callable[[list[list[tuple[int, Any]]]], None] | None = None,
            rows: int | None = None) -> list[tuple[float, list[tuple[int, Any]]]]:
@@ -84,7 +85,7 @@ def _round(pipe, methods: list, work: Work, sampling: Sampling, bar: tqdm | None
             walls[i] += out.stats.wall_s
             outputs[i].append((len(classes), out))
             if bar is not None:
-                bar.update(1)
+                bar.update(len(classes))
         if between is not None:
             between(outputs)
     return list(zip(walls, outputs))
@@ -187,10 +188,10 @@ def _previous_curve(json_path: Path | None, report: dict[str, Any]) -> dict[str,
     if json_path is None or not json_path.exists():
         return None
     try:
-        old = json.loads(json_path.read_text())
-    except (OSError, ValueError):
+        old = read_report(json_path)
+    except ValueError:
         return None
-    curve = old.get("cost_curve") if isinstance(old, dict) else None
+    curve = old.get("cost_curve")
     if not isinstance(curve, dict) or any(old.get(k) != report.get(k) for k in CURVE_FIELDS):
         return None
     return curve
@@ -236,12 +237,12 @@ def _load_previous(json_path: Path | None, report: dict[str, Any]) -> tuple[dict
     it was run on other prompts, grid or draft)."""
     if json_path is None or not json_path.exists():
         return {}, {}, {}
+    old = read_report(json_path)  # anything else is refused, never overwritten
     try:
-        old = json.loads(json_path.read_text())
-        done = {run_key(old, r): r for r in old.get("runs", [])}
-    except (OSError, ValueError, KeyError, TypeError):
-        print(f"specvis: {json_path} is not a bench report; starting afresh", file=sys.stderr)
-        return {}, {}, {}
+        done = {run_key(old, r): r for r in old["runs"]}
+    except (KeyError, TypeError):
+        raise ValueError(f"--json {json_path}: a bench report whose runs lack their method, config or acceptance; "
+                         "give another path or move the file") from None
     changed = [k for k in TEXT_FIELDS if old.get(k) != report.get(k)]
     if changed and done:
         print(f"specvis: {json_path} was run with other {', '.join(changed)}; starting afresh", file=sys.stderr)
@@ -313,7 +314,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
             raise ValueError("--continuous runs every image in one call: it takes no --shards")
         work, rows = [([c for classes, _ in full for c in classes], seed)], batch_size
     report = {
-        "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),
+        MARKER[0]: MARKER[1], "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),
         "device_name": torch.cuda.get_device_name(pipe.device) if pipe.device.type == "cuda" else cpu_description(),
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "dtype": str(pipe.dtype).removeprefix("torch."),
         "dtype_source": (pipe.extras or {}).get("dtype_source"), "quantize": (pipe.extras or {}).get("quantize"),
@@ -342,9 +343,10 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         if prev is not None:
             prev.setdefault("wall_s_repeats", [prev["wall_s"]])
     passes = sum(max(0, repeats - len(prev["wall_s_repeats"])) if prev else repeats for _, _, prev in todo) * len(work)
+    images = passes // max(len(work), 1) * sum(len(c) for c, _ in work)  # the timed passes' images
     # with timed passes to run the curve is sampled alongside them, else taken from the earlier report
     old_curve = _previous_curve(json_path, report) if cost_curve and not passes else None
-    bar = tqdm(total=passes, desc="bench", disable=not progress or not passes, leave=False)
+    bar = ImageBar(images, pipe.target.layout.stream_len, "bench", enabled=progress and passes > 0)
     quality: list[Metric] | None = None
 
     def save() -> None:

@@ -247,9 +247,9 @@ class Family:
         return pipe.conditions(request.prompts, request.negative_prompts, sampling, request.height, request.width,
                                request.positive_suffix)
 
-    def check_memory(self, pipe, condition: Condition, method, sampling: Sampling):
+    def check_memory(self, pipe, condition: Condition, method, sampling: Sampling, refill: bool = False):
         """The memory plan of the call (``Pipeline.check_memory``): a one-line error when it does not fit."""
-        return pipe.check_memory(condition, method, sampling)
+        return pipe.check_memory(condition, method, sampling, refill)
 
     def run(self, pipe, condition: Condition, request: Request, method, sampling: Sampling, seed: int,
             progress) -> Generation:
@@ -294,9 +294,10 @@ class Family:
         """Classes of ``pipe(classes=...)``: none for prompt-conditioned models."""
         return 0
 
-    def memory(self, pipe, batch_size: int, method, sampling: Sampling | None, prompt_tokens: int | None):
+    def memory(self, pipe, batch_size: int, method, sampling: Sampling | None, prompt_tokens: int | None,
+               refill: bool = False):
         """``Pipeline.memory``: the KV-cache plan (``pipeline.memory_plan``)."""
-        return memory_plan(pipe, batch_size, method, sampling, prompt_tokens)
+        return memory_plan(pipe, batch_size, method, sampling, prompt_tokens, refill)
 
     def configure(self, pipe, dtype, compile: bool | str, graphs: bool | None) -> None:
         """``Pipeline.configure``: dtype, compile, captured rounds, CPU linear layouts (``pipeline.configure_models``)."""

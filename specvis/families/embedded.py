@@ -25,6 +25,17 @@ class ClassLatents(ClassFamily):
     name = "class-latents"
     tokens = "continuous"
 
+    def check_method(self, pipe, method, sampling) -> None:
+        """Continuous tokens run AR and CSpD only (as ``specvis generate`` refuses the others); ``sv.Auto``
+        resolves to AR on them (``specvis.tune``)."""
+        from ..methods.ar import AR
+        from ..methods.auto import Auto
+        from ..methods.cspd import CSpD
+
+        if not isinstance(method, (AR, CSpD, Auto)):
+            raise ValueError(f"model {pipe.name} has continuous tokens: method must be sv.AR() or sv.CSpD(...) "
+                             f"(ar or cspd), got {type(method).__name__}")
+
     def codebook(self, pipe) -> None:
         return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from typing import Callable, Sequence
 import torch
 
 from ..checks import one_line
+from ..io import read_text, regular_file
 from ..models.decoder import DecoderConfig
-from ..models.loading import Piece, Route, rename_with, safetensors_files
+from ..models.loading import Piece, Route, check_header, rename_with, safetensors_files
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -25,11 +27,13 @@ apart, each head's rows in rotate-half order (transformers' ``rotate_half``)."""
 
 
 def read_json(path: Path) -> dict:
+    """A checkpoint's JSON object file (``io.read_text``: a regular file of bounded size)."""
+    if not path.exists():
+        raise ValueError(f"{path.parent}: missing {path.name}")
+    text = read_text(path, "checkpoint file")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path.parent}: missing {path.name}") from None
-    except Exception as exc:  # noqa: BLE001
+        data = json.loads(text)
+    except ValueError as exc:
         raise ValueError(f"{path}: unreadable JSON ({one_line(exc)})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: must hold a JSON object")
@@ -43,12 +47,14 @@ def stored_numel(directory: Path) -> int:
     total = 0
     for f in weight_files(directory):
         try:
+            regular_file(f, "checkpoint file")
             with open(f, "rb") as fh:
                 n = struct.unpack("<Q", fh.read(8))[0]
                 header = json.loads(fh.read(min(n, 100_000_000)))
             total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
         except Exception as exc:  # noqa: BLE001 - any unreadable header is the same user error
             raise ValueError(f"{f}: unreadable safetensors header ({one_line(exc)})") from None
+        check_header(f, header, os.stat(f).st_size - 8 - n)
     return total
 
 

@@ -214,7 +214,11 @@ class MARFamily(OwnFormatFamily, ClassFamily):
         return pipe.target.num_classes
 
     def check_sampler_options(self, pipe, request: Request) -> None:
-        """MAR's sampler takes ``num_iter`` and ``cfg_schedule`` (checked when it runs)."""
+        """MAR's sampler takes ``num_iter`` and ``cfg_schedule`` (checked when it runs); it decodes every
+        image of a call at once (its rows are not refilled): ``batch_size`` below the images is refused."""
+        if request.batch_size is not None and request.batch_size < len(checks.class_ids(request.classes, pipe.num_classes)):
+            raise ValueError(f"batch_size {request.batch_size}: model {pipe.name} (MAR) decodes every image of a call "
+                             "at once and does not refill rows; leave batch_size out (--batch-size) or call it per batch")
 
     def check_method(self, pipe, method, sampling: Sampling) -> None:
         """MAR's ordered sampler runs AR and CSpD (continuous tokens); top-k/top-p do not apply."""
@@ -224,10 +228,10 @@ class MARFamily(OwnFormatFamily, ClassFamily):
         if sampling.top_k is not None or sampling.top_p is not None:
             raise ValueError("top_k/top_p do not apply to MAR's continuous tokens")
 
-    def check_memory(self, pipe, condition, method, sampling: Sampling) -> None:
+    def check_memory(self, pipe, condition, method, sampling: Sampling, refill: bool = False) -> None:
         """No KV cache, no plan."""
 
-    def memory(self, pipe, batch_size: int, method, sampling, prompt_tokens):
+    def memory(self, pipe, batch_size: int, method, sampling, prompt_tokens, refill: bool = False):
         """MAR keeps no KV cache (its encoder-decoder recomputes every step): it has no memory plan."""
         raise ValueError(f"model {pipe.name} (MAR) has no KV cache to plan: pipe.memory is for the "
                          "autoregressive families")

@@ -66,15 +66,15 @@ class ADTTree(TreeMethod):
     init: str = option("horizontal", choices=INITS, help="where each tree's depth and width start: the tree that "
                                                          "committed the left (horizontal) or upper (vertical) neighbour, "
                                                          "or random")
-    beta: float = option(1.0, low=0, open_low=True, help="acceptance-rate threshold: at least beta, deeper and "
+    beta: float = option(1.0, low=0, high=1000, open_low=True, help="acceptance-rate threshold: at least beta, deeper and "
                                                          "narrower; else shallower and wider (eq. 2)")
-    depth_step: int = option(1, low=0, help="depth change per tree (l_d)")
-    topk_step: int = option(3, low=0, help="width (top-k) change per tree (l_k)")
+    depth_step: int = option(1, low=0, high=1024, help="depth change per tree (l_d)")
+    topk_step: int = option(3, low=0, high=1024, help="width (top-k) change per tree (l_k)")
     depth_range: tuple[int, int] = option((0, 10), low=0, stream=True,
                                           help="open interval (d_min, d_max) of the depth; low + 2 <= high")
-    topk_range: tuple[int, int] = option((3, 14), low=0,
+    topk_range: tuple[int, int] = option((3, 14), low=0, high=1024,
                                          help="open interval (k_min, k_max) of the width; low + 2 <= high")
-    total_tokens: int = option(60, low=2, help="tokens per target forward, the root included (the tree's size)")
+    total_tokens: int = option(60, low=2, high=4096, help="tokens per target forward, the root included (the tree's size)")
     acceptance: AcceptanceRule = rule_option()
     static_shapes: bool | None = option(None, help="build every round at one fixed shape (capturable); none: on "
                                                    "CUDA only")

@@ -24,13 +24,13 @@ class Auto(Options):
     (class-conditional targets), default the call's own conditions. The choice and its figures come
     back with the call (``Generation.method``, ``Generation.calibration``)."""
 
-    margin: float = option(1.1, low=1, flag="auto-margin",
+    margin: float = option(1.1, low=1, high=100, flag="auto-margin",
                            help="the predicted speedup over AR a candidate needs (about 1 / the least efficiency "
                                 "of SJD and Speculative, 0.87-1.00)")
-    repeats: int = option(20, low=1, flag="auto-repeats",
+    repeats: int = option(20, low=1, high=200, flag="auto-repeats",
                           help="timed repeats per cost-curve point (5 let the curve's noise reorder SJD windows 8 "
                                "and 16 on the emoji target)")
-    probe_classes: tuple[int, ...] | None = option(None, low=0,
+    probe_classes: tuple[int, ...] | None = option(None, low=0, high=2**24,
                                                    help="class ids to probe on (class-conditional targets; default "
                                                         "the call's own; specvis bench passes its workload's)")
     name = "auto"

@@ -106,7 +106,7 @@ class CSpD(Options):
     align: bool = option(True, help="trajectory alignment: the target scores each draft on the draft's own noise")
     ratio: str = option("paper", choices=RATIOS, help="acceptance ratio: paper (Eq. 5), coupled (exact, Eq. 5 "
                                                       "without Sigma) or trajectory (exact)")
-    max_resample_tries: int = option(100, low=1, help="residual proposals per rejected token before the last one is "
+    max_resample_tries: int = option(100, low=1, high=10_000, help="residual proposals per rejected token before the last one is "
                                                       "taken (TV error <= 1 / (tries + 1))")
     name = "cspd"
     acceptance = None

@@ -36,9 +36,9 @@ class EagleTree(TreeMethod):
     ``total_tokens`` tokens per target forward (root included). Needs ``drafter=`` (an EagleDrafter)."""
 
     depth: int = option(5, low=1, stream=True, help="draft levels per tree")
-    top_k: int = option(10, low=1, flag="tree-top-k", help="children per expanded node, and nodes expanded per level "
+    top_k: int = option(10, low=1, high=1024, flag="tree-top-k", help="children per expanded node, and nodes expanded per level "
                                                            "(--top-k is the sampling top-k)")
-    total_tokens: int = option(60, low=2, help="tokens per target forward, the root included (the tree's size)")
+    total_tokens: int = option(60, low=2, high=4096, help="tokens per target forward, the root included (the tree's size)")
     acceptance: AcceptanceRule = rule_option()
     name = "eagle"
 

@@ -75,9 +75,9 @@ class PJD(RuleMethod):
     verified by ``acceptance`` with residual, lower rows accept-prefix, ``keep_threshold`` (1: always
     refine), Row-Causal Mask ``rcm``, first drafts ``init``, re-draft ``coupling``. Lossy; batched with per-sample rows."""
 
-    window: int = option(8, low=2, help="tokens a row feeds per forward, its last committed one "
+    window: int = option(8, low=2, stream=True, help="tokens a row feeds per forward, its last committed one "
                                                      "included (official window_size 8)")
-    lag: int = option(8, low=1, help="image tokens of the row above before the next row starts "
+    lag: int = option(8, low=1, stream=True, help="image tokens of the row above before the next row starts "
                                                   "(official long_size 9 entries = 8 tokens)")
     keep_threshold: float = option(0.5, low=0.0, high=1.0, help="keep a draft tested after the first rejection "
                                                                  "whose acceptance probability exceeds this "
@@ -98,8 +98,25 @@ class PJD(RuleMethod):
     def lossless(self) -> bool:
         return False
 
+    def chain(self, width: int) -> int:
+        """Tokens a row feeds at most: ``window``, at most the row's ``width`` (a row never feeds past
+        its end: v <= W - c), at least 2 (x and one draft)."""
+        return max(2, min(self.window, width))
+
+    def scratch_bytes(self, layout) -> int:
+        """Per cache row, what a round allocates besides its cache (an estimate for the memory plan): the
+        laws of up to H x chain fed tokens (``memory.LAW_COPIES`` fp32 copies), and each image row's g =
+        chain - 1 drafts' laws (fp32), races (fp64, ``coupling="gumbel"``) and point-mass laws (``init=
+        "vertical-repeat"``) over V ids."""
+        from ..memory import LAW_COPIES
+
+        H, K, V = layout.height, self.chain(layout.width), layout.law_size
+        g = K - 1
+        per_draft = 4 + (16 if self.coupling == "gumbel" else 0) + (12 if self.init == "vertical-repeat" else 0)
+        return H * K * V * 4 * LAW_COPIES + H * g * V * per_draft
+
     def decode(self, ctx: DecodeContext) -> None:
-        K, gen, rule = self.window, ctx.generator, ctx.rule
+        K, gen, rule = self.chain(ctx.layout.width), ctx.generator, ctx.rule
         g = K - 1
         rows = Rows(ctx, lag=self.lag, chain=K, rcm=self.rcm)
         B, H, W, V, dev = ctx.n.shape[0], rows.height, rows.width, ctx.V, ctx.device

@@ -168,6 +168,9 @@ class Topology:
                                                    device=device) for j in range(1, self.D + 1)]
 
 
+MAX_NODES = 4095  # a topology's nodes: tokens per target forward, the root aside (EAGLE's total_tokens bound)
+
+
 @dataclass(frozen=True)
 class StaticTree(TreeMethod):
     """LANTERN++ static tree (see the module docstring): ``tree`` a preset name of the official code
@@ -177,7 +180,7 @@ class StaticTree(TreeMethod):
     (its bound: ``BoundLantern.sibling_q``); rules without ``sibling_q`` (GSD) are refused."""
 
     tree: str | tuple[tuple[int, ...], ...] = option(
-        "mc_sim_7b_63", choices=tuple(PRESETS), low=0,
+        "mc_sim_7b_63", choices=tuple(PRESETS), low=0, high=1023,
         help="the topology: a preset of the official LANTERN code, or paths split by '/' with a path's ranks joined "
              "by '.' (0/1/0.0: [0], [1], [0, 0])")
     acceptance: AcceptanceRule = rule_option()
@@ -185,7 +188,9 @@ class StaticTree(TreeMethod):
     walk = "sampled-tree"  # children drawn without replacement: the rule's sibling_q(p, q, x)
 
     def check(self) -> None:
-        tree_paths(self.tree)  # parents and elder siblings present, no path twice
+        if len(tree_paths(self.tree)) > MAX_NODES:  # parents and elder siblings present, no path twice
+            raise ValueError(f"StaticTree.tree has {len(tree_paths(self.tree))} nodes, more than the {MAX_NODES} "
+                             "a tree may have (tokens per target forward)")
 
     @cached_property
     def paths(self) -> tuple[tuple[int, ...], ...]:

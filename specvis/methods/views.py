@@ -80,6 +80,9 @@ class GuidedModel:
         t0 = time.perf_counter()
         logits, self.hidden = self.model.prefill(self.conditions)
         self.count(1)
+        if not bool(torch.isfinite(logits).all()):  # one device read a call: NaN weights must not write images
+            raise ValueError(f"the model's first forward gave NaN or infinite logits ({logits.dtype}): its weights hold "
+                             "NaN/inf or overflow in this dtype; check the checkpoint (or load in fp32)")
         law = self._law(logits[:, None], torch.zeros(self.batch, 1, dtype=torch.long, device=logits.device))
         self.seconds += time.perf_counter() - t0
         return law[:, 0]

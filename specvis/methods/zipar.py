@@ -44,7 +44,7 @@ class ZipAR(Options):
     """ZipAR's next-set decoding: row r + 1 starts once row r has ``window`` image tokens; one token per
     active row per target forward (module docstring). Lossy; batched with per-sample rows."""
 
-    window: int = option(8, low=1, help="image tokens of the row above before the next row "
+    window: int = option(8, low=1, stream=True, help="image tokens of the row above before the next row "
                                                      "starts (official LlamaGen default 8; Lumina's 16 entries = 15)")
     name = "zipar"
     lossless = False

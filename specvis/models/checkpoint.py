@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..checks import one_line
-from ..io import atomic_write
+from ..io import atomic_write, read_text, regular_file
 from .loading import identity_route, load_safetensors, load_state_dict_file, read_torch_file, skeleton
 
 CONFIG_NAME = "config.json"
@@ -67,7 +67,7 @@ def load_pretrained(factory: Callable[[dict[str, Any]], nn.Module], directory: s
     ``model.safetensors`` streamed into it in ``dtype`` on ``device`` (eval mode)."""
     d = Path(directory)
     try:
-        config = json.loads((d / CONFIG_NAME).read_text())
+        config = json.loads(read_text(d / CONFIG_NAME, "config"))
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"cannot read model directory {d}: {one_line(exc)}") from None
     if not isinstance(config, dict):
@@ -128,7 +128,8 @@ def read_pretrained(directory: str | os.PathLike) -> tuple[dict[str, Any], dict[
 
     d = Path(directory)
     try:
-        config = json.loads((d / CONFIG_NAME).read_text())
+        config = json.loads(read_text(d / CONFIG_NAME, "config"))
+        regular_file(d / WEIGHTS_NAME, "weights")
         tensors = load_file(str(d / WEIGHTS_NAME))
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"cannot read model directory {d}: {one_line(exc)}") from None

@@ -298,7 +298,7 @@ class CachedStack:
         (``load_prefixes``; continuous batching, ``methods/slots.py``). The running cache is untouched."""
         running = self.cache, self._plan, self.prefix_lengths
         try:
-            self.setup_cache(len(conditions), 0)
+            self.setup_cache(len(conditions), -self.layout.stream_len)  # the prefix's slots only: no stream is decoded here
             logits, _ = self.prefill(conditions)
             own = self.cache
             width = int(own.length.max())

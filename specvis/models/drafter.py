@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ..checks import config_sizes, one_line
+from ..io import read_text
 from .base import CacheGeometry, KVCache
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_tensors, read_state_dict
 from .decoder import Float32Rope, rope_1d
@@ -361,7 +362,7 @@ class EagleDrafter(Float32Rope, nn.Module):
 
         d = Path(directory)
         try:
-            raw = json.loads((d / CONFIG_NAME).read_text())
+            raw = json.loads(read_text(d / CONFIG_NAME, "drafter config"))
         except Exception as exc:  # noqa: BLE001 - any unreadable config is the same user error
             raise ValueError(f"cannot read drafter config {d / CONFIG_NAME}: {one_line(exc)}") from None
         if not isinstance(raw, dict):

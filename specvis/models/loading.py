@@ -15,8 +15,15 @@ the files straight into the requested dtype and device.
    destination was filled from the file exactly once (one-line ``ValueError`` otherwise).
 4. On the CPU a file tensor that already is its whole destination (same 16-bit dtype, same bytes
    in the destination's shape: no rows, no transform but a reshape) is not copied: the weight stays
-   in the file's private mapping (``MAP_PRIVATE``: a write copies the page, the file never
-   changes), its pages read in once at load (``populate``). Fresh anonymous memory is what a copy costs: on a 2-core VM, touching 2.85
+   in the file's private mapping (``MAP_PRIVATE``: the model's own writes copy the page and never
+   reach the file), its pages read in once at load (``populate``). The mapping does NOT isolate the
+   model from the file: pages not yet copied are the file's pages, so a file rewritten in place
+   changes the loaded weights, and a truncated one kills the process (SIGBUS) at the next forward
+   that touches a missing page (llama.cpp's mapped weights share this hazard). ``check_mapped_files``
+   (run before every pipeline call) compares each mapped file's size and mtime with those at load and
+   stops in one line naming the file; replacing the file (a new inode: ``mv``, ``cp`` to a temporary
+   then rename, a fresh download) is safe, the mapping keeps the old one. Do not rewrite a loaded
+   checkpoint in place. Fresh anonymous memory is what a copy costs: on a 2-core VM, touching 2.85
    GiB of it took 2.2-6.2 s, mapping the same bytes from the page cache 0.05-0.07 s
    (docs/results/scale-cpu.md). Mapped pages count in the resident set (``RssFile``) like copied ones;
    ``models.weight_layout.available_memory_bytes`` does not count them as free.
@@ -44,6 +51,7 @@ import torch
 from torch import nn
 
 from ..checks import one_line
+from ..io import read_text, regular_file
 
 TRACE: list[tuple[str, str]] | None = None
 """Reading order of the sources (None: not recorded)."""
@@ -138,6 +146,52 @@ def prefault(t: torch.Tensor) -> torch.Tensor:
 MAPPED_FILES: set[str] = set()
 """Files whose mapping holds weights of a loaded model (``stream_into`` kept a tensor of theirs)."""
 
+MAPPED_STATS: dict[str, tuple[int, int, int, int]] = {}
+"""Each mapped file's (device, inode, size, mtime in ns) when its weights were kept."""
+
+
+def _signature(path: str) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _still_mapped(inode: int) -> bool:
+    """Whether a mapping of this process is of the file with ``inode`` (/proc/self/maps' fifth field);
+    True where the maps cannot be read."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any(len(parts) > 4 and parts[4] == str(inode) for parts in (line.split() for line in f))
+    except OSError:
+        return True
+
+
+def check_mapped_files() -> None:
+    """A one-line ValueError naming the first mapped weights file rewritten in place (same inode, size
+    or mtime changed) since its weights were kept: the loaded model's weights are that file's pages
+    (a truncated file would end the process with SIGBUS at the next forward). A file removed or
+    replaced by another (new inode) leaves the mapping, and so the weights, as they were; a changed
+    file no mapping holds any more (its model was freed) is forgotten. One ``os.stat`` a file (a few
+    microseconds); /proc/self/maps is read only when a file changed."""
+    for path, (dev, ino, size, mtime) in list(MAPPED_STATS.items()):
+        try:
+            now = _signature(path)
+        except OSError:
+            continue  # removed: the mapping keeps the old inode alive
+        if now[:2] != (dev, ino) or now[2:] == (size, mtime):
+            continue
+        if not _still_mapped(ino):  # the model that mapped it is gone: nothing holds its pages now
+            del MAPPED_STATS[path]
+            MAPPED_FILES.discard(path)
+            continue
+        if now[2] != size:
+            raise ValueError(f"weights file {path} changed size on disk ({size} -> {now[2]} bytes) while its weights "
+                             "are mapped into the loaded model: reload the model (replace checkpoints by a new file, "
+                             "never in place)")
+        if now[3] != mtime:
+            raise ValueError(f"weights file {path} was rewritten on disk while its weights are mapped into the loaded "
+                             "model, which may now hold other values: reload the model (replace checkpoints by a new "
+                             "file, never in place)")
+
 
 def mapped_weight_bytes() -> int:
     """Resident bytes of this process's mappings of ``MAPPED_FILES`` (``Rss`` in /proc/self/smaps): the
@@ -192,6 +246,7 @@ def drop_pages(t: torch.Tensor) -> bool:
 
 def safetensors_keys(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{key: (dtype name, shape)} from a safetensors file's header (the only bytes read)."""
+    regular_file(path, "checkpoint file")
     try:
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
@@ -202,8 +257,36 @@ def safetensors_keys(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         raise ValueError(f"{path}: unreadable safetensors ({one_line(exc)})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: unreadable safetensors (header is not a JSON object)")
+    check_header(path, header, os.stat(path).st_size - 8 - n)
     return {k: (v.get("dtype", "?"), tuple(v.get("shape", ()))) for k, v in header.items()
             if k != "__metadata__" and isinstance(v, dict)}
+
+
+ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+              "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def check_header(path: str | os.PathLike, header: dict, data_bytes: int) -> None:
+    """A safetensors header consistent with its file: every tensor's ``data_offsets`` [begin, end)
+    inside the ``data_bytes`` after the header, and end - begin its shape's elements times its dtype's
+    size. A one-line ValueError naming the first tensor that is not (a header that claims more bytes
+    than the file has would otherwise pass as a checkpoint of other sizes, or fault at a read)."""
+    for key, v in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in v["data_offsets"])
+            shape = [int(d) for d in v["shape"]]
+            item = ITEM_BYTES.get(v["dtype"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: safetensors header entry {key!r} lacks dtype, shape or data_offsets") from None
+        numel = 1
+        for d in shape:
+            numel *= d
+        if min(shape, default=0) < 0 or not 0 <= begin <= end <= data_bytes or (item and end - begin != numel * item):
+            raise ValueError(f"{path}: the safetensors header is inconsistent with the file's size: tensor {key!r} "
+                             f"claims bytes {begin}..{end} ({'x'.join(map(str, shape)) or 'scalar'} {v['dtype']}) of "
+                             f"the {data_bytes} data bytes the file has")
 
 
 def safetensors_tensors(files: Sequence[Path], wanted: Callable[[str], bool] = lambda k: True,
@@ -239,6 +322,7 @@ def read_torch_file(path: str | os.PathLike, allowed: Sequence[type] = ()):
     (LlamaGen's and MAR's training files carry an ``argparse.Namespace``): tensors stay in the file
     mapping until read. A file saved in torch's legacy (non-zip) format cannot be mapped and is read
     whole."""
+    regular_file(path, "checkpoint file")
     with torch.serialization.safe_globals(list(allowed)):
         try:
             return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
@@ -265,7 +349,9 @@ def _hand_back(key: str, t: torch.Tensor, kept: Callable[[str], bool], path: str
     ``MAPPED_FILES``), or drop its pages."""
     if kept(key):
         if os.path.isfile(path):
-            MAPPED_FILES.add(os.path.realpath(path))
+            real = os.path.realpath(path)
+            MAPPED_FILES.add(real)
+            MAPPED_STATS[real] = _signature(real)
         _trace("keep", key)
     elif drop_pages(t):
         _trace("drop", key)
@@ -428,6 +514,9 @@ def stream_into(model: nn.Module, keys: Iterable[str], tensors: Callable[..., It
         for piece in pieces:
             meta = dests[piece.name]
             value = src if piece.transform is None else piece.transform(src)
+            if meta.is_floating_point() and not value.is_floating_point():
+                raise ValueError(f"{where}: {key!r} is stored as {str(value.dtype).removeprefix('torch.')}, but the "
+                                 f"model's {display(piece.name)} is floating point (a damaged or mislabelled checkpoint)")
             if finish is None and len(pieces) == 1 and maps_in_place(piece, src, value, meta, dtype, device):
                 populate(value)
                 made[piece.name] = value
@@ -479,7 +568,7 @@ def safetensors_files(directory: Path) -> list[Path]:
     index = directory / INDEX
     if index.exists():
         try:
-            shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+            shards = sorted(set(json.loads(read_text(index, "checkpoint file")).get("weight_map", {}).values()))
         except (OSError, ValueError, AttributeError) as exc:
             raise ValueError(f"{index}: unreadable index ({one_line(exc)})") from None
         missing = [s for s in shards if not (directory / s).exists()]

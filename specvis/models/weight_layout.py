@@ -103,23 +103,87 @@ def transpose_linear_weights(module: nn.Module) -> int:
 
 
 def available_memory_bytes() -> int | None:
-    """Memory the kernel can still hand out without swapping (``MemAvailable`` of /proc/meminfo; free
-    pages where there is none), less the weights this process keeps in file mappings
-    (``models.loading.mapped_weight_bytes``: MemAvailable counts them as reclaimable page cache), or
-    None where neither is known."""
+    """Memory this process can still allocate without swapping or being killed: the least of the
+    machine's ``MemAvailable`` (/proc/meminfo; free pages where there is none) less the weights this
+    process keeps in file mappings (``models.loading.mapped_weight_bytes``: MemAvailable counts them
+    as reclaimable page cache), its cgroup's memory limit less the cgroup's usage
+    (``cgroup_headroom_bytes``), and ``RLIMIT_AS`` less the address space in use; None where none
+    is known."""
     from .loading import mapped_weight_bytes
 
+    known = [cgroup_headroom_bytes(), address_space_headroom_bytes()]
+    machine = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return max(0, int(line.split()[1]) * 1024 - mapped_weight_bytes())
+                    machine = max(0, int(line.split()[1]) * 1024 - mapped_weight_bytes())
+                    break
     except OSError:
         pass
+    if machine is None:
+        try:
+            machine = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            machine = None
+    known = [b for b in (machine, *known) if b is not None]
+    return min(known) if known else None
+
+
+def _read_int(path: str) -> int | None:
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
+        with open(path) as f:
+            text = f.read(64).strip()
+    except OSError:
         return None
+    return int(text) if text.isdigit() else None  # "max" (v2): no limit
+
+
+def cgroup_headroom_bytes(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """The memory limit of this process's cgroup less what the cgroup uses, or None where there is no
+    limit: cgroup v2 (``memory.max``, ``memory.current`` of the path after ``0::`` in /proc/self/cgroup,
+    and of its parents), else v1 (``memory/memory.limit_in_bytes``, ``memory.usage_in_bytes``; a limit
+    of 2**60 or more is v1's "none")."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    out = None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: the limit of the process's cgroup and of each parent
+            parts = [p for p in path.split("/") if p]
+            for k in range(len(parts), -1, -1):
+                d = os.path.join(root, *parts[:k])
+                limit, used = _read_int(os.path.join(d, "memory.max")), _read_int(os.path.join(d, "memory.current"))
+                if limit is not None and used is not None:
+                    out = max(0, limit - used) if out is None else min(out, max(0, limit - used))
+        elif "memory" in controllers.split(","):
+            for d in (os.path.join(root, "memory", path.lstrip("/")), os.path.join(root, "memory")):
+                limit = _read_int(os.path.join(d, "memory.limit_in_bytes"))
+                used = _read_int(os.path.join(d, "memory.usage_in_bytes"))
+                if limit is not None and used is not None and limit < 2**60:
+                    out = max(0, limit - used) if out is None else min(out, max(0, limit - used))
+                    break
+    return out
+
+
+def address_space_headroom_bytes() -> int | None:
+    """``RLIMIT_AS`` less this process's address space in use (``VmSize``), or None where unlimited."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return max(0, soft - int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    return None
 
 
 def prepare_cpu_linears(*modules: nn.Module, budget_bytes: int | None = None) -> int:
