@@ -139,8 +139,11 @@ def part_cost(pipes: dict, a) -> dict:
     inner = keyed_module.exponentials
 
     def timed(*args):
+        sync = torch.cuda.synchronize if args[0].is_cuda else (lambda: None)  # CUDA returns before its kernels end
+        sync()
         t0 = time.perf_counter()
         out = inner(*args)
+        sync()
         spent[0] += time.perf_counter() - t0
         spent[1] += 1
         return out
@@ -275,6 +278,7 @@ def main() -> int:
     ap.add_argument("--cost-repeats", type=int, default=5, help="decodes timed by the cost part (>= 1)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "data" / "seeds-cpu.json"))
     ap.add_argument("--page", help="write the markdown page here from --out")
+    ap.add_argument("--device", default="cpu", help="where the models run (cpu, cuda)")
     a = ap.parse_args()
     parts = [p for p in a.parts.split(",") if p]
     unknown = sorted(set(parts) - {"default", "accept", "cost", "figure", "bf16"})
@@ -288,7 +292,7 @@ def main() -> int:
     from specvis.cpu_features import cpu_description
 
     data["meta"] = {"cpu": cpu_description(), "torch": torch.__version__, "threads": torch.get_num_threads()}
-    pipes = {m: sv.load(m, threads=1) for m in a.models} if set(parts) - {"bf16"} else {}
+    pipes = {m: sv.load(m, device=a.device, threads=1) for m in a.models} if set(parts) - {"bf16"} else {}
     for part in parts:
         if part == "bf16":
             data[part] = part_bf16(a)

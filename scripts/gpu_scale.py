@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib.util
 import json
 import math
 import os
@@ -964,9 +965,19 @@ def pytest_outcomes(text: str) -> dict:
 
 
 # ------------------------------------------------------------------ hooks: the server and keyed noise
-HOOKS = {  # section: (script, its arguments on the device; each script must drive specvis in process there)
-    "serve": ("scripts/bench_serve.py", ["--device", "cuda", "--models", "emoji-t2i", "--quick"]),
-    "seeds": ("scripts/bench_seeds.py", ["--device", "cuda", "--models", "emoji-t2i", "--quick", "--noise-cost"]),
+HOOKS = {  # section: (script, its arguments on the device, the smoke's smaller ones, modules it needs); {out}: the hook's folder
+    "serve": ("scripts/bench_serve.py",
+              ["--device", "cuda", "--models", "emoji-t2i", "--modes", "auto", "ar", "sjd", "--clients", "1", "8",
+               "--rates", "4", "--requests", "16", "--limit-s", "30", "--out", "{out}/serve.json"],
+              ["--device", "cpu", "--models", "emoji-t2i", "--modes", "ar", "--clients", "1", "--rates", "2",
+               "--requests", "2", "--limit-s", "20", "--out", "{out}/serve.json"],
+              ("fastapi", "uvicorn")),
+    "seeds": ("scripts/bench_seeds.py",
+              ["--device", "cuda", "--models", "emoji-t2i", "--parts", "cost", "--cost-repeats", "3",
+               "--out", "{out}/seeds.json"],
+              ["--device", "cpu", "--models", "emoji-t2i", "--parts", "cost", "--cost-repeats", "1",
+               "--out", "{out}/seeds.json"],
+              ()),
 }
 
 
@@ -975,16 +986,16 @@ def hook(run: Run, name: str, timeout: float) -> None:
     with ``OUT`` set to a folder of its own, where it exists; the report keeps its command, exit status,
     output tail and every JSON it wrote (the device has no FastAPI / uvicorn: the script must drive the
     engine in process). Extra arguments: ``GPU_SCALE_<NAME>_ARGS`` (whitespace-separated)."""
-    script, args = HOOKS[name]
+    script, args, smoke_args, modules = HOOKS[name]
     extra = os.environ.get(f"GPU_SCALE_{name.upper()}_ARGS")
-    args = extra.split() if extra is not None else args
-    if run.plan.smoke:
-        args = [a if a != "cuda" else "cpu" for a in args]
-    if not (ROOT / script).exists():
-        run.report[name] = {"status": "skipped", "reason": f"{script} is not in this tree"}
-        raise SectionSkipped(run.report[name]["reason"])
+    args = extra.split() if extra is not None else smoke_args if run.plan.smoke else args
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not (ROOT / script).exists() or missing:
+        reason = f"{script} is not in this tree" if missing == [] else f"{script} needs {', '.join(missing)}, not installed here"
+        run.report[name] = {"status": "skipped", "reason": reason}
+        raise SectionSkipped(reason)
     with tempfile.TemporaryDirectory(prefix=f"gpu-scale-{name}-") as out:
-        cmd = [sys.executable, script, *args]
+        cmd = [sys.executable, script, *(a.replace("{out}", out) for a in args)]
         env = {**os.environ, "OUT": out, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         try:
             proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(timeout, 1))

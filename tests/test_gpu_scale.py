@@ -361,22 +361,26 @@ def test_the_plan_puts_sections_in_value_order_and_skips_what_does_not_fit(tmp_p
 
 
 def test_hooks_run_the_scripts_that_exist_and_keep_their_json(tmp_path, monkeypatch):
-    """The server / keyed-noise hooks: a missing script is a recorded skip; an existing one runs with
-    ``OUT`` set (its JSON and output tail kept; on the smoke run its --device cuda becomes cpu); a script
-    that fails is an error naming it."""
+    """The server / keyed-noise hooks: a missing script or module is a recorded skip; an existing one runs
+    with ``OUT`` set and ``{out}`` in its arguments replaced by that folder (its JSON and output tail kept;
+    the smoke run takes the smoke arguments); a script that fails is an error naming it."""
     run = smoke_run(tmp_path)
-    monkeypatch.setitem(gs.HOOKS, "serve", ("scripts/no_such_bench.py", ["--device", "cuda"]))
+    monkeypatch.setitem(gs.HOOKS, "serve", ("scripts/no_such_bench.py", ["--device", "cuda"], [], ()))
     run.in_process("serve", lambda: gs.hook(run, "serve", 30))
     assert run.report["sections"]["serve"]["status"] == "skipped" and "not in this tree" in run.report["serve"]["reason"]
+    monkeypatch.setitem(gs.HOOKS, "serve", ("scripts/gpu_scale.py", [], [], ("no_such_module_here",)))
+    run.in_process("serve", lambda: gs.hook(run, "serve", 30))
+    assert run.report["sections"]["serve"]["status"] == "skipped" and "no_such_module_here" in run.report["serve"]["reason"]
     script = tmp_path / "bench.py"
     script.write_text("import json, os, sys\n"
                       "json.dump({'argv': sys.argv[1:]}, open(os.path.join(os.environ['OUT'], 'r.json'), 'w'))\n"
                       "print('measured'); sys.exit(int(os.environ.get('FAIL', '0')))\n")
-    monkeypatch.setitem(gs.HOOKS, "seeds", (str(script), ["--device", "cuda", "--quick"]))
+    monkeypatch.setitem(gs.HOOKS, "seeds", (str(script), ["--device", "cuda"], ["--device", "cpu", "--in", "{out}"], ()))
     run.in_process("seeds", lambda: gs.hook(run, "seeds", 30))
     out = run.report["seeds"]
     assert run.report["sections"]["seeds"]["status"] == "done" and out["status"] == "exit 0"
-    assert out["results"]["r.json"] == {"argv": ["--device", "cpu", "--quick"]} and out["tail"] == ["measured"]
+    assert out["results"]["r.json"]["argv"][:3] == ["--device", "cpu", "--in"] and out["tail"] == ["measured"]
+    assert out["results"]["r.json"]["argv"][3] in out["command"] and "{out}" not in out["command"]
     monkeypatch.setenv("FAIL", "3")
     run.in_process("seeds", lambda: gs.hook(run, "seeds", 30))
     assert run.report["sections"]["seeds"]["status"] == "error" and "exit 3" in run.report["sections"]["seeds"]["error"]
