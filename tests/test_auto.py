@@ -137,7 +137,7 @@ def test_choice_is_cached_per_batch_size(pipe, monkeypatch):
     assert len(calls) == n and c.chosen is not None and out.stats.extra["auto_calibration_s"] == 0.0
     pipe([0, 1, 2], sv.Auto(), seed=0)  # another batch size: probes again
     assert len(calls) == 2 * n
-    pipe([0, 1], sv.Auto(), sv.Sampling(temperature=0.5), seed=0)  # other sampling: probes again
+    pipe([0, 1], sv.Auto(), sv.Sampling(temperature=0.5, noise="stream"), seed=0)  # other sampling: probes again
     assert len(calls) == 3 * n
 
 
@@ -454,7 +454,7 @@ def test_probe_classes_on_a_text_target_is_one_line():
     from specvis.models.base import Prompts
 
     with pytest.raises(ValueError) as e:
-        auto_mod.choose(tiny_prompt_model(0), Prompts.of([[1, 2]]), sv.Sampling(), probe_classes=(0,))
+        auto_mod.choose(tiny_prompt_model(0), Prompts.of([[1, 2]]), sv.Sampling(noise="stream"), probe_classes=(0,))
     assert "Auto.probe_classes applies to class-conditional targets only" in str(e.value) and "\n" not in str(e.value)
 
 
