@@ -39,8 +39,8 @@ class Sampling:
     top_p: float | None = None
     cfg_scale: float = 1.0
     # "stream": draws from the call's seeded generator; "keyed": token m of the image with seed s is
-    # argmax_v p_m(v) / E(s, m, v), E a function of (s, m, v) alone (``specvis.noise``); None: the
-    # model's default, resolved once per call (``resolved``): keyed wherever keyed noise applies
+    # argmax_v p_m(v) / E(s, m, v), E a function of (s, m, v) alone (``specvis.noise``); None: the model's
+    # default, resolved once per call (``Sampling.resolved``): keyed for discrete-token models, else stream
     noise: str | None = None
 
     def __post_init__(self) -> None:
