@@ -12,6 +12,8 @@ import torch
 
 import specvis as sv
 from specvis import tune as auto_mod
+from specvis.generate import keyed_method
+from specvis.pipeline import call_sampling
 from specvis.registry import build_method, method_from_spec
 
 
@@ -61,7 +63,9 @@ def test_auto_runs_a_lossless_method_and_its_tokens_equal_that_methods(pipe, mon
     a = sv.Auto()
     out = pipe([0, 3], a, seed=7)
     c = out.calibration
-    assert out.method is c.chosen and out.method.lossless and not isinstance(out.method, (sv.Auto, sv.AR))
+    # the choice as it runs under the call's noise (keyed, the default: a lossless method verifies by Coupled)
+    assert out.method == keyed_method(c.chosen, call_sampling(pipe)) and out.method.acceptance == sv.Coupled()
+    assert out.method.lossless and not isinstance(out.method, (sv.Auto, sv.AR))
     ref = pipe([0, 3], out.method, seed=7)
     assert torch.equal(out.tokens, ref.tokens)
     assert out.stats.target_forwards == ref.stats.target_forwards
