@@ -328,7 +328,8 @@ def time_rounds(model, method, batch: int, plan: Plan, graphs: bool, draft=None,
     """One round of ``method`` at ``batch`` rows mid-stream (``RoundTimer``), Lumina-mGPT's sampling."""
     timer = RoundTimer(method, plan.fill, plan.warm, plan.reps)
     cond = random_condition(model, batch, plan.prompt_len, seed)
-    sv.generate(model, cond, timer, sv.Sampling(**chameleon.LUMINA_SAMPLING), seed=seed, draft=draft, graphs=graphs)
+    sampling = sv.Sampling(**chameleon.LUMINA_SAMPLING, noise="stream")  # the rounds as measured before keyed noise
+    sv.generate(model, cond, timer, sampling, seed=seed, draft=draft, graphs=graphs)
     return timer.result
 
 
@@ -876,7 +877,7 @@ def vs_transformers(run: Run) -> None:
     out["transformers_patched"] = janus_generate_shim(hf, transformers.__version__)
     side = math.isqrt(plan.janus_tokens)
     model = specvis_janus(hf, ids, side)
-    sampling = sv.Sampling(cfg_scale=5.0, temperature=1.0)  # Janus-Pro's official generation settings
+    sampling = sv.Sampling(cfg_scale=5.0, temperature=1.0, noise="stream")  # Janus-Pro's official settings
     g = torch.Generator().manual_seed(0)
     detail = {"config": {**plan.janus_text, **plan.janus_vq}, "image_tokens": plan.janus_tokens,
               "prompt_tokens": plan.prompt_len, "sampling": {"cfg_scale": 5.0, "temperature": 1.0, "top_k": None},

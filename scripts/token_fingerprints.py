@@ -2,7 +2,8 @@
 of the code changes no output.
 
 Each case runs one method spec (the bench's spec strings) on one bundle through the public pipeline
-call, at a fixed seed, batch and sampling, and records a SHA-256 of the tokens (continuous models:
+call, at a fixed seed, batch and sampling (stream noise, pinned: ``noise="stream"``, so that the hashes
+stay those of the draws from the call's seeded stream whatever the library's default noise), and records a SHA-256 of the tokens (continuous models:
 of the latents rounded to 5 decimals) and the target forward count. ``--out FILE`` writes them;
 ``--check FILE`` reruns and prints every case that differs (exit 1 if any). Same machine, same torch
 build: float rounding in the kernels can differ across CPUs, so this is a before/after check of one
@@ -64,7 +65,7 @@ def run_all() -> dict[str, dict]:
     results = {}
     for bundle, call, sampling, specs in CASES:
         pipe = sv.load(bundle)
-        s = sv.Sampling(**{**vars(pipe.default_sampling), **sampling})
+        s = sv.Sampling(**{**vars(pipe.default_sampling), "noise": "stream", **sampling})
         for spec in specs:
             key = f"{bundle} | {json.dumps(call)} | T={s.temperature} | {spec}"
             t0 = time.perf_counter()

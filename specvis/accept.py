@@ -220,7 +220,7 @@ def rule_option() -> Any:
     """The declaration of a method's ``acceptance`` field: any ``AcceptanceRule``, default ``Exact()``
     (``Coupled()`` under keyed noise, ``default_rule``), set by ``--accept NAME`` (and the spec key ``accept``)."""
     return option(default_factory=lambda: DEFAULT_RULE, flag="accept",
-                  help="the acceptance rule that verifies the drafts (default: exact; coupled under keyed noise)")
+                  help="the acceptance rule that verifies the drafts (default: coupled under keyed noise; exact under stream noise)")
 
 
 def normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:

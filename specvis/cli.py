@@ -131,8 +131,9 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, help="keep the k most likely image tokens (0 = no top-k)")
     g.add_argument("--top-p", type=float, help="nucleus: keep the smallest set of mass >= p (1 = off)")
     g.add_argument("--cfg-scale", type=float, help="classifier-free guidance scale (1 = no guidance)")
-    g.add_argument("--noise", help="stream (draws from the call's seeded stream) or keyed (image i's picture is a "
-                                   "function of its seed, seed + i: every lossless method gives AR's image)")
+    g.add_argument("--noise", help="keyed (image i's picture is a function of its seed, seed + i: every lossless "
+                                   "method gives AR's image; the default for discrete-token models) or stream "
+                                   "(draws from the call's seeded stream; continuous-token and MAR models)")
     g.add_argument("--num-iter", type=int, help="MAR models: sampler steps over the random order (default: the model's, 64)")
 
 
@@ -152,7 +153,7 @@ def _flag_help(flag) -> str:
     parts: dict[str, list[str]] = {}
     for owner, info in flag.owners:
         if flag.key == ACCEPT:
-            text = f"acceptance rule: {', '.join(ACCEPTANCE)} (default exact; coupled under --noise keyed)"
+            text = f"acceptance rule: {', '.join(ACCEPTANCE)} (default: coupled under keyed noise, exact under --noise stream)"
         else:
             allowed = "" if flag.boolean else f"{info.allowed()}; "
             text = f"{info.help} ({allowed}default {spell(info.default)})"
@@ -224,14 +225,19 @@ def _method(a: argparse.Namespace, pipe=None):
     return build_method(name, options, spell=spell)
 
 
-def _sampling(a: argparse.Namespace, default: Sampling) -> Sampling:
-    return Sampling(
+def _sampling(a: argparse.Namespace, pipe) -> Sampling:
+    """The model's sampling with the flags given; ``--noise`` absent: the model's default (keyed for
+    discrete-token models, ``pipeline.call_sampling``), recorded resolved."""
+    from .pipeline import call_sampling
+
+    default = pipe.default_sampling
+    return call_sampling(pipe, Sampling(
         temperature=default.temperature if a.temperature is None else a.temperature,
         top_k=default.top_k if a.top_k is None else (a.top_k or None),
         top_p=default.top_p if a.top_p is None else a.top_p,
         cfg_scale=default.cfg_scale if a.cfg_scale is None else a.cfg_scale,
         noise=default.noise if a.noise is None else a.noise,
-    )
+    ))
 
 
 def _add_sample_parser(sub, model_help: str, method_help: str) -> None:
@@ -332,7 +338,7 @@ def build_parser() -> Parser:
     _add_device(b)
     _add_sampling(b)
     b.add_argument("--accept", default=None, help="acceptance rule of the methods that take one and whose spec "
-                                                   "names none (accept=...; default exact, coupled under --noise keyed)")
+                                                   "names none (accept=...; default coupled under keyed noise, exact under stream)")
 
     _add_sample_parser(sub, model_help, method_help)
 
@@ -400,7 +406,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     pipe = pipeline_for(loaded, [_method_name(a, loaded)])
     method = _method(a, pipe)  # without --method: the model's default (DEFAULT_METHODS)
     _check_draft(pipe, [method.name])
-    sampling = _sampling(a, pipe.default_sampling)
+    sampling = _sampling(a, pipe)
     show = wanted(a.progress, a.quiet)  # a bar on stderr (specvis.progress)
     text = pipe.conditioning != "class"  # prompts (through the checkpoint's processor or text encoder)
     if text:
@@ -536,7 +542,7 @@ def cmd_sample(a: argparse.Namespace) -> int:
         pipe = pipeline_for(loaded, [_method_name(a, loaded)])
         method = _method(a, pipe)
         _check_draft(pipe, [method.name])
-        sampling = _sampling(a, pipe.default_sampling)
+        sampling = _sampling(a, pipe)
         _plan_memory(pipe, min(a.batch_size, a.num), [method], sampling)  # before any forward
         stats = sample(pipe, method, sampling, out, num=a.num, batch_size=a.batch_size, seed=a.seed,
                        classes=a.classes, prompts=prompts, height=a.height, width=a.width, dist=dist, model=a.model,
@@ -607,7 +613,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         pipe = pipeline_for(_load(a), names)
         _check_draft(pipe, names)
         class_names = pipe.class_names
-        sampling = _sampling(a, pipe.default_sampling)
+        sampling = _sampling(a, pipe)
         if min(a.batch_size, a.num) >= 1:  # (bad counts are the runner's one-line errors)
             _plan_memory(pipe, min(a.batch_size, a.num), [method_from_spec(s, a.accept) for s in specs], sampling)
         metrics = None if a.metrics is None else [m.strip() for m in a.metrics.split(",") if m.strip() not in ("", "none")]

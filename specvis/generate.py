@@ -129,11 +129,17 @@ def keyed_method(method, sampling: Sampling):
     return method
 
 
+def stream_order(model, ordered) -> bool:
+    """Whether ``model`` decodes discrete tokens in stream order, the models keyed noise applies to (and
+    their default noise, ``Sampling.resolved``): not a continuous-token or ordered (MAR) model."""
+    return ordered is None and not isinstance(model, ContinuousAR)
+
+
 def keyed_seeds(model, sampling: Sampling, seed: int, conditions, ordered) -> list[int] | None:
     """Under keyed noise the seeds of the call's images (image k: seed + k); None under stream noise."""
     if not sampling.keyed:
         return None
-    if ordered is not None or isinstance(model, ContinuousAR):
+    if not stream_order(model, ordered):
         raise ValueError("sampling noise=\"keyed\" needs a discrete-token model decoded in stream order, "
                          "not a continuous-token or ordered (MAR) model")
     return image_seeds(seed, Condition.of(model, conditions).batch)
@@ -143,7 +149,8 @@ def keyed_seeds(model, sampling: Sampling, seed: int, conditions, ordered) -> li
 def generate(model, conditions, method=None, sampling: Sampling | None = None, seed: int = 0,
              draft=None, drafter=None, codebook: torch.Tensor | None = None, graphs: bool | None = None,
              progress=None, ordered: OrderedVerifier | None = None, batch_size: int | None = None) -> Generation:
-    """Generate one token grid per condition with ``method`` under the law set by ``sampling``.
+    """Generate one token grid per condition with ``method`` under the law set by ``sampling`` (its noise
+    by default keyed for discrete tokens decoded in stream order, else stream: ``Sampling.resolved``).
     ``conditions``: class ids (B,), ``Prompts`` (the model's own unconditional prompts serve CFG) or a
     ``Condition`` (conditional and unconditional rows given).
     ``graphs``: replay each round as a captured CUDA graph (default: on for CUDA models; no effect on
@@ -162,7 +169,7 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     method = method_argument(method)
     if isinstance(method, Auto):
         raise ValueError(REFUSED)
-    sampling = sampling_argument(sampling, Sampling())
+    sampling = sampling_argument(sampling, Sampling()).resolved(stream_order(model, ordered))
     seed = checks.seed(seed)
     device = next(model.parameters()).device
     if isinstance(conditions, (Prompts, Captions)):

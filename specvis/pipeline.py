@@ -73,10 +73,17 @@ def check_class_call(name: str, classes, prompts, negative_prompts, height, widt
         raise ValueError(f"model {name} is class-conditional: give classes=[...]")
 
 
-def call_arguments(method, sampling, seed, default_sampling: Sampling) -> tuple[Any, Sampling, int]:
+def call_sampling(pipe: Pipeline, sampling=None) -> Sampling:
+    """A call's sampling as it runs: None is the model's (``pipe.default_sampling``), a dict sets those
+    fields of it, and a noise left None becomes the model's default (``Sampling.resolved``: keyed for
+    discrete-token models, stream for continuous-token and MAR ones)."""
+    return sampling_argument(sampling, pipe.default_sampling).resolved(pipe.tokens == "discrete")
+
+
+def call_arguments(pipe: Pipeline, method, sampling, seed) -> tuple[Any, Sampling, int]:
     """A pipeline call's ``method`` (None: AR; a name or bench spec string: that method), ``sampling``
-    (None: the model's; a dict: ``Sampling(**it)``) and ``seed``, checked before anything runs."""
-    return method_argument(method), sampling_argument(sampling, default_sampling), checks.seed(seed)
+    (``call_sampling``) and ``seed``, checked before anything runs."""
+    return method_argument(method), call_sampling(pipe, sampling), checks.seed(seed)
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -193,7 +200,7 @@ class Pipeline:
         without a KV cache (MAR) has no plan: ``Family.memory`` refuses in one line. The arguments are
         checked as a call's are (one line naming the argument)."""
         batch_size = checks.integer(batch_size, "batch_size", low=1)
-        method, sampling, _ = call_arguments(method, sampling, 0, self.default_sampling)
+        method, sampling, _ = call_arguments(self, method, sampling, 0)
         if prompt_tokens is not None:
             prompt_tokens = checks.integer(prompt_tokens, "prompt_tokens", low=1, high=checks.MAX_SIZE)
         return self.family.memory(self, batch_size, method, sampling, prompt_tokens, refill=bool(refill))
@@ -239,7 +246,7 @@ class Pipeline:
         request = Request(classes, prompts, negative_prompts, height, width, positive_suffix, num_iter, cfg_schedule,
                           batch_size)
         self.family.check_request(self, request)
-        method, sampling, seed = call_arguments(method, sampling, seed, self.default_sampling)
+        method, sampling, seed = call_arguments(self, method, sampling, seed)
         self.family.check_method(self, method, sampling)
         condition = self.family.condition(self, request, sampling)
         refill = batch_size is not None and batch_size < condition.batch

@@ -42,6 +42,7 @@ import numpy as np
 
 from .checks import SEED_LIMIT
 from .generate import keyed_method
+from .pipeline import call_sampling
 from .io import atomic_write, clean_stale_temps, read_text, write_text
 from .registry import describe
 from .shards import batches, shard_work
@@ -222,6 +223,7 @@ def sample(pipe, method, sampling, out_dir: str | Path, *, num: int, batch_size:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a directory")
+    sampling = call_sampling(pipe, sampling)  # the noise resolved: keyed by default for discrete-token models
     method = keyed_method(method, sampling)  # the rule it runs with (Coupled by default under keyed noise)
     name, method_config, rule = describe(method)
     config = {"model": model or pipe.name, "method": name, "config": method_config, "acceptance": rule,

@@ -39,8 +39,9 @@ class Sampling:
     top_p: float | None = None
     cfg_scale: float = 1.0
     # "stream": draws from the call's seeded generator; "keyed": token m of the image with seed s is
-    # argmax_v p_m(v) / E(s, m, v), E a function of (s, m, v) alone (``specvis.noise``)
-    noise: str = "stream"
+    # argmax_v p_m(v) / E(s, m, v), E a function of (s, m, v) alone (``specvis.noise``); None: the model's
+    # default, resolved once per call (``Sampling.resolved``): keyed for discrete-token models, else stream
+    noise: str | None = None
 
     def __post_init__(self) -> None:
         """Types and ranges, one line naming the field (``specvis.checks``): numbers are finite (an
@@ -54,8 +55,16 @@ class Sampling:
             raise ValueError(f"top_p must be None or a number in (0, 1], got {self.top_p}")
         if not 0 <= number(self.cfg_scale, "cfg_scale", f"in [0, {MAX_CFG_SCALE:g}] (1 = no guidance)") <= MAX_CFG_SCALE:
             raise ValueError(f"cfg_scale must be a finite number in [0, {MAX_CFG_SCALE:g}] (1 = no guidance), got {self.cfg_scale}")
-        if self.noise not in NOISES:
-            raise ValueError(f"noise must be one of {', '.join(NOISES)}, got {shown(self.noise)}")
+        if self.noise is not None and self.noise not in NOISES:
+            raise ValueError(f"noise must be one of {', '.join(NOISES)} (or None: the model's default), got {shown(self.noise)}")
+
+    def resolved(self, discrete: bool) -> Sampling:
+        """This sampling with ``noise=None`` made the model's default: ``keyed`` for a model of discrete
+        tokens decoded in stream order (every lossless method then gives AR's picture for a seed), ``stream``
+        for continuous-token and ordered (MAR) models, where no method races keyed noise."""
+        if self.noise is not None:
+            return self
+        return replace(self, noise="keyed" if discrete else "stream")
 
     @property
     def keyed(self) -> bool:

@@ -49,7 +49,7 @@ def tiny_llamagen(seed: int, vocab: int = 4, grid: int = 2, dim: int = 32, n_lay
 
 
 # the methods and sampling run on ``cpu_models`` in other dtypes (bf16, int8): one of each walk and draft kind
-CPU_SAMPLING = sv.Sampling(temperature=0.7, cfg_scale=2.5)
+CPU_SAMPLING = sv.Sampling(temperature=0.7, cfg_scale=2.5, noise="stream")
 CPU_METHODS = {
     "ar": sv.AR(),
     "speculative": sv.Speculative(3),

@@ -12,6 +12,8 @@ import torch
 
 import specvis as sv
 from specvis import tune as auto_mod
+from specvis.generate import keyed_method
+from specvis.pipeline import call_sampling
 from specvis.registry import build_method, method_from_spec
 
 
@@ -61,7 +63,9 @@ def test_auto_runs_a_lossless_method_and_its_tokens_equal_that_methods(pipe, mon
     a = sv.Auto()
     out = pipe([0, 3], a, seed=7)
     c = out.calibration
-    assert out.method is c.chosen and out.method.lossless and not isinstance(out.method, (sv.Auto, sv.AR))
+    # the choice as it runs under the call's noise (keyed, the default: a lossless method verifies by Coupled)
+    assert out.method == keyed_method(c.chosen, call_sampling(pipe)) and out.method.acceptance == sv.Coupled()
+    assert out.method.lossless and not isinstance(out.method, (sv.Auto, sv.AR))
     ref = pipe([0, 3], out.method, seed=7)
     assert torch.equal(out.tokens, ref.tokens)
     assert out.stats.target_forwards == ref.stats.target_forwards
@@ -137,7 +141,7 @@ def test_choice_is_cached_per_batch_size(pipe, monkeypatch):
     assert len(calls) == n and c.chosen is not None and out.stats.extra["auto_calibration_s"] == 0.0
     pipe([0, 1, 2], sv.Auto(), seed=0)  # another batch size: probes again
     assert len(calls) == 2 * n
-    pipe([0, 1], sv.Auto(), sv.Sampling(temperature=0.5), seed=0)  # other sampling: probes again
+    pipe([0, 1], sv.Auto(), sv.Sampling(temperature=0.5, noise="stream"), seed=0)  # other sampling: probes again
     assert len(calls) == 3 * n
 
 
@@ -454,7 +458,7 @@ def test_probe_classes_on_a_text_target_is_one_line():
     from specvis.models.base import Prompts
 
     with pytest.raises(ValueError) as e:
-        auto_mod.choose(tiny_prompt_model(0), Prompts.of([[1, 2]]), sv.Sampling(), probe_classes=(0,))
+        auto_mod.choose(tiny_prompt_model(0), Prompts.of([[1, 2]]), sv.Sampling(noise="stream"), probe_classes=(0,))
     assert "Auto.probe_classes applies to class-conditional targets only" in str(e.value) and "\n" not in str(e.value)
 
 

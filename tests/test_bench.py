@@ -168,7 +168,8 @@ def test_markdown_plots_and_readme_table(tmp_path, capsys):
     for name in ("speedup.png", "step_compression.png", "acceptance.png"):
         assert (plots / name).read_bytes()[:4] == b"\x89PNG"
     report = json.loads(j.read_text())
-    assert run_labels(report["runs"]) == ["ar", "sjd(window=4)", "sjd(window=2)"]
+    # keyed noise, the default: the lossless runs verify by Coupled, and their labels say so
+    assert run_labels(report["runs"]) == ["ar", "sjd+coupled(window=4)", "sjd+coupled(window=2)"]
     assert set(report["runs"][1]["accept_map_per_class"]) == {"0", "1"}
 
     readme = tmp_path / "README.md"
@@ -215,7 +216,8 @@ def test_repeats_interleave_across_methods_and_resume_adds_missing_passes(pipe, 
     monkeypatch.setattr(runner, "_run", lambda *a, **k: calls.append((a[2].name, a[4])) or real(*a, **k))
     path = tmp_path / "b.json"
     report = runner.run_bench(pipe, ["speculative:gamma=2"], 4, 2, repeats=3, progress=False, json_path=path)
-    one_round = [("ar", 0), ("speculative", 0), ("ar", 0), ("speculative", 0), ("ar", 1), ("speculative", 1)]
+    # (method, the batch's seed): under keyed noise, the default, batch j starts at image seed + j * batch size
+    one_round = [("ar", 0), ("speculative", 0), ("ar", 0), ("speculative", 0), ("ar", 2), ("speculative", 2)]
     assert calls == one_round * 3
     for run in report["runs"]:
         assert len(run["wall_s_repeats"]) == 3 and run["wall_s"] == sorted(run["wall_s_repeats"])[1]

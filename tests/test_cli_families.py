@@ -140,7 +140,8 @@ def test_generate_sjd_writes_images_decoded_by_the_family_vq(dirs, tmp_path, nam
 @pytest.mark.parametrize("name", ["janus", "emu3"])
 @pytest.mark.parametrize("extra,method,rule", [
     (["--method", "ar"], "ar", "none"),
-    (["--method", "speculative", "--gamma", "2", "--draft", "DRAFT"], "speculative", "exact"),
+    # the default rule under keyed noise, the default noise
+    (["--method", "speculative", "--gamma", "2", "--draft", "DRAFT"], "speculative", "coupled"),
     (["--method", "speculative", "--draft", "DRAFT", "--accept", "lantern"], "speculative", "lantern"),
     (["--method", "sjd", "--window", "4", "--accept", "lantern", "--lantern-k", "4"], "sjd", "lantern"),
     (["--method", "sjd", "--window", "4", "--accept", "gsd"], "sjd", "gsd"),

@@ -282,7 +282,7 @@ def test_training_loss_decreases_and_files_roundtrip(tmp_path):
         assert torch.equal(again.features(cond, toks), model.features(cond, toks))
     half = again.to(torch.bfloat16)  # the DDPM schedule stays float32; the head casts around its net
     assert half.head.sampler.alphas_cumprod.dtype == torch.float32
-    lat, _ = generate_latents(half, cond[:4], CSpD(gamma=2, ratio="trajectory"), sv.Sampling(cfg_scale=2.0),
+    lat, _ = generate_latents(half, cond[:4], CSpD(gamma=2, ratio="trajectory"), sv.Sampling(cfg_scale=2.0, noise="stream"),
                               draft=copy.deepcopy(half))
     assert lat.dtype == torch.float32 and torch.isfinite(lat).all()
 
@@ -389,7 +389,7 @@ def test_paper_sigma_is_eq4():
     """Aligned, the Eq. 1 factors of the first K-1 steps reduce to log Sigma = sum 1/2 log(var_q / var_p) (Eq. 4)."""
     t, d = mixture_model(0, C=2), mixture_model(1, C=2)
     cond = torch.tensor([0, 1, 2])
-    s = sv.Sampling(temperature=0.8)
+    s = sv.Sampling(temperature=0.8, noise="stream")
     target = GuidedContinuous(t, cond, s, 2)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -422,7 +422,7 @@ def test_method_config_registry_and_errors():
     t, d = mlp_model(0, C=2, K=4), mlp_model(1, C=2, K=4)
     cond = torch.tensor([0, 1])
     with pytest.raises(ValueError, match="top_k"):
-        generate_latents(t, cond, CSpD(gamma=2), sv.Sampling(top_k=3), draft=d)
+        generate_latents(t, cond, CSpD(gamma=2), sv.Sampling(top_k=3, noise="stream"), draft=d)
     with pytest.raises(ValueError, match="draft"):
         generate_latents(t, cond, CSpD(gamma=2, prefill=0.25))
     llama = sv.models.LlamaGen(sv.models.LlamaGenConfig(vocab_size=4, dim=32, n_layer=1, n_head=2, num_classes=3,
@@ -436,12 +436,12 @@ def test_generate_runs_every_variant_on_mlp_heads():
     cond = torch.tensor([0, 1, 2, 0])
     for ratio, align in (("paper", True), ("paper", False), ("coupled", False), ("trajectory", True)):
         out = sv.generate(t, cond, method=CSpD(gamma=2, ratio=ratio, align=align, prefill=0.0),
-                          sampling=sv.Sampling(cfg_scale=2.0), seed=0, draft=d)
+                          sampling=sv.Sampling(cfg_scale=2.0, noise="stream"), seed=0, draft=d)
         st = out.stats
         assert st.tokens == 4 and 2 <= st.target_forwards <= 4 and st.draft_forwards >= 3
         assert out.tokens is None and out.latents.shape == (4, 4, 2) and st.accept_map.shape == (4, 2, 2)
         assert st.extra["prefill_tokens"] == 1.0 and 0.0 <= st.extra["acceptance_rate"] <= 1.0
-    lat, _ = generate_latents(t, cond, CSpD(gamma=2, ratio="trajectory"), sv.Sampling(cfg_scale=2.0), draft=d)
+    lat, _ = generate_latents(t, cond, CSpD(gamma=2, ratio="trajectory"), sv.Sampling(cfg_scale=2.0, noise="stream"), draft=d)
     assert lat.shape == (4, 4, 2) and torch.isfinite(lat).all()
     assert not lat.is_inference()  # made under the decode's inference mode: returned as an ordinary tensor
 
@@ -449,7 +449,7 @@ def test_generate_runs_every_variant_on_mlp_heads():
 def test_target_only_path_equals_uncached_reference_draw_for_draw():
     t = mixture_model(0, grid=(2, 3), C=2)
     cond = torch.tensor([0, 1, 2, 2])
-    s = sv.Sampling(cfg_scale=1.5, temperature=0.8)
+    s = sv.Sampling(cfg_scale=1.5, temperature=0.8, noise="stream")
     lat, st = generate_latents(t, cond, CSpD(prefill=1.0), s, seed=5)
     assert torch.allclose(lat, reference(t, cond, s, seed=5), atol=1e-4)
     assert st.target_forwards == 6 and st.draft_forwards == 0 and st.extra["prefill_tokens"] == 6
@@ -464,7 +464,7 @@ def test_greedy_is_deterministic_and_equals_target_greedy_per_row():
     with torch.no_grad():
         d.cls_embedding.embedding_table.weight[1].add_(5.0)
     cond = torch.tensor([0, 1, 0, 1, 2])
-    s = sv.Sampling(temperature=0.0)
+    s = sv.Sampling(temperature=0.0, noise="stream")
     want = reference(t, cond, s, seed=0)
     for ratio in ("paper", "trajectory"):
         a, st = generate_latents(t, cond, CSpD(gamma=3, ratio=ratio, prefill=0.0), s, seed=0, draft=d)
@@ -495,7 +495,7 @@ def test_rows_accept_independently_and_stop_at_first_rejection(monkeypatch):
     monkeypatch.setattr(cspd_mod, "trajectory_log_ratio", _forced([[0, 0, 0], [-inf, -inf, -inf], [0, -inf, 0]]))
     t, d = mixture_model(0, grid=(4, 4)), mixture_model(1, grid=(4, 4))
     lat, st = generate_latents(t, torch.tensor([0, 1, 2]), CSpD(gamma=3, ratio="trajectory", prefill=0.0),
-                               sv.Sampling(), seed=0, draft=d)
+                               sv.Sampling(noise="stream"), seed=0, draft=d)
     amap = st.accept_map.reshape(3, 16).tolist()
     assert amap[0] == [1] + [4] * 12 + [3] * 3
     assert amap[1] == [1] * 16
@@ -507,7 +507,7 @@ def test_rows_accept_independently_and_stop_at_first_rejection(monkeypatch):
 def test_prefill_fraction_and_fallback_counting(monkeypatch):
     t, d = mixture_model(0, grid=(4, 4)), mixture_model(1, grid=(4, 4))
     cond = torch.tensor([0, 1])
-    _, st = generate_latents(t, cond, CSpD(gamma=3, prefill=0.3), sv.Sampling(), seed=0, draft=d)
+    _, st = generate_latents(t, cond, CSpD(gamma=3, prefill=0.3), sv.Sampling(noise="stream"), seed=0, draft=d)
     amap = st.accept_map.reshape(2, 16)
     assert st.extra["prefill_tokens"] == 5 and (amap[:, :5] == 1).all()
     assert st.target_forwards >= 5 + math.ceil(11 / 4)
@@ -520,7 +520,7 @@ def test_prefill_fraction_and_fallback_counting(monkeypatch):
     monkeypatch.setattr(laws, "residual_sample", never)
     for ratio in ("paper", "trajectory"):
         lat, st = generate_latents(t, cond, CSpD(gamma=3, ratio=ratio, prefill=0.0, max_resample_tries=3),
-                                   sv.Sampling(), seed=0, draft=d)
+                                   sv.Sampling(noise="stream"), seed=0, draft=d)
         assert st.extra["resamples"] > 0 and st.extra["resample_fallbacks"] == st.extra["resamples"]
         assert st.extra["resample_tries"] == 3 and torch.isfinite(lat).all()
 
@@ -542,7 +542,7 @@ def test_exact_variants_reproduce_target_law(monkeypatch):
     t, d = mixture_model(0), mixture_model(1)
     n = 2000
     cond = torch.arange(n) % 3
-    s = sv.Sampling(cfg_scale=2.0, temperature=0.9)
+    s = sv.Sampling(cfg_scale=2.0, temperature=0.9, noise="stream")
     ref = reference(t, cond, s, seed=1)
 
     def run(ratio):
@@ -578,7 +578,7 @@ def test_acceptance_paper_vs_trajectory_close_draft():
         t = mixture_model(0, grid=(2, 2), C=2, T=T, K=8)
         d = perturbed(t, 0.1, 1)
         for ratio in ("paper", "coupled", "trajectory"):
-            _, st = generate_latents(t, cond, CSpD(gamma=3, ratio=ratio, prefill=0.25), sv.Sampling(), seed=0, draft=d)
+            _, st = generate_latents(t, cond, CSpD(gamma=3, ratio=ratio, prefill=0.25), sv.Sampling(noise="stream"), seed=0, draft=d)
             rates[(T, ratio)] = round(st.extra["acceptance_rate"], 3)
     print("\nacceptance (T, ratio):", rates)
     assert rates[(100, "trajectory")] > 4 * max(rates[(100, "paper")], 0.01)

@@ -24,7 +24,7 @@ import specvis as sv
 from specvis.models.drafter import EagleDrafter
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-CFG = sv.Sampling(temperature=0.7, cfg_scale=2.5)
+CFG = sv.Sampling(temperature=0.7, cfg_scale=2.5, noise="stream")
 
 
 def _models(dtype=torch.float32):
@@ -60,7 +60,7 @@ def test_adt_rounds_are_captured(init, batch, monkeypatch):
     target = tiny_llamagen(0, vocab=8, grid=4).cuda()
     drafter = EagleDrafter.from_target(target, seed=1).cuda().eval()
     method = sv.ADTTree(init=init, total_tokens=8)
-    sampling = sv.Sampling(temperature=1.0, top_k=6, cfg_scale=2.0)
+    sampling = sv.Sampling(temperature=1.0, top_k=6, cfg_scale=2.0, noise="stream")
     replays = []
     replay = torch.cuda.CUDAGraph.replay
 
@@ -150,7 +150,7 @@ def test_live_spans_crossing_the_64_slot_bucket_are_recaptured(device, method, m
     """A 9 x 9 stream (82 slots with the class token) crosses the default 64-slot live-span bucket: the
     round is captured again at the larger span and replays the eager tokens and forwards."""
     target = tiny_llamagen(0, vocab=8, grid=9).to(device)
-    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream")
     cond = torch.arange(2, device=device) % 3
     eager = sv.generate(target, cond, method, sampling, seed=3, graphs=False)
     cap = Captures(device, monkeypatch)
@@ -165,7 +165,7 @@ def test_pjd_and_zipar_run_eagerly_under_graphs(device, method, monkeypatch):
     ``ctx.run(..., capture=False)``): with graphs on they capture nothing, raise no capture-failure
     warning and give the eager tokens and forwards."""
     m = tiny_prompt_model(0, vocab=7, height=6, width=6, row_end=1, janus=False).to(device)
-    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream")
     cond = rows_on(m, [0, 1, 2])
     eager = sv.generate(m, cond, method, sampling, seed=5, graphs=False)
     cap = Captures(device, monkeypatch)
@@ -182,7 +182,7 @@ def test_continuous_batching_captured_restarts_rows_as_eager(device, method, mon
     replays of the captured round and give the eager tokens and forwards."""
     m = tiny_prompt_model(0, vocab=7, height=6, width=6, row_end=1, janus=False).to(device)
     order = [0, 1, 2, 2, 0, 1, 1]
-    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream")
     eager = sv.generate(m, rows_on(m, order), method, sampling, seed=5, batch_size=3, graphs=False)
     cap = Captures(device, monkeypatch)
     _same(eager, sv.generate(m, rows_on(m, order), method, sampling, seed=5, batch_size=3, graphs=True))
@@ -208,7 +208,7 @@ def test_chameleon_and_janus_checkpoints_captured_in_bf16(device, family, checkp
     Speculative (the same checkpoint as draft), rounds are captured and none falls back to eager."""
     path = str(checkpoints[family])
     grid = {"height": 4, "width": 8} if family == "lumina" else {}
-    sampling = sv.Sampling(temperature=1.0, cfg_scale=3.0)
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=3.0, noise="stream")
     eager = sv.load(path, device, dtype="bf16", graphs=False, draft=path)
     graphed = sv.load(path, device, dtype="bf16", graphs=True, draft=path)
     assert next(graphed.target.parameters()).dtype == torch.bfloat16

@@ -16,13 +16,13 @@ from exactness import check_method, tiny_llamagen
 P_MIN = 1e-3
 
 SAMPLINGS = {
-    "plain": sv.Sampling(temperature=1.0),
-    "cfg_t0.7": sv.Sampling(temperature=0.7, cfg_scale=2.5),
-    "topk_t1.3": sv.Sampling(temperature=1.3, top_k=2, cfg_scale=1.5),
-    "topp": sv.Sampling(temperature=1.0, top_p=0.8, cfg_scale=3.0),
+    "plain": sv.Sampling(temperature=1.0, noise="stream"),
+    "cfg_t0.7": sv.Sampling(temperature=0.7, cfg_scale=2.5, noise="stream"),
+    "topk_t1.3": sv.Sampling(temperature=1.3, top_k=2, cfg_scale=1.5, noise="stream"),
+    "topp": sv.Sampling(temperature=1.0, top_p=0.8, cfg_scale=3.0, noise="stream"),
     # a flatter law, where the nucleus usually holds 2-3 of the 4 codes: a top-p that keeps one
     # token too few changes it (under CFG 3 the top code alone mostly exceeds 0.8)
-    "topp_flat": sv.Sampling(temperature=1.6, top_p=0.7),
+    "topp_flat": sv.Sampling(temperature=1.6, top_p=0.7, noise="stream"),
 }
 
 
@@ -75,7 +75,7 @@ def test_harness_rejects_biased_acceptance(target, draft):
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 def test_greedy_speculative_equals_greedy_ar(target, draft, gamma):
-    greedy = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+    greedy = sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream")
     cond = torch.arange(64) % 3
     ar = sv.generate(target, cond, sv.AR(), greedy, seed=0).tokens
     sp = sv.generate(target, cond, sv.Speculative(gamma), greedy, seed=5, draft=draft).tokens

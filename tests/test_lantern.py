@@ -35,8 +35,8 @@ from specvis.lantern import (
 V = 5
 N_MIN = 1000
 EPS = 1e-5
-PLAIN = sv.Sampling(temperature=1.0)
-GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+PLAIN = sv.Sampling(temperature=1.0, noise="stream")
+GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream")
 KINDS = ["speculative", "sjd"]
 
 
@@ -294,7 +294,7 @@ def _sjd(rule, window=3):
 
 
 def test_delta_zero_equals_exact_in_methods(target, draft, codebook):
-    s = sv.Sampling(temperature=0.9, cfg_scale=2.0, top_k=4)
+    s = sv.Sampling(temperature=0.9, cfg_scale=2.0, top_k=4, noise="stream")
     cond = torch.arange(200) % 3
     for budget in ("paper", "output"):
         lan = Lantern(k=V, delta=0.0, budget=budget)
@@ -377,9 +377,9 @@ def test_soft_law_is_kept_only_when_greedy_and_asked(target):
                 uncond = target.logits(torch.full_like(cond, target.null_condition), torch.zeros(4, 0, dtype=torch.long))[:, 0]
             ref = torch.softmax(uncond + 2.0 * (logits - uncond), -1)
             assert torch.allclose(p0.soft, ref, atol=1e-5) and torch.equal(p0.soft.argmax(-1), p0.probs.argmax(-1))
-    s = sv.Sampling(temperature=0.0, top_k=2, top_p=0.9, cfg_scale=3.0)
+    s = sv.Sampling(temperature=0.0, top_k=2, top_p=0.9, cfg_scale=3.0, noise="stream")
     c, u = torch.randn(2, 6, 7).unbind(0)
-    assert torch.equal(s.soft_probs(c, u), sv.Sampling(1.0, 2, 0.9, 3.0).probs(c, u))
+    assert torch.equal(s.soft_probs(c, u), sv.Sampling(1.0, 2, 0.9, 3.0, noise="stream").probs(c, u))
 
 
 def _greedy_soft_laws(model, cond, tokens):

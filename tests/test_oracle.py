@@ -16,8 +16,8 @@ from oracle import oracle
 import specvis as sv
 from specvis.models.drafter import EagleDrafter
 
-SAMPLING = sv.Sampling(temperature=1.0, top_k=6, cfg_scale=2.0)
-GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+SAMPLING = sv.Sampling(temperature=1.0, top_k=6, cfg_scale=2.0, noise="stream")
+GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream")
 
 METHODS = {
     "ar": (sv.AR(), SAMPLING),

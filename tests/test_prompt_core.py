@@ -61,7 +61,7 @@ def test_outputs_drop_structural_tokens_and_count_image_tokens() -> None:
     """tokens (B, H*W) are codes only; Stats.tokens excludes row ends; the heatmap is the image grid."""
     model = tiny_prompt_model(0, janus=False, row_end=1, height=2, width=3)
     out = sv.generate(model, condition_rows(model, [0, 1]), sv.SJD(window=4, init="vertical-sample"),
-                      sv.Sampling(cfg_scale=2.0), seed=0)
+                      sv.Sampling(cfg_scale=2.0, noise="stream"), seed=0)
     assert out.tokens.shape == (2, 6) and int(out.tokens.max()) < model.layout.vocab_size
     assert out.stats.tokens == 6 and out.stats.accept_map.shape == (2, 2, 3)
     assert int(out.stats.accept_map.min()) >= 1
@@ -84,7 +84,7 @@ def test_janus_unconditional_prompt_keeps_bos_and_boi() -> None:
     assert u.ids.tolist() == [[1, 0, 0, 2], [1, 0, 2, 0]] and u.lengths.tolist() == [4, 3]
 
 
-CFG = sv.Sampling(temperature=1.0, cfg_scale=2.5, top_k=2)
+CFG = sv.Sampling(temperature=1.0, cfg_scale=2.5, top_k=2, noise="stream")
 LOSSLESS = [sv.AR()] + [sv.SJD(window=3, init=i) for i in
                         ("random", "horizontal-repeat", "vertical-repeat", "horizontal-sample", "vertical-sample")]
 
@@ -107,7 +107,7 @@ def test_exactness_on_prompt_models(shape: str, method) -> None:
 @pytest.mark.parametrize("shape", SHAPES)
 def test_jacobi_equals_greedy_ar_on_prompt_models(shape: str) -> None:
     model = tiny_prompt_model(2, height=3, width=3, **SHAPES[shape])
-    greedy = sv.Sampling(temperature=0.0, cfg_scale=3.0)
+    greedy = sv.Sampling(temperature=0.0, cfg_scale=3.0, noise="stream")
     rows = condition_rows(model, [0, 1, 2])
     ar = sv.generate(model, rows, sv.AR(), greedy).tokens
     for method in (sv.Jacobi(window=4), sv.SJD(window=4, init="vertical-repeat")):
@@ -136,5 +136,5 @@ def test_sjd_never_drafts_against_a_forced_token(init: str, monkeypatch) -> None
         return draft, q
 
     monkeypatch.setattr(sjd.JacobiWindow, "next_window", spy)
-    sv.generate(model, condition_rows(model, [0, 1, 2]), sv.SJD(window=5, init=init), sv.Sampling(), seed=0)
+    sv.generate(model, condition_rows(model, [0, 1, 2]), sv.SJD(window=5, init=init), sv.Sampling(noise="stream"), seed=0)
     assert sum(seen) > 0

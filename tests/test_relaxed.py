@@ -180,7 +180,7 @@ def test_gsd_rule_matches_loop_reference_and_is_vectorised():
 
 
 def test_gsd_singleton_cluster_is_exact(target, draft):
-    s = sv.Sampling(temperature=0.9, cfg_scale=2.0, top_k=4)
+    s = sv.Sampling(temperature=0.9, cfg_scale=2.0, top_k=4, noise="stream")
     cond = torch.arange(200) % 3
     ref_sp = sv.generate(target, cond, sv.Speculative(3), s, seed=7, draft=draft).tokens
     ref_sjd = sv.generate(target, cond, sv.SJD(window=3, acceptance=Exact()), s, seed=7).tokens

@@ -12,7 +12,7 @@ from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_m
 import specvis as sv
 from specvis.registry import build_method, parse_method_spec
 
-GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream")
 P_MIN = 1e-3
 
 
@@ -98,7 +98,7 @@ def test_pjd_batch_progress_is_per_sample(wide):
     every sample would commit the same block sizes at the same positions): the accept maps (tokens
     committed by the forward that committed each token) differ between samples of one batch, and the
     batch needs fewer forwards than AR."""
-    out = sv.generate(wide, torch.tensor([0, 1, 2, 0]), sv.PJD(), sv.Sampling(temperature=1.0, cfg_scale=2.0), seed=3)
+    out = sv.generate(wide, torch.tensor([0, 1, 2, 0]), sv.PJD(), sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream"), seed=3)
     maps = out.stats.accept_map.flatten(1)
     assert out.stats.target_forwards < 64
     assert all(not torch.equal(maps[0], maps[i]) for i in (1, 2, 3))
@@ -119,7 +119,7 @@ def test_a_sample_does_not_wait_for_its_batch_neighbours(layouts, name):
     batch, a block's padding visible to a shorter sample, a schedule decision taken on the batch) would
     change it, since the neighbours here run different conditions at different paces."""
     m = layouts[name]
-    t1 = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    t1 = sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream")
     for method in (sv.PJD(window=4, lag=2, init="vertical-repeat", coupling="gumbel"),
                    build_method(*parse_method_spec("pjd:window=4:lag=1:accept=gsd:group=8:delta_p=0.5")),
                    sv.ZipAR(window=1)):
@@ -141,13 +141,13 @@ def test_pjd_non_overlapping_rows_are_exact_by_the_harness(target, init):
     """2x2 harness, lag >= width: the top row only, the exact rule with residual and bonus, no keep
     threshold, no coupling: SJD's law, i.e. AR's (a wrong residual or bonus shifts it; so does a copied
     first draft verified against a law other than its point mass)."""
-    sampling = sv.Sampling(temperature=0.9, cfg_scale=2.0)
+    sampling = sv.Sampling(temperature=0.9, cfg_scale=2.0, noise="stream")
     assert check_method(target, sv.PJD(window=2, keep_threshold=1.0, init=init), sampling) > P_MIN
 
 
 def test_zipar_two_rows_without_row_end_are_exact_by_the_harness(target):
     """2x2 harness, window 1: row 1 still waits for row 0 (no row end to start it), so ZipAR is AR."""
-    assert check_method(target, sv.ZipAR(window=1), sv.Sampling(temperature=0.9, cfg_scale=2.0)) > P_MIN
+    assert check_method(target, sv.ZipAR(window=1), sv.Sampling(temperature=0.9, cfg_scale=2.0, noise="stream")) > P_MIN
 
 
 @pytest.mark.parametrize("make,message", [
@@ -197,7 +197,7 @@ def _mask_case(rcm: bool):
     from specvis.models.base import Condition
 
     m = tiny_llamagen(0, vocab=50, grid=8)
-    view = guided_view(m, Condition.of(m, torch.tensor([0])), sv.Sampling(), 256)
+    view = guided_view(m, Condition.of(m, torch.tensor([0])), sv.Sampling(noise="stream"), 256)
     ctx = DecodeContext(view, torch.Generator().manual_seed(0), 256)
     view.prefill()
     ctx.commit(torch.tensor([[1, 2, 3, 4]]), torch.tensor([4]))
@@ -251,7 +251,7 @@ def test_same_output_with_live_spans(layouts, name):
     from test_live_attention import live
 
     m = layouts[name]
-    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream")
     for method in (sv.ZipAR(window=2), sv.PJD(window=4, lag=2, init="vertical-repeat")):
         outs = []
         for bucket in (0, 3):

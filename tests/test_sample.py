@@ -44,7 +44,8 @@ def test_single_process_writes_pngs_npz_and_stats(single):
     assert stats["method"] == "sjd" and stats["config"]["init"] == "vertical-sample"  # the model's default
     assert stats["n_images"] == 5 and stats["n_batches"] == 3 and stats["batches_with_stats"] == 3
     assert stats["npz_shape"] == [5, 64, 64, 3]  # what the summary line prints
-    assert [b["seed"] for b in stats["batches"]] == [3, 4, 5]  # batch j: seed + j
+    assert [b["seed"] for b in stats["batches"]] == [3, 5, 7]  # keyed noise, the default: image i has seed + i
+    assert stats["sampling"]["noise"] == "keyed"  # recorded resolved
     assert [b["images"] for b in stats["batches"]] == [[0, 1], [2, 3], [4]]
     assert stats["step_compression"] > 1 and stats["target_forwards"] < 5 * 64
     assert not list(single.rglob(".*.tmp"))

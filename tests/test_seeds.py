@@ -251,7 +251,8 @@ def test_the_default_rule_follows_the_noise(models):
     target, cond = models["target"], torch.tensor([0, 1])
     assert sv.SJD().acceptance is DEFAULT_RULE and sv.SJD().acceptance == sv.Exact()
     assert sv.generate(target, cond, sv.SJD(window=4), KEYED).method.acceptance == Coupled()
-    assert sv.generate(target, cond, sv.SJD(window=4), sv.Sampling()).method.acceptance == sv.Exact()
+    assert sv.generate(target, cond, sv.SJD(window=4), sv.Sampling(noise="stream")).method.acceptance == sv.Exact()
+    assert sv.generate(target, cond, sv.SJD(window=4), sv.Sampling()).method.acceptance == Coupled()  # keyed by default
     explicit = sv.generate(target, cond, sv.SJD(window=4, acceptance=sv.Exact()), KEYED).method.acceptance
     assert explicit == sv.Exact() and explicit is not DEFAULT_RULE
     assert method_from_spec("sjd").acceptance is DEFAULT_RULE
@@ -264,10 +265,32 @@ def test_keyed_configuration_errors_name_the_field(models):
     with pytest.raises(ValueError, match="noise must be one of stream, keyed"):
         sv.Sampling(noise="per-image")
     with pytest.raises(ValueError, match="needs keyed noise"):
-        sv.generate(target, cond, sv.SJD(window=4, acceptance=Coupled()), sv.Sampling())
+        sv.generate(target, cond, sv.SJD(window=4, acceptance=Coupled()), sv.Sampling(noise="stream"))
     with pytest.raises(ValueError, match="method pjd runs its own"):
         sv.generate(target, cond, sv.PJD(acceptance=Coupled()), KEYED)
-    assert sv.generate(target, cond, sv.SJD(window=4), sv.Sampling()).stats.seeds == []
+    assert sv.generate(target, cond, sv.SJD(window=4), sv.Sampling(noise="stream")).stats.seeds == []
+
+
+def test_the_default_noise_is_keyed_where_keyed_noise_applies(models):
+    """``Sampling().noise`` is None, the model's default: keyed for discrete tokens decoded in stream order
+    (a call without ``noise`` gives the keyed tokens and seeds, and verifies by Coupled), stream for
+    continuous-token and MAR models, where an explicit keyed noise is refused in one line."""
+    from specvis.pipeline import call_sampling
+
+    target, cond = models["target"], torch.tensor([0, 1, 2])
+    assert sv.Sampling().noise is None
+    default = sv.generate(target, cond, sv.SJD(window=4), sv.Sampling(temperature=1.0, cfg_scale=2.5), seed=5)
+    keyed = sv.generate(target, cond, sv.SJD(window=4), KEYED, seed=5)
+    ar = sv.generate(target, cond, sv.AR(), KEYED, seed=5)
+    assert default.method.acceptance == Coupled() and default.stats.seeds == [5, 6, 7]
+    assert torch.equal(default.tokens, keyed.tokens) and torch.equal(default.tokens, ar.tokens)
+    emoji = sv.load("emoji")
+    assert call_sampling(emoji).noise == "keyed" and call_sampling(emoji, {"noise": "stream"}).noise == "stream"
+    assert emoji(classes=[3], seed=7, decode=False).stats.seeds == [7]
+    mar = sv.load("emoji-mar")
+    assert call_sampling(mar).noise == "stream"
+    with pytest.raises(ValueError, match="needs a discrete-token model"):
+        mar(classes=[0], sampling={"noise": "keyed"}, decode=False)
 
 
 def test_greedy_keyed_is_greedy(models):

@@ -33,9 +33,15 @@ def test_generate_records_seeds_and_compare_ar_checks_the_images(tmp_path, capsy
 
 
 def test_generate_under_stream_noise_records_no_seeds(tmp_path):
-    assert main(["generate", "--model", "random-tiny", "--num", "1", "--out", str(tmp_path)]) == 0
+    assert main(["generate", "--model", "random-tiny", "--num", "1", "--noise", "stream", "--out", str(tmp_path)]) == 0
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["seeds"] == [] and stats["sampling"]["noise"] == "stream" and stats["acceptance"] == "exact"
+
+
+def test_generate_defaults_to_keyed_noise_and_records_it_resolved(tmp_path):
+    assert main(["generate", "--model", "random-tiny", "--num", "2", "--seed", "4", "--out", str(tmp_path)]) == 0
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["seeds"] == [4, 5] and stats["sampling"]["noise"] == "keyed" and stats["acceptance"] == "coupled"
 
 
 @pytest.mark.parametrize("args,needle", [

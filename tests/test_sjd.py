@@ -25,11 +25,11 @@ P_MIN = 1e-3
 CONDITIONS = (0, 1, 2)
 
 SAMPLINGS = {
-    "plain": sv.Sampling(temperature=1.0),
-    "cfg_t0.7": sv.Sampling(temperature=0.7, cfg_scale=2.5),
-    "topk_t1.3": sv.Sampling(temperature=1.3, top_k=2, cfg_scale=1.5),
-    "topp": sv.Sampling(temperature=1.0, top_p=0.8, cfg_scale=3.0),
-    "topk_t1.3_nocfg": sv.Sampling(temperature=1.3, top_k=2),
+    "plain": sv.Sampling(temperature=1.0, noise="stream"),
+    "cfg_t0.7": sv.Sampling(temperature=0.7, cfg_scale=2.5, noise="stream"),
+    "topk_t1.3": sv.Sampling(temperature=1.3, top_k=2, cfg_scale=1.5, noise="stream"),
+    "topp": sv.Sampling(temperature=1.0, top_p=0.8, cfg_scale=3.0, noise="stream"),
+    "topk_t1.3_nocfg": sv.Sampling(temperature=1.3, top_k=2, noise="stream"),
 }
 
 # Small models keep the 10,000-row batches cheap; their laws are sharp (see tiny_llamagen).
@@ -103,7 +103,7 @@ def test_harness_rejects_wrong_draft_law():
 
 
 # ---- greedy: Jacobi and SJD reproduce greedy AR ----
-GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream")
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_greedy_sjd_equals_greedy_ar(greedy_target, greedy_ar, window, init):
 
 def test_jacobi_needs_greedy(greedy_target):
     with pytest.raises(ValueError, match="greedy"):
-        sv.generate(greedy_target, torch.tensor([0]), Jacobi(4), sv.Sampling(temperature=1.0))
+        sv.generate(greedy_target, torch.tensor([0]), Jacobi(4), sv.Sampling(temperature=1.0, noise="stream"))
 
 
 # ---- step compression where drafting is easy ----
@@ -152,7 +152,7 @@ def easy_target():
 
 @pytest.mark.parametrize("init", INITS)
 def test_sjd_compresses_steps_when_drafting_is_easy(easy_target, init):
-    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream")
     out = sv.generate(easy_target, torch.arange(8) % 3, SJD(4, init=init), sampling, seed=0)
     assert out.stats.step_compression > 2.0
     assert out.stats.mean_accepted_length > 2.0

@@ -13,7 +13,7 @@ from exactness import check_method, condition_rows, tiny_llamagen, tiny_prompt_m
 import specvis as sv
 from specvis.models.continuous import ContinuousAR, ContinuousARConfig
 
-GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+GREEDY = sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream")
 ORDER = [0, 1, 2, 2, 0, 1, 1]  # seven samples, the harness prompts of three lengths in mixed order
 
 
@@ -100,7 +100,7 @@ def test_methods_that_cannot_restart_rows_are_refused(layouts):
     with pytest.raises(ValueError, match="not a continuous-token or ordered"):
         cfg = ContinuousARConfig(token_dim=1, height=2, width=2, dim=32, n_layer=2, n_head=2, multiple_of=16,
                                  num_classes=3, head_width=32, head_depth=2, num_train_steps=16, num_sampling_steps=8)
-        sv.generate(ContinuousAR(cfg).eval(), torch.tensor([0, 1, 0]), sv.AR(), sv.Sampling(), batch_size=2)
+        sv.generate(ContinuousAR(cfg).eval(), torch.tensor([0, 1, 0]), sv.AR(), sv.Sampling(noise="stream"), batch_size=2)
     with pytest.raises(ValueError, match="batch_size"):
         sv.generate(m, torch.tensor(ORDER), sv.AR(), GREEDY, batch_size=0)
 
@@ -113,7 +113,7 @@ def test_restarted_rows_sample_the_exact_law(target, method):
     in staggered waves: chi-square against the enumerated law. Catches a first token drawn from another
     sample's prefix law, a restarted SJD window whose laws, ring or Gumbel race are a previous sample's,
     or the kept rows' ring or race overwritten by a restart."""
-    sampling = sv.Sampling(temperature=0.7, cfg_scale=2.5)
+    sampling = sv.Sampling(temperature=0.7, cfg_scale=2.5, noise="stream")
     assert check_method(target, method, sampling, batch=5000, batch_size=97) > 1e-3
 
 
@@ -123,7 +123,7 @@ def test_captured_rounds_restart_rows_as_eager_rounds_do(layouts, method, monkey
     the same tokens and forwards as eager rounds at temperature 1, so a restart writes only state the
     captured round reads in place."""
     m = layouts["row-end"]
-    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream")
     eager = sv.generate(m, condition_rows(m, ORDER), method, sampling, seed=5, batch_size=3)
     fake = fake_cuda.install(monkeypatch)
     graphed = sv.generate(m, condition_rows(m, ORDER), method, sampling, seed=5, batch_size=3, graphs=True)

@@ -22,12 +22,12 @@ P_MIN = 1e-3
 N = 8000
 WIDE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 3 siblings at the root
 CASES = {
-    "wide_t1_cfg_topk": (WIDE, sv.Sampling(temperature=1.0, top_k=3, cfg_scale=2.0)),
-    "four_three_t1_cfg": ([[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0]], sv.Sampling(temperature=1.0, cfg_scale=2.5)),
-    "chainlike_t07_topk": ([[0], [1], [0, 0], [0, 0, 0]], sv.Sampling(temperature=0.7, top_k=2, cfg_scale=1.5)),
+    "wide_t1_cfg_topk": (WIDE, sv.Sampling(temperature=1.0, top_k=3, cfg_scale=2.0, noise="stream")),
+    "four_three_t1_cfg": ([[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0]], sv.Sampling(temperature=1.0, cfg_scale=2.5, noise="stream")),
+    "chainlike_t07_topk": ([[0], [1], [0, 0], [0, 0, 0]], sv.Sampling(temperature=0.7, top_k=2, cfg_scale=1.5, noise="stream")),
     # one child per node: verified as a chain (round._verify_path), deeper than the grid and shorter than it
-    "chain_t1_cfg": ("chain", sv.Sampling(temperature=1.0, cfg_scale=2.5)),
-    "chain2_t07_topk": ([[0], [0, 0]], sv.Sampling(temperature=0.7, top_k=2, cfg_scale=1.5)),
+    "chain_t1_cfg": ("chain", sv.Sampling(temperature=1.0, cfg_scale=2.5, noise="stream")),
+    "chain2_t07_topk": ([[0], [0, 0]], sv.Sampling(temperature=0.7, top_k=2, cfg_scale=1.5, noise="stream")),
 }
 
 
@@ -39,7 +39,7 @@ def test_static_tree_is_exact(target, drafter, case):
 
 @pytest.mark.parametrize("tree", ["mc_sim_7b_63", "naive_extend_57", WIDE, "chain"], ids=["mc_sim", "naive57", "wide", "chain"])
 def test_greedy_static_tree_equals_greedy_ar(target, drafter, tree):
-    greedy = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+    greedy = sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream")
     cond = torch.arange(48) % 3
     ar = sv.generate(target, cond, sv.AR(), greedy, seed=0).tokens
     out = sv.generate(target, cond, sv.StaticTree(tree=tree), greedy, seed=5, drafter=drafter)
@@ -53,11 +53,11 @@ def test_prompt_model_with_row_ends(drafter):
     model = tiny_prompt_model(0, janus=False, row_end=1)
     head = EagleDrafter.from_target(model, seed=1).eval()
     cond = condition_rows(model, [0, 1, 2], torch.arange(12) % 3)
-    greedy = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+    greedy = sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream")
     ar = sv.generate(model, cond, sv.AR(), greedy, seed=0).tokens
     out = sv.generate(model, cond, sv.StaticTree(tree=WIDE), greedy, seed=3, drafter=head)
     assert torch.equal(ar, out.tokens)
-    hot = sv.generate(model, cond, sv.StaticTree(tree="mc_sim_7b_63"), sv.Sampling(cfg_scale=2.0), seed=3, drafter=head)
+    hot = sv.generate(model, cond, sv.StaticTree(tree="mc_sim_7b_63"), sv.Sampling(cfg_scale=2.0, noise="stream"), seed=3, drafter=head)
     assert hot.tokens.shape == ar.shape and int(hot.tokens.max()) < model.layout.vocab_size
 
 
@@ -65,7 +65,7 @@ def test_prompt_model_with_row_ends(drafter):
 def test_prompt_model_with_row_ends_is_exact(tree):
     model = tiny_prompt_model(0, janus=False, row_end=1)
     head = EagleDrafter.from_target(model, seed=1).eval()
-    assert check_method(model, sv.StaticTree(tree=tree), sv.Sampling(cfg_scale=2.5, top_k=2), n=N, batch=N,
+    assert check_method(model, sv.StaticTree(tree=tree), sv.Sampling(cfg_scale=2.5, top_k=2, noise="stream"), n=N, batch=N,
                         drafter=head) > P_MIN
 
 
@@ -164,7 +164,7 @@ def test_lantern_pp_runs_and_lam_one_is_exact_token_for_token(target, drafter):
     seed (same draws, bitwise the same alpha and residual); lam = 50 accepts more (measured on 512
     images of the 4-code model: 1.67 tokens a forward against 1.57); greedy runs."""
     cond, cb = torch.arange(512) % 3, torch.randn(target.layout.vocab_size, 4, generator=torch.Generator().manual_seed(0))
-    s = sv.Sampling(cfg_scale=2.0)
+    s = sv.Sampling(cfg_scale=2.0, noise="stream")
     ex = sv.generate(target, cond, sv.StaticTree(tree=WIDE), s, seed=4, drafter=drafter)
     one = sv.generate(target, cond, sv.StaticTree(tree=WIDE, acceptance=sv.Lantern(k=4, budget="relative", lam=1.0)),
                       s, seed=4, drafter=drafter, codebook=cb)
@@ -173,7 +173,7 @@ def test_lantern_pp_runs_and_lam_one_is_exact_token_for_token(target, drafter):
                        s, seed=4, drafter=drafter, codebook=cb)
     assert five.stats.mean_accepted_length > ex.stats.mean_accepted_length + 0.05
     greedy = sv.generate(target, cond, sv.StaticTree(tree=WIDE, acceptance=sv.Lantern(k=4, budget="relative", lam=5.0)),
-                         sv.Sampling(temperature=0.0, cfg_scale=2.0), seed=4, drafter=drafter, codebook=cb)
+                         sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream"), seed=4, drafter=drafter, codebook=cb)
     assert greedy.tokens.shape == ex.tokens.shape
 
 
@@ -209,7 +209,7 @@ def test_siblings_are_distinct_and_forced_nodes_have_one_child(monkeypatch):
 
     monkeypatch.setattr(st, "build_static_tree", spy)
     sv.generate(model, condition_rows(model, [0, 1, 2], torch.arange(6) % 3), sv.StaticTree(tree=WIDE),
-                sv.Sampling(cfg_scale=2.0), seed=1, drafter=head)
+                sv.Sampling(cfg_scale=2.0, noise="stream"), seed=1, drafter=head)
     assert seen
     forced_nodes = 0
     for tree, forced in seen:
@@ -248,7 +248,7 @@ def test_gsd_is_refused_and_drafter_needed(target, drafter):
     with pytest.raises(ValueError, match="not supported with StaticTree"):  # when it is built
         sv.StaticTree(acceptance=sv.GSD(group=3))
     with pytest.raises(ValueError, match="drafter"):
-        sv.generate(target, torch.tensor([0]), sv.StaticTree(), sv.Sampling())
+        sv.generate(target, torch.tensor([0]), sv.StaticTree(), sv.Sampling(noise="stream"))
 
 
 def test_registry_and_cli_names():

@@ -26,17 +26,17 @@ from specvis.models.drafter import EagleDrafter
 P_MIN = 1e-3
 N = 8000
 
-CFG = sv.Sampling(temperature=0.7, cfg_scale=2.5)
+CFG = sv.Sampling(temperature=0.7, cfg_scale=2.5, noise="stream")
 CASES = {
     "eagle_d2_k2_t4_cfg": (EagleTree(depth=2, top_k=2, total_tokens=4), CFG),
     "eagle_d4_k3_t8_topk": (EagleTree(depth=4, top_k=3, total_tokens=8),
-                            sv.Sampling(temperature=1.3, top_k=2, cfg_scale=1.5)),
+                            sv.Sampling(temperature=1.3, top_k=2, cfg_scale=1.5, noise="stream")),
     # open bounds (paper): depths 1..3 / top-k 1..2, depths 1..2 / top-k 2..3, depths 1..2 / top-k 1..2
     "adt_horizontal_cfg": (ADTTree(depth_range=(0, 4), topk_range=(0, 3), topk_step=1, total_tokens=8), CFG),
     "adt_random_topp": (ADTTree(init="random", depth_range=(0, 3), topk_range=(1, 4), topk_step=1, total_tokens=6),
-                        sv.Sampling(top_p=0.8, cfg_scale=3.0)),
+                        sv.Sampling(top_p=0.8, cfg_scale=3.0, noise="stream")),
     "adt_vertical_plain": (ADTTree(init="vertical", beta=0.5, depth_range=(0, 3), topk_range=(0, 3), topk_step=1,
-                                   total_tokens=5), sv.Sampling(temperature=1.0)),
+                                   total_tokens=5), sv.Sampling(temperature=1.0, noise="stream")),
     "adt_static_random_cfg": (ADTTree(init="random", depth_range=(0, 4), topk_range=(0, 3), topk_step=1, total_tokens=6,
                                       static_shapes=True), CFG),
 }
@@ -65,7 +65,7 @@ def test_harness_rejects_broken_sibling_rule(target, drafter):
                                     ADTTree(total_tokens=8), ADTTree(init="vertical", total_tokens=6),
                                     ADTTree(init="random", total_tokens=8)], ids=lambda m: m.name)
 def test_greedy_tree_equals_greedy_ar(target, drafter, method):
-    greedy = sv.Sampling(temperature=0.0, cfg_scale=2.0)
+    greedy = sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream")
     cond = torch.arange(48) % 3
     ar = sv.generate(target, cond, sv.AR(), greedy, seed=0).tokens
     out = sv.generate(target, cond, method, greedy, seed=5, drafter=drafter)
@@ -78,7 +78,7 @@ def test_rows_accept_their_own_lengths(target, drafter):
     """Trees over a 4-code vocabulary accept several tokens per target forward, and rows commit
     different lengths in the same forward (no lock-step)."""
     cond = torch.arange(32) % 3
-    out = sv.generate(target, cond, EagleTree(depth=3, top_k=2, total_tokens=6), sv.Sampling(temperature=0.0, cfg_scale=2.0),
+    out = sv.generate(target, cond, EagleTree(depth=3, top_k=2, total_tokens=6), sv.Sampling(temperature=0.0, cfg_scale=2.0, noise="stream"),
                       drafter=drafter)
     assert out.stats.step_compression > 1.0 and out.stats.draft_forwards > 0
     first = out.stats.accept_map[:, 0, 1]  # tokens committed by the first tree round (grid 0 is the prefill)
@@ -183,7 +183,7 @@ def test_adt_bounds_are_open_intervals():
 def test_mean_tree_depth_is_the_drafted_depth(target, drafter, method, bound):
     """mean_tree_depth (d-bar) is the depth reached after the rerank to total_tokens, not the
     configured depth: total_tokens - 1 nodes cannot reach a deeper level than total_tokens - 1."""
-    out = sv.generate(target, torch.arange(12) % 3, method, sv.Sampling(temperature=1.0, cfg_scale=2.0),
+    out = sv.generate(target, torch.arange(12) % 3, method, sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream"),
                       seed=3, drafter=drafter)
     stats = out.stats.to_dict()
     assert 1.0 <= stats["mean_tree_depth"] <= bound
@@ -211,7 +211,7 @@ def test_mean_tree_depth_averages_the_selected_max_depth(target, drafter, method
         return tree
 
     monkeypatch.setattr(tree_mod, "build_tree", spy)
-    out = sv.generate(target, torch.arange(12) % 3, method, sv.Sampling(temperature=1.0, cfg_scale=2.0),
+    out = sv.generate(target, torch.arange(12) % 3, method, sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream"),
                       seed=3, drafter=drafter)
     assert total[1] > 0
     assert out.stats.to_dict()["mean_tree_depth"] == pytest.approx(total[0] / total[1])
@@ -255,7 +255,7 @@ def test_config_errors_name_the_field(target):
     with pytest.raises(ValueError, match="static_shapes"):
         ADTTree(static_shapes=1)
     with pytest.raises(ValueError, match="drafter"):
-        sv.generate(target, torch.tensor([0]), EagleTree(), sv.Sampling())
+        sv.generate(target, torch.tensor([0]), EagleTree(), sv.Sampling(noise="stream"))
 
 
 # ---------------------------------------------------------------- ADT: static-shaped vs host-synced rounds
@@ -322,7 +322,7 @@ def test_adt_static_shapes_match_host_synced_rounds(adt_models, config, batch, t
     kw, model = ADT_CONFIGS[config]
     target, drafter = adt_models[model]
     cond = condition_rows(target, [0, 1, 2], torch.arange(batch) % 3)
-    sampling = sv.Sampling(temperature=temperature, cfg_scale=2.0)
+    sampling = sv.Sampling(temperature=temperature, cfg_scale=2.0, noise="stream")
     runs = []
     for static in (False, True):
         trees = _record_trees(monkeypatch)
@@ -379,7 +379,7 @@ def test_tree_rounds_run_through_the_round_runner_without_host_sync(adt_models, 
 
     monkeypatch.setattr(base, "run_rounds", guarded)
     cond = condition_rows(target, [0, 1, 2], torch.arange(3))
-    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0)
+    sampling = sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream")
     out = sv.generate(target, cond, method, sampling, seed=1, drafter=drafter)
     assert calls and len(calls) == out.stats.target_forwards - 2  # prefill, first round (one feature per row)
     if isinstance(method, ADTTree):
@@ -412,7 +412,7 @@ def test_drafter_catch_up_gets_the_teacher_forced_features(monkeypatch, method):
     monkeypatch.setattr(tr, "catch_up", spy)
     monkeypatch.setattr(st, "catch_up", spy)
     classes = torch.arange(4) % 3
-    out = sv.generate(target, classes, method, sv.Sampling(temperature=1.0, cfg_scale=2.0), seed=5, drafter=drafter)
+    out = sv.generate(target, classes, method, sv.Sampling(temperature=1.0, cfg_scale=2.0, noise="stream"), seed=5, drafter=drafter)
     B, L = out.tokens.shape
     rows = lambda t: torch.cat([t, t])  # noqa: E731  conditional rows, then the unconditional ones
     target.setup_cache(2 * B, 1)

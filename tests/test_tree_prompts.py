@@ -21,7 +21,7 @@ from specvis.models.drafter import EagleDrafter
 P_MIN = 1e-3
 N = 8000  # grids per exactness case: a residual that keeps a rejected candidate fails with half as many
 SHAPES = {"janus": dict(janus=True), "emu3": dict(janus=False, row_end=1)}
-CFG = sv.Sampling(cfg_scale=2.5, top_k=2)
+CFG = sv.Sampling(cfg_scale=2.5, top_k=2, noise="stream")
 TREES = {"eagle": sv.EagleTree(depth=3, top_k=2, total_tokens=6),
          # open bounds: depths 1..3, top-k 1..2
          "adt": sv.ADTTree(depth_range=(0, 4), topk_range=(0, 3), topk_step=1, total_tokens=6)}
@@ -62,7 +62,7 @@ def test_greedy_tree_equals_greedy_ar_on_prompt_models(shape: str, method: str) 
     Emu3), and rows accept drafts (an untrained head: not many): catches any wrong target law in the
     tree forward, and a greedy walk that is not deterministic."""
     target, drafter = models(shape, 3, 3)
-    greedy = sv.Sampling(temperature=0.0, cfg_scale=3.0)
+    greedy = sv.Sampling(temperature=0.0, cfg_scale=3.0, noise="stream")
     rows = condition_rows(target, [0, 1, 2, 1, 0, 2])
     ar = sv.generate(target, rows, sv.AR(), greedy).tokens
     out = sv.generate(target, rows, TREES[method], greedy, seed=5, drafter=drafter)
@@ -97,7 +97,7 @@ def test_forced_positions_hold_their_structural_id_in_every_tree(monkeypatch) ->
     monkeypatch.setattr(tree_mod, "build_tree", spy)
     rows = condition_rows(target, [0, 1, 2, 0])
     for method in TREES.values():
-        sv.generate(target, rows, method, sv.Sampling(cfg_scale=2.0), seed=0, drafter=drafter)
+        sv.generate(target, rows, method, sv.Sampling(cfg_scale=2.0, noise="stream"), seed=0, drafter=drafter)
     assert seen["forced"] > 0 and seen["image"] > 0
 
 
@@ -178,7 +178,7 @@ def test_drafter_sees_its_context_at_its_positions(shape: str, method: str, monk
         return build(ctx, *a, **kw)
 
     monkeypatch.setattr(tree_mod, "build_tree", spy)
-    sv.generate(target, condition_rows(target, [0, 1, 2]), TREES[method], sv.Sampling(cfg_scale=2.0), seed=1,
+    sv.generate(target, condition_rows(target, [0, 1, 2]), TREES[method], sv.Sampling(cfg_scale=2.0, noise="stream"), seed=1,
                 drafter=drafter)
     assert oracle.checked > 50
 
@@ -249,7 +249,7 @@ def test_train_drafter_on_a_checkpoint_then_trees_use_it(family: str, tmp_path) 
 
     pipe = sv.load(str(ckpt), drafter=str(run))
     assert pipe.drafter.head is pipe.target.head and pipe.drafter.borrowed_embed is pipe.target.image_embed
-    greedy, prompts = sv.Sampling(temperature=0.0, cfg_scale=3.0), ["a red apple", "a cat on a mat", "a dog"]
+    greedy, prompts = sv.Sampling(temperature=0.0, cfg_scale=3.0, noise="stream"), ["a red apple", "a cat on a mat", "a dog"]
     ar = pipe(prompts=prompts, method=sv.AR(), sampling=greedy, decode=False, height=H, width=W)
     for method in TREES.values():
         out = pipe(prompts=prompts, method=method, sampling=greedy, decode=False, height=H, width=W)

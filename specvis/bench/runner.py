@@ -24,6 +24,7 @@ from tqdm import tqdm
 from .. import __version__
 from ..cpu_features import cpu_description
 from ..generate import keyed_method
+from ..pipeline import call_sampling
 from ..progress import ImageBar
 from ..registry import build_method, describe, parse_method_spec
 from ..sampling import Sampling
@@ -283,7 +284,7 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         raise ValueError("--num, --batch-size and --repeats must be >= 1")
     if warmup not in WARMUPS:
         raise ValueError(f"--warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
-    sampling = sampling or pipe.default_sampling
+    sampling = call_sampling(pipe, sampling)  # None: the model's; its noise resolved (keyed for discrete tokens)
     if (prompts is None) == (pipe.num_classes == 0):
         raise ValueError(f"model {pipe.name}: " + ("text-to-image, give --prompts FILE" if prompts is None
                                                    else "class-conditional, --prompts does not apply"))

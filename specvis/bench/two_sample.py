@@ -31,6 +31,7 @@ import torch
 from ..io import write_text
 from ..methods.ar import AR
 from ..methods.cspd import CSpD
+from ..pipeline import call_sampling
 
 
 def energy_test(x: torch.Tensor, y: torch.Tensor, perms: int = 500, seed: int = 0,
@@ -105,7 +106,7 @@ def run(pipe, num: int, batch_size: int, gamma: int, prefill: float, perms: int,
         print(json.dumps(row), f"({time.monotonic() - t:.0f}s)", flush=True)
     return {"model": pipe.name, "num_images": num, "batch_size": batch_size, "gamma": gamma, "prefill": prefill,
             "first_drafted_position": first_drafted, "permutations": perms, "torch_threads": torch.get_num_threads(),
-            "sampling": vars(pipe.default_sampling) if hasattr(pipe.default_sampling, "__dict__") else {},
+            "sampling": vars(call_sampling(pipe)),  # what the calls ran with (the noise resolved)
             "sets": rows}
 
 
