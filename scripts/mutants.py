@@ -409,7 +409,7 @@ MUTANTS = [
     Mutant("input: load passes the device to torch unchecked", "specvis/zoo.py",
            "    device = checks.device(device)  #", "    pass  #", (HOSTILE, "-k", "device")),
     Mutant("input: an infinite number accepted", "specvis/checks.py",
-           "    if not math.isfinite(value):\n", "    if math.isnan(value):\n", (HOSTILE, "-k", "numeric")),
+           "    if not math.isfinite(value):\n", "    if math.isnan(value):\n", (HOSTILE, "-k", "numeric_reader")),
     Mutant("input: a bool taken for an integer", "specvis/checks.py",
            "    if isinstance(value, bool) or not isinstance(value, numbers.Integral):\n        raise InputTypeError(f\"{what} must be an integer{span}",
            "    if not isinstance(value, numbers.Integral):\n        raise InputTypeError(f\"{what} must be an integer{span}",

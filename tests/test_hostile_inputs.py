@@ -71,6 +71,14 @@ def test_device_types_and_cpu():
 
 # ---------------------------------------------------------------- numeric fields
 
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 1e999])
+def test_numeric_reader_refuses_what_is_not_finite(value):
+    """``checks.number`` is the one reader of numeric fields: an infinity or NaN is refused there, naming the
+    field, whatever range its caller then checks (every option's own bound is checked after it)."""
+    with pytest.raises(ValueError, match="x must be a finite number >= 0"):
+        checks.number(value, "x", ">= 0")
+
+
 NUMERIC = [  # (field, value): bools, floats for ints, strings, inf/nan, negatives, huge
     ("temperature", True), ("temperature", "1"), ("temperature", math.inf), ("temperature", math.nan),
     ("temperature", -0.5), ("top_k", True), ("top_k", 2.0), ("top_k", 0), ("top_k", -3), ("top_k", "5"),
