@@ -165,6 +165,9 @@ def expected() -> dict[Path, str]:
     seeds = RESULTS / "data" / "seeds-cpu.json"  # one picture per seed: scripts/bench_seeds.py writes the JSON
     if seeds.exists():
         out[RESULTS / "seeds-cpu.md"] = _script("bench_seeds").page(json.loads(seeds.read_text())) + "\n"
+    serve = RESULTS / "data" / "serve-cpu.json"  # the server under load: scripts/bench_serve.py writes the JSON
+    if serve.exists():
+        out[RESULTS / "serve-cpu.md"] = _script("bench_serve").page(json.loads(serve.read_text()))
     mar = RESULTS / "emoji-mar-cpu.md"
     out[mar] = mar_page(mar.read_text())
     readme = ROOT / "README.md"
