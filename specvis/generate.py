@@ -194,8 +194,8 @@ def generate_checked(model, conditions, method, sampling: Sampling, seed: int, d
     (``Pipeline.__call__``) and run here (through ``tune.run``), so no argument is checked twice."""
     device = next(model.parameters()).device
     queued = None
-    if batch_size is not None:
-        condition = Condition.of(model, conditions)
+    if batch_size is not None:  # an ordered (MAR) model's conditions are class ids; its sampler makes the CFG rows
+        condition = Condition(conditions) if ordered is not None else Condition.of(model, conditions)
         if batch_size < condition.batch:
             check_refill(method, model, ordered)
             queued, conditions = condition, condition[:batch_size]
