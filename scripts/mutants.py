@@ -667,6 +667,21 @@ MUTANTS = [
            (SEEDS, "-k", "default_rule")),
     Mutant("seeds: sample/bench batches under keyed noise step the seed by one", "specvis/shards.py",
            "seed + (start if keyed else j)", "seed + j", ("tests/test_seeds_cli.py", "-k", "seed_plus_i")),
+    # each argument validated once along one call (tests/test_validated_once.py)
+    Mutant("validated once: the pipelines' run re-checks the call's arguments (public generate)", "specvis/tune.py",
+           "    out = generate_checked(model, conditions, chosen, sampling, seed, **kwargs)",
+           "    out = generate(model, conditions, chosen, sampling, seed, **kwargs)",
+           ("tests/test_validated_once.py", "-k", "class_call")),
+    Mutant("validated once: a call's memory check re-plans through pipe.memory", "specvis/families/kv_cache.py",
+           "    p = pipe.family.memory(pipe, condition.batch, method, sampling, max(widths), refill=refill)",
+           "    p = pipe.memory(condition.batch, method, sampling, max(widths), refill=refill)",
+           ("tests/test_validated_once.py", "-k", "class_call")),
+    Mutant("validated once: MAR's batch size below its images let through", "specvis/families/mar.py",
+           "        if request.batch_size is not None and request.batch_size < condition.batch:",
+           "        if False:", (LOST, "-k", "silent_accepts")),
+    Mutant("validated once: an ordered (MAR) model's batch_size builds CFG rows from a null class", "specvis/generate.py",
+           "Condition(conditions) if ordered is not None else Condition.of(model, conditions)",
+           "Condition.of(model, conditions)", ("tests/test_validated_once.py", "-k", "mar")),
 ]
 
 
