@@ -180,6 +180,7 @@ class Pipeline:
         """PIL images of generated tokens: codes (B, H*W) on the grid last generated, or latents."""
         return self.family.to_images(self, tokens)
 
+    @torch.no_grad()
     def images_of(self, out: Generation):
         """PIL images of a ``Generation`` of this pipeline."""
         return self.family.images_of(self, out)

@@ -282,11 +282,11 @@ class Family:
 
     def rule_codebook(self, pipe, method) -> torch.Tensor | None:
         """The codebook the method's acceptance rule gets: the VQ's, loaded only for a rule that needs it (LANTERN)."""
-        return pipe.codebook if "codebook" in rule_needs(method) else None
+        return self.codebook(pipe) if "codebook" in rule_needs(method) else None
 
     def codebook(self, pipe) -> torch.Tensor | None:
         """The code vectors of the image decoder (``Pipeline.codebook``)."""
-        return pipe.decoder.codebook
+        return self.decoder(pipe).codebook
 
     def decoder(self, pipe):
         """The checkpoint's image decoder (``image_decoder``: ``decode(codes, height, width)``, ``codebook``),
@@ -306,12 +306,12 @@ class Family:
     def to_images(self, pipe, codes: torch.Tensor) -> list:
         """PIL images of codes (B, H*W) on the grid last generated (the native one before any call)."""
         L = pipe.target.layout
-        return to_pil(self.decode_images(pipe.decoder, codes.to(pipe.device), L.height, L.width))
+        return to_pil(self.decode_images(self.decoder(pipe), codes.to(pipe.device), L.height, L.width))
 
     def images_of(self, pipe, out: Generation) -> list:
         """PIL images of a ``Generation`` of this family's pipeline: its codes, or its latents for a
         continuous-token family (``tokens``)."""
-        return pipe.to_images(out.latents if self.tokens == "continuous" else out.tokens)
+        return self.to_images(pipe, out.latents if self.tokens == "continuous" else out.tokens)
 
     def num_classes(self, pipe) -> int:
         """Classes of ``pipe(classes=...)``: none for prompt-conditioned models."""
@@ -366,7 +366,7 @@ class ClassFamily(Family):
 
     def condition(self, pipe, request: Request, sampling: Sampling) -> Condition:
         """Class ids in 0 .. num_classes - 1 on the pipeline's device (the model's null class is the CFG row)."""
-        ids = checks.class_ids(request.classes, pipe.num_classes)
+        ids = checks.class_ids(request.classes, self.num_classes(pipe))
         return Condition(torch.as_tensor(ids, dtype=torch.long, device=pipe.device))
 
     def run(self, pipe, condition: Condition, request: Request, method, sampling: Sampling, seed: int,
@@ -375,7 +375,7 @@ class ClassFamily(Family):
                           request.batch_size)
 
     def rule_codebook(self, pipe, method) -> torch.Tensor | None:
-        return pipe.codebook  # the tokenizer's, in memory already
+        return self.codebook(pipe)  # the tokenizer's, in memory already
 
     def codebook(self, pipe) -> torch.Tensor | None:
         return pipe.tokenizer.codebook
