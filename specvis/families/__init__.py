@@ -56,7 +56,7 @@ def load_decoder(directory: str | Path, height: int | None = None, width: int | 
 def pipeline_fields(name: str | Path, draft: str | Path | None = None, drafter: str | Path | None = None, *,
                     device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
                     quantize: str | None = None) -> dict:
-    """The ``Pipeline`` fields (its keyword arguments: ``specvis.pipeline.load_pipeline`` builds it) of a
+    """The ``Pipeline`` fields (its keyword arguments: ``zoo.load_pipeline`` builds it) of a
     checkpoint directory or Hugging Face Hub id (``specvis.hub``), by its family (``Family.pipeline_fields``),
     with an optional draft checkpoint of the same family and an optional EAGLE head trained for this
     checkpoint (``drafter``)."""

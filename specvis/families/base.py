@@ -23,8 +23,8 @@ bundles: ``families.embedded``; MAR: ``families.mar``).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
 import torch
@@ -137,10 +137,10 @@ class Family:
     def pipeline_fields(self, name: str | Path, directory: Path, draft=None, drafter=None, *,
                         device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
                         quantize: str | None = None) -> dict[str, Any]:
-        """The ``Pipeline`` fields (its keyword arguments) of a checkpoint directory of this family, with
-        an optional draft checkpoint of the same family (same tokenizer, same image vocabulary) and an optional EAGLE
-        head trained for this checkpoint (``specvis train-drafter --model``: its ``--out`` directory or
-        the ``final/`` head in it; a Hub id works too). All are loaded on ``device`` in ``dtype``
+        """The ``Pipeline`` fields (its keyword arguments; ``sv.load`` builds it) of a checkpoint directory
+        of this family, with an optional draft checkpoint of the same family (same tokenizer, same image
+        vocabulary) and an optional EAGLE head trained for this checkpoint (``specvis train-drafter
+        --model``: its ``--out`` directory or the ``final/`` head in it; a Hub id works too). All are loaded on ``device`` in ``dtype``
         (None: the target checkpoint's default, ``models.loading.default_dtype``; the draft and the
         head follow the target); ``quantize="int8"``: the target's and the draft's block linears in
         int8 (``models.quantize``). Families with their own file format override this."""

@@ -26,9 +26,9 @@ from ..generate import generate_checked
 from ..methods.ar import AR
 from ..methods.cspd import CSpD
 from ..methods.laws import ContinuousLaw, GuidedHead
+from ..models.loading import requested_dtype
 from ..models.mar import CHECKPOINT_NAME as CHECKPOINT
 from ..models.mar import cfg_scales, mask_schedule
-from ..models.loading import requested_dtype
 from ..sampling import Sampling
 from ..viz import to_pil
 from .base import ClassFamily, OwnFormatFamily, Request
@@ -152,10 +152,11 @@ class SphereLatentDecoder(torch.nn.Module):
 
 def pipeline_fields(name, directory: Path, draft=None, drafter=None, vae=None, *, device: str | torch.device = "cpu",
                     dtype: str | torch.dtype | None = None) -> dict:
-    """The ``Pipeline`` fields (its keyword arguments) of ``sv.load(dir)`` of a MAR directory; ``draft``: a MAR directory, checkpoint file or ``MAR``;
-    ``vae``: the image decoder (``decode(latents (B, E, h, w))``; default: the KL-16 found by
-    ``find_vae``, fp32). MAR and its draft are loaded on ``device`` in ``dtype`` (None: the
-    checkpoint's default, ``models.loading.default_dtype``; the draft follows the target)."""
+    """The ``Pipeline`` fields (its keyword arguments) of ``sv.load(dir)`` of a MAR directory; ``draft``:
+    a MAR directory, checkpoint file or ``MAR``; ``vae``: the image decoder (``decode(latents (B, E, h,
+    w))``; default: the KL-16 found by ``find_vae``, fp32). MAR and its draft are loaded on ``device``
+    in ``dtype`` (None: the checkpoint's default, ``models.loading.default_dtype``; the draft follows
+    the target)."""
     from ..models.kl_vae import KLVAE
     from ..models.mar import DEFAULT_CFG
 
@@ -180,7 +181,8 @@ def pipeline_fields(name, directory: Path, draft=None, drafter=None, vae=None, *
     if vae.embed_dim != model.config.vae_embed_dim:
         raise ValueError(f"{directory}: the VAE has {vae.embed_dim} latent channels, MAR expects {model.config.vae_embed_dim}")
     cfg = DEFAULT_CFG.get(model.config.model, 1.0)
-    return dict(name=directory.name, target=model, tokenizer=vae, default_sampling=Sampling(cfg_scale=cfg, temperature=1.0),
+    return dict(name=directory.name, target=model, tokenizer=vae,
+                default_sampling=Sampling(cfg_scale=cfg, temperature=1.0),
                 extras={"family": NAME, "directory": str(directory), "grid": (model.seq_h, model.seq_w),
                         "dtype_source": model.dtype_source},
                 class_names=[f"class{i}" for i in range(model.num_classes)], draft=draft, num_iter=64, family=FAMILY)
