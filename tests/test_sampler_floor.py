@@ -41,7 +41,7 @@ V = 65_536
 DOMINANT = 12_345
 LOGIT = 30.0
 CHUNK = 128  # images per generate call: bounds memory at about CHUNK x block x V floats
-SAMPLING = Sampling(temperature=1.0)
+SAMPLING = Sampling(temperature=1.0, noise="stream")  # the stream sampler's uniforms and races (keyed noise: tests/test_seeds.py)
 
 METHODS = {
     "ar": sv.AR(),
