@@ -969,11 +969,11 @@ def pytest_outcomes(text: str) -> dict:
 # ------------------------------------------------------------------ hooks: the server and keyed noise
 HOOKS = {  # section: (script, its arguments on the device, the smoke's smaller ones, modules it needs); {out}: the hook's folder
     "serve": ("scripts/bench_serve.py",
-              ["--device", "cuda", "--models", "emoji-t2i", "--modes", "auto", "ar", "sjd", "--clients", "1", "8",
-               "--rates", "4", "--requests", "16", "--limit-s", "30", "--out", "{out}/serve.json"],
-              ["--device", "cpu", "--models", "emoji-t2i", "--modes", "ar", "--clients", "1", "--rates", "2",
-               "--requests", "2", "--limit-s", "20", "--out", "{out}/serve.json"],
-              ("fastapi", "uvicorn")),
+              ["--device", "cuda", "--in-process", "--models", "emoji-t2i", "--modes", "auto", "ar", "sjd", "--clients",
+               "1", "8", "--rates", "4", "--requests", "16", "--limit-s", "30", "--out", "{out}/serve.json"],
+              ["--device", "cpu", "--in-process", "--models", "emoji-t2i", "--modes", "ar", "--clients", "1", "--rates",
+               "2", "--requests", "2", "--limit-s", "20", "--out", "{out}/serve.json"],
+              ("prometheus_client",)),
     "seeds": ("scripts/bench_seeds.py",
               ["--device", "cuda", "--models", "emoji-t2i", "--parts", "cost", "--cost-repeats", "3",
                "--out", "{out}/seeds.json"],
