@@ -5,13 +5,20 @@ the last one is answered) and open loop (Poisson arrivals at a given rate), for 
 
 Each server is a ``specvis serve`` process on 127.0.0.1 (one torch thread unless --threads), the
 clients are threads of this process (httpx); the offline figures are measured in this process with
-no server running. Per load level: images/s, p50/p95/p99 latency, p50/p95/p99 time in queue (the
-server's ``queued_s``). Writes JSON (--out) and a markdown page (--page).
+no server running. ``--in-process``: no HTTP, the engine runs in this process and the clients are
+threads submitting its jobs (what the engine alone gives: no request parsing, no PNG encoding; needs
+neither FastAPI nor uvicorn). Per load level: images/s, p50/p95/p99 latency, p50/p95/p99 time in
+queue (the engine's ``queued_s``). Writes JSON (--out) and a markdown page (--page).
+
+Before it starts it prints an estimate of its run time, from offline AR's images/s at one row and at
+``--max-batch`` rows measured first (a few seconds); ``--estimate-only`` stops there and
+``--budget-min`` refuses a run estimated longer. Bounds: ``--requests`` per level, ``--limit-s`` per
+level (no request is sent after it), the levels (``--clients``, ``--rates``), ``--modes``, ``--models``.
 
 Full run (alone on the machine; the lead runs it):
     python scripts/bench_serve.py --models emoji-t2i emoji --out docs/results/data/serve-cpu.json \
         --page docs/results/serve-cpu.md
-The same on a GPU: add --device cuda.
+The same on a GPU: add --device cuda (and --in-process where FastAPI/uvicorn are not installed).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import random
@@ -30,7 +38,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +71,8 @@ class Server:
         self.env = env
 
     def __enter__(self) -> "Server":
+        import httpx
+
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 900
         while True:
@@ -86,18 +95,88 @@ class Server:
             self.proc.kill()
             self.proc.wait()
 
+    def sender(self, connections: int = 1):
+        """A client (httpx, ``connections`` at once) and its ``send(prompt, size, seed) -> row``."""
+        import httpx
 
-def request(client: httpx.Client, prompt: str, size: str | None, seed: int) -> dict:
-    body = {"prompt": prompt, "seed": seed}
-    if size:
-        body["size"] = size
-    t0 = time.perf_counter()
-    r = client.post("/v1/images/generations", json=body)
-    t1 = time.perf_counter()
-    r.raise_for_status()
-    info = r.json()["data"][0]["specvis"]
-    return {"latency_s": t1 - t0, "queued_s": info["queued_s"], "decode_s": info["decode_s"], "end": t1,
-            "method": info["method"]}
+        client = httpx.Client(base_url=self.url, timeout=600, limits=httpx.Limits(max_connections=connections))
+
+        def send(prompt: str, size: str | None, seed: int) -> dict:
+            body = {"prompt": prompt, "seed": seed}
+            if size:
+                body["size"] = size
+            t0 = time.perf_counter()
+            r = client.post("/v1/images/generations", json=body)
+            t1 = time.perf_counter()
+            r.raise_for_status()
+            info = r.json()["data"][0]["specvis"]
+            return {"latency_s": t1 - t0, "queued_s": info["queued_s"], "decode_s": info["decode_s"], "end": t1,
+                    "method": info["method"]}
+        return client, send
+
+
+class InProcess:
+    """The engine of ``specvis serve`` in this process, no HTTP: a request is a job submitted to it,
+    answered when its image's codes come back (no picture is encoded)."""
+
+    def __init__(self, model: str, method: str, a: argparse.Namespace) -> None:
+        import torch
+
+        import specvis as sv
+        from specvis.serve.engine import Engine, served_method
+
+        torch.set_num_threads(a.threads)
+        self.pipe = sv.load(model, a.device)
+        self.engine = Engine(self.pipe, max_batch=a.max_batch, max_queue=a.max_queue, method=served_method(method))
+        self.sampling = dataclasses.replace(self.pipe.default_sampling, noise="keyed")  # the server's sampling
+        self.method = self.engine.method
+
+    def __enter__(self) -> "InProcess":
+        self.engine.start()
+        self.engine.ready.wait()
+        if self.engine.error is not None:
+            raise RuntimeError(f"the engine did not start: {self.engine.error}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.close(120)
+
+    def sender(self, connections: int = 1):
+        from contextlib import nullcontext
+
+        from specvis.serve.engine import Job, Key
+
+        def send(prompt: str, size: str | None, seed: int) -> dict:
+            grid = grid_of(self.pipe, size)
+            done, got = threading.Event(), []
+
+            def sink(event) -> None:
+                if event[0] in ("image", "error"):
+                    got.append(event)
+                    done.set()
+            text = self.pipe.conditioning != "class"
+            t0 = time.perf_counter()
+            self.engine.submit(Job(prompt if text else int(prompt), 1, seed, Key(self.method, self.sampling, grid), sink))
+            done.wait()
+            t1 = time.perf_counter()
+            if got[0][0] == "error":
+                raise RuntimeError(f"the engine answered {got[0][1]}: {got[0][2]}")
+            info = got[0][3]
+            return {"latency_s": t1 - t0, "queued_s": info["queued_s"], "decode_s": info["decode_s"], "end": t1,
+                    "method": info["method"]}
+        return nullcontext(), send
+
+
+def grid_of(pipe, size: str | None) -> tuple[int, int]:
+    """The token grid of a "WxH" size (None: the model's native grid)."""
+    import torch
+
+    layout = pipe.target.layout
+    if size is None or pipe.conditioning == "class":
+        return layout.height, layout.width
+    per = pipe.to_images(torch.zeros(1, layout.num_tokens, dtype=torch.long, device=pipe.device))[0].width // layout.width
+    w, h = map(int, size.split("x"))
+    return h // per, w // per
 
 
 def summary(rows: list[dict], wall: float) -> dict:
@@ -111,21 +190,22 @@ def summary(rows: list[dict], wall: float) -> dict:
             **{f"queue_p{q}_s": float(np.percentile(que, q)) for q in (50, 95, 99)}, "methods": methods}
 
 
-def closed_loop(url: str, prompts: list[str], clients: int, requests: int, size: str | None, limit_s: float) -> dict:
+def closed_loop(target, prompts: list[str], clients: int, requests: int, size: str | None, limit_s: float) -> dict:
     """``clients`` threads each sending its next request when the last is answered, ``requests`` in all
     (or until ``limit_s``)."""
     rows, lock, counter = [], threading.Lock(), [0]
     start = time.perf_counter()
 
     def worker() -> None:
-        with httpx.Client(base_url=url, timeout=600) as c:
+        client, send = target.sender()
+        with client:
             while True:
                 with lock:
                     i = counter[0]
                     if i >= requests or time.perf_counter() - start > limit_s:
                         return
                     counter[0] += 1
-                out = request(c, prompts[i % len(prompts)], size, i)
+                out = send(prompts[i % len(prompts)], size, i)
                 with lock:
                     rows.append(out)
 
@@ -137,30 +217,34 @@ def closed_loop(url: str, prompts: list[str], clients: int, requests: int, size:
     return {"load": "closed", "clients": clients, **summary(rows, time.perf_counter() - start)}
 
 
-def open_loop(url: str, prompts: list[str], rate: float, requests: int, size: str | None, seed: int) -> dict:
-    """Poisson arrivals at ``rate`` requests/s, ``requests`` in all; latency counted from each arrival."""
+def open_loop(target, prompts: list[str], rate: float, requests: int, size: str | None, seed: int,
+              limit_s: float) -> dict:
+    """Poisson arrivals at ``rate`` requests/s, ``requests`` in all (none sent after ``limit_s``);
+    latency counted from each arrival."""
     rng = random.Random(seed)
     gaps = [rng.expovariate(rate) for _ in range(requests)]
     rows, lock = [], threading.Lock()
     start = time.perf_counter()
-    client = httpx.Client(base_url=url, timeout=600, limits=httpx.Limits(max_connections=requests))
+    client, send = target.sender(connections=requests)
 
-    def send(i: int, at: float) -> None:
-        out = request(client, prompts[i % len(prompts)], size, i)
+    def one(i: int, at: float) -> None:
+        out = send(prompts[i % len(prompts)], size, i)
         out["latency_s"] = out["end"] - at  # from the arrival, not the send
         with lock:
             rows.append(out)
 
     threads, at = [], start
-    for i, gap in enumerate(gaps):
-        at += gap
-        time.sleep(max(0.0, at - time.perf_counter()))
-        t = threading.Thread(target=send, args=(i, at))
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
-    client.close()
+    with client:
+        for i, gap in enumerate(gaps):
+            at += gap
+            if at - start > limit_s:
+                break
+            time.sleep(max(0.0, at - time.perf_counter()))
+            t = threading.Thread(target=one, args=(i, at))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
     return {"load": "open", "rate_per_s": rate, **summary(rows, time.perf_counter() - start)}
 
 
@@ -197,10 +281,52 @@ def classes_of(model: str) -> int:
     return pipe.num_classes if pipe.conditioning == "class" else 0
 
 
+def calibrate(model: str, a: argparse.Namespace) -> tuple[float, float]:
+    """Offline AR's images/s at one row and at ``max_batch`` rows (one decode each, after a warm-up),
+    under the server's sampling: what the estimate scales."""
+    import torch
+
+    import specvis as sv
+
+    torch.set_num_threads(a.threads)
+    pipe = sv.load(model, a.device)
+    sampling = dataclasses.replace(pipe.default_sampling, noise="keyed")
+    kw = (lambda n: {"classes": [0] * n}) if pipe.conditioning == "class" else (lambda n: {"prompts": ["a cat"] * n})
+    pipe(**kw(1), method="ar", sampling=sampling, decode=False)
+    rates = []
+    for n in (1, a.max_batch):
+        t0 = time.perf_counter()
+        pipe(**kw(n), method="ar", sampling=sampling, decode=False)
+        rates.append(n / (time.perf_counter() - t0))
+    return rates[0], rates[1]
+
+
+def estimate(a: argparse.Namespace, one: float, full: float) -> dict:
+    """Seconds this run should take on one model, from offline AR's images/s at one row (``one``) and
+    at ``max_batch`` rows (``full``), in log-linear between: per server, its start (auto's cost model
+    runs each of its 3 candidates on 1, 2, 4, ..., max_batch rows) and each level (its requests at
+    the rate of the rows it keeps busy, no request sent after ``limit_s``); then offline AR and SJD."""
+    B = a.max_batch
+
+    def rate(rows: int) -> float:
+        rows = max(1, min(rows, B))
+        return one if B == 1 else one * (full / one) ** (math.log(rows) / math.log(B))
+
+    measured = sorted({min(2 ** i, B) for i in range(int(math.log2(B)) + 1)} | {B})
+    start = 10.0 + 3 * (1 / one + sum(r / rate(r) for r in measured))
+    closed = {c: min(max(a.requests, 2 * c) / rate(c), a.limit_s + c / rate(c)) for c in a.clients}
+    opened = {r: min(a.requests / min(r, full), a.limit_s) + 1 / one for r in a.rates}
+    per_server = start + sum(closed.values()) + sum(opened.values())
+    offline = 2.5 * max(a.requests, 2 * max(a.clients)) / full + 10.0  # AR's and SJD's (about 1.5x AR's at full rows)
+    return {"start_s": start, "closed_s": closed, "open_s": opened, "per_server_s": per_server,
+            "offline_s": offline, "total_s": len(a.modes) * per_server + offline}
+
+
 def page(data: dict) -> str:
     lines = ["# `specvis serve` under load (CPU)", "",
              f"Measured by `scripts/bench_serve.py` on {data['meta']['machine']}, {data['meta']['threads']} torch "
-             f"thread(s), `--max-batch {data['meta']['max_batch']}`, {data['meta']['date']}. Command: "
+             f"thread(s), `--max-batch {data['meta']['max_batch']}`, {data['meta']['date']}"
+             f"{' (engine in process, no HTTP)' if data['meta'].get('transport') == 'in-process' else ''}. Command: "
              f"`{data['meta']['command']}`. Data: `{data['meta']['out']}`.", ""]
     for model, res in data["models"].items():
         lines += [f"## {model}", "", "| server | load | images/s | p50 s | p95 s | p99 s | queue p50 s | queue p99 s | methods |",
@@ -264,24 +390,55 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="docs/results/data/serve-cpu.json")
     ap.add_argument("--page", default=None, help="markdown page to write (e.g. docs/results/serve-cpu.md)")
+    ap.add_argument("--in-process", action="store_true", help="drive the engine in this process, no HTTP "
+                                                              "(needs neither FastAPI nor uvicorn)")
+    ap.add_argument("--estimate-only", action="store_true", help="print the run's estimated time and stop")
+    ap.add_argument("--budget-min", type=float, default=None, help="refuse a run estimated longer (minutes)")
     a = ap.parse_args()
+    bounds = [("requests", a.requests, 1, 100_000), ("limit_s", a.limit_s, 1, 86_400), ("max_batch", a.max_batch, 1, 1024),
+              ("max_queue", a.max_queue, 1, 1_000_000), ("threads", a.threads, 1, 1024),
+              ("budget_min", 1 if a.budget_min is None else a.budget_min, 0.1, 10_000)]
+    bounds += [("clients", c, 1, 1024) for c in a.clients] + [("rates", r, 0.001, 1000) for r in a.rates]
+    for name, value, low, high in bounds:
+        if not (math.isfinite(value) and low <= value <= high):
+            ap.error(f"--{name.replace('_', '-')} must be in {low}..{high}, got {value}")
+    guess = {}
+    for model in a.models:
+        guess[model] = estimate(a, *calibrate(model, a))
+        g = guess[model]
+        print(f"estimate {model}: {g['total_s'] / 60:.1f} min ({len(a.modes)} server(s) x {g['per_server_s']:.0f} s: "
+              f"start {g['start_s']:.0f} s, closed {', '.join(f'{c}: {v:.0f} s' for c, v in g['closed_s'].items())}, "
+              f"open {', '.join(f'{r}/s: {v:.0f} s' for r, v in g['open_s'].items())}; offline {g['offline_s']:.0f} s)",
+              flush=True)
+    total = sum(g["total_s"] for g in guess.values()) / 60
+    print(f"estimate: {total:.1f} min in all", flush=True)
+    if a.estimate_only:
+        return 0
+    if a.budget_min is not None and total > a.budget_min:
+        print(f"bench_serve: the run is estimated at {total:.1f} min, over --budget-min {a.budget_min:g}: fewer "
+              f"--requests, a lower --limit-s, fewer --clients/--rates/--modes/--models", file=sys.stderr)
+        return 2
     data = {"meta": {"machine": f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)",
                      "threads": a.threads, "max_batch": a.max_batch, "device": a.device,
+                     "transport": "in-process" if a.in_process else "http",
                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "out": a.out,
-                     "command": "python scripts/bench_serve.py " + " ".join(sys.argv[1:])}, "models": {}}
+                     "command": "python scripts/bench_serve.py " + " ".join(sys.argv[1:]),
+                     "estimate_min": round(total, 1)}, "models": {}}
+    began = time.perf_counter()
     for model in a.models:
         classes = classes_of(model)
         size = None if classes else a.size
         res = {"servers": {}, "offline": []}
         for mode in a.modes:
             rows = []
-            with Server(model, MODES[mode], a) as s:
+            with (InProcess if a.in_process else Server)(model, MODES[mode], a) as s:
                 for c in a.clients:
                     n = max(a.requests, 2 * c)
-                    rows.append(closed_loop(s.url, prompts_for(model, n, classes), c, n, size, a.limit_s))
+                    rows.append(closed_loop(s, prompts_for(model, n, classes), c, n, size, a.limit_s))
                     print(model, mode, rows[-1], flush=True)
                 for rate in a.rates:
-                    rows.append(open_loop(s.url, prompts_for(model, a.requests, classes), rate, a.requests, size, 0))
+                    rows.append(open_loop(s, prompts_for(model, a.requests, classes), rate, a.requests, size, 0,
+                                          a.limit_s))
                     print(model, mode, rows[-1], flush=True)
             res["servers"][mode] = rows
         for method in ("ar", "sjd"):
@@ -289,6 +446,8 @@ def main() -> int:
             print(model, res["offline"][-1], flush=True)
         res["goals"] = goals(res)
         data["models"][model] = res
+    data["meta"]["wall_min"] = round((time.perf_counter() - began) / 60, 1)
+    print(f"bench_serve: {data['meta']['wall_min']} min (estimated {total:.1f})", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(data, indent=1))
     if a.page:

@@ -28,6 +28,7 @@ SLOTS = "tests/test_slots.py"
 ROWS2D = "tests/test_rows2d.py"
 SERVE_LAW = "tests/test_serve_law.py"
 SERVE = "tests/test_serve.py"
+SERVE_ENGINE = "tests/test_serve_engine.py"
 SEEDS = "tests/test_seeds.py"
 LOST = "tests/test_nothing_lost.py"
 
@@ -613,8 +614,35 @@ MUTANTS = [
            "        ctx.restart_rows(index, ctx.draw(law, torch.zeros_like(index), rows=index))",
            "        ctx.restart_rows(index, law.probs.argmax(-1))", (SERVE_LAW, "-k", "ar")),
     Mutant("serve: auto takes the method measured slowest", "specvis/serve/engine.py",
-           "        return min(self.costs, key=lambda spec: at(self.costs[spec]))",
-           "        return max(self.costs, key=lambda spec: at(self.costs[spec]))", (SERVE, "-k", "fastest_at_the_rows")),
+           "        return min((spec for spec in self.costs if among is None or spec in among), key=lambda spec: at(self.costs[spec]))",
+           "        return max((spec for spec in self.costs if among is None or spec in among), key=lambda spec: at(self.costs[spec]))",
+           (SERVE, "-k", "fastest_at_the_rows")),
+    Mutant("serve: an auto decode switches round by round where one method is fastest throughout", "specvis/serve/engine.py",
+           "        return chosen.pop() if len(chosen) == 1 else None", "        return None",
+           (SERVE, "-k", "fastest_at_the_rows")),
+    Mutant("serve: auto's rounds may pick a candidate Switching does not run", "specvis/serve/engine.py",
+           "        name = self.choose(max(1, self._rows_held), among=SWITCH_ROUNDS)",
+           "        name = self.choose(max(1, self._rows_held))", (SERVE, "-k", "fastest_at_the_rows")),
+    Mutant("serve: a server pinned to a method measures no cost model for auto", "specvis/serve/engine.py",
+           "        self.costs = self._measure(sampling)\n",
+           "        self.costs = self._measure(sampling) if self.method == \"auto\" else {}\n",
+           (SERVE, "-k", "measures_its_cost_model")),
+    Mutant("serve: a draining decode never gives its young rows back", "specvis/serve/engine.py",
+           "                        self._preempt()", "                        pass", (SERVE_ENGINE, "-k", "young_rows")),
+    Mutant("serve: rows given back are requeued behind the waiting images", "specvis/serve/engine.py",
+           "            self._waiting.appendleft(image)", "            self._waiting.append(image)",
+           (SERVE_ENGINE, "-k", "young_rows")),
+    Mutant("serve: a row given back keeps decoding its sample", "specvis/serve/rows.py",
+           "        for r in held:\n            self.owner[r] = None", "        for r in held:\n            pass",
+           (SERVE_LAW, "-k", "given_back")),
+    Mutant("serve: a sample that may have finished can still be given back", "specvis/serve/engine.py",
+           "-(-(stream_len - 1) // pad) - 1))", "-(-(stream_len - 1) // pad)))", (SERVE_ENGINE, "-k", "young_turns")),
+    Mutant("serve: a request's rows planned as one row", "specvis/serve/engine.py",
+           "key.sampling, min(job.n, self.max_batch), max(widths))", "key.sampling, 1, max(widths))",
+           (SERVE_ENGINE, "-k", "do_not_fit")),
+    Mutant("serve: a decode holds max_batch rows whatever fits", "specvis/serve/engine.py",
+           "        return self.max_batch if plan.fits or plan.max_batch_size is None else max(1, plan.max_batch_size)",
+           "        return self.max_batch", (SERVE_ENGINE, "-k", "do_not_fit")),
     Mutant("serve: a decode admits the head of the queue whatever its key", "specvis/serve/engine.py",
            "                if head.job.key != key:", "                if False:", (SERVE, "-k", "concurrent")),
     Mutant("serve: the API key is not checked", "specvis/serve/app.py",

@@ -139,3 +139,49 @@ def test_under_keyed_noise_switching_methods_keeps_each_seeds_picture():
     turns = cycle(["sjd", "ar", "sjd", "sjd"])
     switched = keyed_tokens(model, Switching(lambda: next(turns), window=3), sampling, seeds, 7)
     assert all(torch.equal(ar[s], switched[s]) for s in seeds)
+
+
+def test_rows_given_back_and_started_again_keep_the_exact_law(monkeypatch):
+    """Rows given back while young (``LiveRows.preempt``, as a draining engine gives them back) and their
+    samples started again from their first token in a later turn or decode: every sample comes back
+    once and the grids follow the enumerated law. The give-back is decided by turns only
+    (``engine.young_turns``: no sample can have finished), so it selects no sample by its tokens."""
+    from collections import deque
+
+    from specvis.serve import engine
+    from specvis.serve.engine import young_turns
+
+    monkeypatch.setattr(engine, "PREEMPT_SHARE", 1)  # the tiny model's stream of 4 would allow no turn otherwise
+    torch.manual_seed(0)
+    model = tiny_llamagen(11)
+    method = sv.AR()
+    young = young_turns(model.layout.stream_len, method.pad)
+    assert young >= 1
+    out: list = []
+    waiting = deque(Sample(CONDITIONS[i % len(CONDITIONS)], model, out, None) for i in range(SAMPLES // 2))
+    live: list[LiveRows] = []
+    calls, given_back = [0], [0]
+
+    def source(room: int, held: int) -> list[Sample]:
+        calls[0] += 1
+        if calls[0] % 12 == 0:  # the decode then ends (no row holds a sample) and the next one starts them
+            back = live[-1].preempt(young)
+            given_back[0] += len(back)
+            waiting.extendleft(reversed(back))  # back at the head, in order
+            return []
+        return [waiting.popleft() for _ in range(min(room, len(waiting)))]
+
+    rows = 8
+    while waiting:
+        first = [waiting.popleft() for _ in range(min(rows, len(waiting)))]
+        first += [None] * (rows - len(first))
+        decode_live(model, first, method, CPU_SAMPLING, 7 + len(live),  # each decode its own stream of noise
+                    lambda ctx: live.append(LiveRows(ctx, first, source, SAMPLES)) or live[-1])
+    assert given_back[0] > SAMPLES // 20  # the give-back path ran
+    V, L = model.layout.vocab_size, model.layout.num_tokens
+    counts = np.zeros((len(CONDITIONS), V ** L))
+    for c, tokens in out:
+        counts[c, int(grid_index(tokens[None], V))] += 1
+    assert counts.sum() == SAMPLES // 2  # each sample came back once
+    law = exact_law(model, list(CONDITIONS), CPU_SAMPLING)
+    assert chi_square_pvalue(counts, law) > 1e-3

@@ -13,10 +13,17 @@ rows exactly: ``methods/slots.py``). The server samples under keyed noise (``req
 noise of its image's seed (request seed + k) alone, so under AR or a method verifying by
 ``accept.Coupled`` the image is a function of its seed, whatever else is decoding.
 
-``method="auto"``: at start the engine times AR and SJD on decodes of 1, 2, 4, ..., ``max_batch`` rows
-(the cost model: seconds per image by rows); an auto decode then runs, at every round boundary, AR's
-or SJD's round, whichever has the least seconds per image at the measured row count nearest (in log)
-to the rows in flight (``switch.Switching``: exact, and under keyed noise the same picture).
+A decode smaller than its key allows that drains while its rows are young gives them back to the head
+of the queue (``_preempt``, ``young_turns``: exact, the choice reads no token). A job whose rows do not
+fit the device's free memory is refused before it starts, and a decode holds no more rows than fit
+(``decode_plan``).
+
+``method="auto"``: at start (whatever the server's method) the engine times ``AUTO_CANDIDATES`` on
+decodes of 1, 2, 4, ..., ``max_batch`` rows (the cost model: seconds per image by rows). An auto decode
+of R rows runs one candidate throughout when the cost model picks it at every row count 1..R
+(``plain_choice``); else, at every round boundary, AR's or SJD's round, whichever has the least seconds
+per image at the measured row count nearest (in log) to the rows in flight (``switch.Switching``:
+exact, and under keyed noise the same picture).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import dataclasses
 import math
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -34,7 +42,9 @@ import torch
 from ..generate import bind_rule, fit_to_stream, keyed_method
 from ..methods.base import DecodeContext
 from ..models.base import Condition, Prompts
+from ..memory import MemoryPlanError
 from ..options import Options
+from ..pipeline import prefix_width
 from ..registry import method_from_spec, refilling_methods, spec_of
 from ..sampling import Sampling, make_generator
 from ..methods.views import guided_view
@@ -42,8 +52,10 @@ from .metrics import ServeMetrics
 from .rows import LiveRows, joined
 from .switch import Switching
 
-AUTO_CANDIDATES = ("ar", "sjd")  # the methods of ``switch.Switching``'s rounds
+AUTO_CANDIDATES = ("ar", "sjd", "sjd:init=vertical-sample")  # the methods of auto's cost model
+SWITCH_ROUNDS = ("ar", "sjd")  # the candidates ``switch.Switching`` runs as rounds (SJD's default init)
 SWITCH_WINDOW = 16  # its SJD rounds' window (SJD's default)
+PREEMPT_SHARE = 8  # a draining decode gives its rows back if they started at most stream_len / 8 turns ago
 BUDGET = 100_000  # samples one decode may admit after its first rows (bounds its no-progress check)
 
 
@@ -99,6 +111,7 @@ class Image:
     started_at: float = 0.0
     marks: list[int] = field(default_factory=list)  # committed-token counts at which a partial image is due
     method: str = ""
+    preempted: bool = False  # its row gave it back once (``LiveRows.preempt``): it starts again
 
     @property
     def condition(self) -> Condition:
@@ -157,6 +170,9 @@ class Engine:
         self._rows_held = 0
         self._busy = False  # a decode is being set up or running
         self._demand, self._peak = 1, 0  # images in the system at most during the last decode, during this one
+        self._cap = max_batch  # the most rows the running decode's key may hold (``_rows_that_fit``)
+        self._auto_plain: str | None = None  # the method an auto decode runs throughout (``plain_choice``)
+        self._young = 0  # the running decode's rows started at most this many turns ago may be given back
         self._calibration_seed = calibration_seed
         self._thread = threading.Thread(target=self._run, name="specvis-engine", daemon=True)
 
@@ -250,18 +266,23 @@ class Engine:
                     self._cv.notify_all()
 
     def _warm_up(self) -> None:
-        """One decode of one image with the default method (and, for ``auto``, the cost model)."""
+        """Auto's cost model, measured whatever the server's method (a request may ask for ``auto``
+        on a pinned server), and one decode of the server's method if it is none of auto's."""
         sampling = dataclasses.replace(self.pipe.default_sampling, noise="keyed")
-        if self.method == "auto":
-            self.costs = self._measure(sampling)
-        else:
+        self.costs = self._measure(sampling)
+        if self.method != "auto" and self.method not in self.costs:
             self._time_decode(self.method, 1, sampling)
 
     def _measure(self, sampling: Sampling) -> dict[str, dict[int, float]]:
+        """Seconds per image of each of ``AUTO_CANDIDATES`` on one decode of 1, 2, 4, ..., ``max_batch``
+        images of the default prompt."""
         rows = sorted({min(2 ** i, self.max_batch) for i in range(int(math.log2(self.max_batch)) + 1)} | {self.max_batch})
         costs: dict[str, dict[int, float]] = {}
+        warm: set[str] = set()
         for spec in AUTO_CANDIDATES:
-            self._time_decode(spec, 1, sampling)  # untimed: one-time costs
+            if spec.split(":")[0] not in warm:  # untimed: one-time costs (shared by one method's variants)
+                self._time_decode(spec, 1, sampling)
+                warm.add(spec.split(":")[0])
             costs[spec] = {r: self._time_decode(spec, r, sampling) / r for r in rows}
         return costs
 
@@ -279,42 +300,55 @@ class Engine:
     def default_prompt(self) -> Any:
         return 0 if self.pipe.conditioning == "class" else "a smiling face"
 
-    def choose(self, rows: int) -> str:
+    def choose(self, rows: int, among: tuple[str, ...] | None = None) -> str:
         """Auto's method at ``rows`` rows in flight: least measured seconds per image at the measured row
-        count nearest in log to ``rows`` (AR where no cost model was measured: a pinned server)."""
-        if not self.costs:  # a server started with a pinned method measured none: AR, the reference
-            return "ar"
+        count nearest in log to ``rows``, among the cost model's candidates (``among``: those only)."""
+        if not self.costs:
+            raise RuntimeError("auto's cost model is measured at start: the engine has not warmed up")
 
         def at(table: dict[int, float]) -> float:
             r = min(table, key=lambda m: (abs(math.log(m) - math.log(rows)), m))
             return table[r]
-        return min(self.costs, key=lambda spec: at(self.costs[spec]))
+        return min((spec for spec in self.costs if among is None or spec in among), key=lambda spec: at(self.costs[spec]))
+
+    def plain_choice(self, rows: int) -> str | None:
+        """The method an auto decode of ``rows`` rows runs throughout, when the cost model chooses the
+        same at every count of rows it may hold (1..rows); None: it switches round by round."""
+        chosen = {self.choose(h) for h in range(1, rows + 1)}
+        return chosen.pop() if len(chosen) == 1 else None
 
     def _take(self, key: Key | None, room: int, held: int) -> list[Image]:
         """Up to ``room`` images from the head of the queue that share ``key`` (None: the head's),
         their conditions built; [] to drain the decode (the head needs another key, or a decode of
-        fewer than ``max_batch`` rows has fewer free rows than waiting images of its key)."""
+        fewer rows than its key may hold has fewer free rows than waiting images of that key: then
+        rows that started lately are given back, ``_preempt``)."""
         out: list[Image] = []
         while True:
             with self._cv:
                 while self._waiting and self._waiting[0].cancelled:
                     self._waiting.popleft()
                     self.metrics.queue_depth.set(len(self._waiting))
-                if self._abort or (self._stopping and key is not None) or not self._waiting or len(out) >= room:
+                if self._abort or (self._stopping and key is not None) or not self._waiting:
                     break
                 head = self._waiting[0]
                 if key is None:
                     key = head.job.key
+                    self._set_grid(key.grid)
+                    self._cap = self._rows_that_fit(key)
+                    room = min(room, self._cap)
                 if head.job.key != key:
                     break
-                if held and not out and held + room < self.max_batch:
+                if held and not out and held + room < self._cap:
                     same = 0
                     for image in self._waiting:
                         if image.job.key != key or same > room:
                             break
                         same += 1
-                    if same > room:
-                        break  # drain: a larger decode will take them together
+                    if same > room:  # drain: a larger decode will take them together
+                        self._preempt()
+                        break
+                if len(out) >= room:
+                    break
                 self._waiting.popleft()
                 self.metrics.queue_depth.set(len(self._waiting))
             job = head.job
@@ -323,14 +357,44 @@ class Engine:
             out.append(head)
         return out
 
+    def _preempt(self) -> None:
+        """A draining decode whose rows all started lately (``young_turns``) gives them back to the
+        head of the queue (FIFO order kept): the larger decode that follows starts them again with the
+        images waiting, instead of those waiting until these rows finish. Streams asking for partial
+        images keep their rows (a partial image already sent stays true)."""
+        live = self._live
+        if live is None or any(s is not None and s.job.partial_images for s in live.owner):
+            return
+        back = live.preempt(self._young)
+        for image in sorted(back, key=lambda im: (im.job.arrived, id(im.job), im.index), reverse=True):
+            image.preempted = True
+            self._waiting.appendleft(image)
+        if back:
+            self.metrics.queue_depth.set(len(self._waiting))
+
     def _build_or_fail(self, job: Job, key: Key) -> bool:
         try:
             self._set_grid(key.grid)
             self._build(job)
+            self._check_memory(job, key)
             return True
         except ValueError as e:
-            self._fail(job, 400, str(e))
+            self._fail(job, 400, str(e).splitlines()[0])
             return False
+
+    def _check_memory(self, job: Job, key: Key) -> None:
+        """A job whose rows (``n`` up to ``max_batch``, CFG partners, prompt width, method slots) do
+        not fit the device's free memory now is refused before it starts (``MemoryPlanError``, one line)."""
+        widths = [prefix_width(c, self.model) for c in (job.condition.cond, job.condition.uncond) if c is not None]
+        plan = decode_plan(self.pipe, key.method, key.sampling, min(job.n, self.max_batch), max(widths))
+        if not plan.fits:
+            raise MemoryPlanError(f"this request does not fit the server's memory: {plan.line()}")
+
+    def _rows_that_fit(self, key: Key) -> int:
+        """The most rows a decode of ``key`` may hold: ``max_batch``, or fewer if the device's free
+        memory now holds fewer (at least 1: a job that did not fit one row was refused)."""
+        plan = decode_plan(self.pipe, key.method, key.sampling, self.max_batch)
+        return self.max_batch if plan.fits or plan.max_batch_size is None else max(1, plan.max_batch_size)
 
     def _build(self, job: Job) -> None:
         """The job's condition (n rows, both CFG halves) on the engine's device, on the current grid."""
@@ -347,17 +411,23 @@ class Engine:
         if (L.height, L.width) != tuple(grid):
             self.pipe.set_grid(*grid)
 
-    def _resolve(self, spec: str, sampling: Sampling):
-        """The decode's method: the spec's, or for ``auto`` AR's or SJD's round at each boundary by the
-        rows in flight (``switch.Switching``)."""
+    def _resolve(self, spec: str, sampling: Sampling, rows: int):
+        """The decode's method: the spec's; for ``auto`` of ``rows`` rows, the candidate the cost model
+        chooses at every count of rows held (``plain_choice``), else AR's or SJD's round at each
+        boundary by the rows in flight (``switch.Switching``)."""
+        self._auto_plain = None
         if spec == "auto":
-            return keyed_method(Switching(self._round_method, window=min(SWITCH_WINDOW, self.model.layout.stream_len)),
-                                sampling), "auto"
+            self._auto_plain = self.plain_choice(rows)
+            if self._auto_plain is None:
+                return keyed_method(Switching(self._round_method, window=min(SWITCH_WINDOW, self.model.layout.stream_len)),
+                                    sampling), "auto"
+            spec = self._auto_plain
         return keyed_method(fit_to_stream(method_from_spec(spec), self.model.layout.stream_len), sampling), spec
 
     def _round_method(self) -> str:
-        """Auto's method for the next round: the cost model's choice at the rows held now."""
-        name = self.choose(max(1, self._rows_held))
+        """Auto's method for the next round: the cost model's choice among the rounds ``Switching`` runs
+        at the rows held now."""
+        name = self.choose(max(1, self._rows_held), among=SWITCH_ROUNDS)
         self.metrics.rounds.labels(name).inc()
         return name
 
@@ -368,11 +438,12 @@ class Engine:
         one row making the next request wait for it to end."""
         key = first[0].job.key
         self._set_grid(key.grid)
-        rows = len(first) if quiet else min(self.max_batch, max(len(first), self._demand))
+        rows = len(first) if quiet else min(self._cap, max(len(first), self._demand))
         self._peak = 0
         self._rows_held = len(first)
-        method, name = self._resolve(key.method, key.sampling)
-        label = name if isinstance(method, Switching) else spec_of(method)
+        method, name = self._resolve(key.method, key.sampling, rows)
+        self._young = young_turns(self.model.layout.stream_len, method.pad)
+        label = "auto" if key.method == "auto" else spec_of(method)
         for image in first:
             image.method = label
         codebook = self.pipe.codebook if method.acceptance is not None and "codebook" in method.acceptance.needs else None
@@ -394,7 +465,11 @@ class Engine:
             self._demand = max(1, self._peak)
 
     def _admit(self, key: Key, label: str, room: int, held: int) -> list[Image]:
-        """Images for ``room`` free rows of a running decode of ``key`` (they run its method, ``label``)."""
+        """Images for ``room`` free rows of a running decode of ``key`` (they run its method, ``label``);
+        called at every round boundary: with nothing waiting it returns at once (no lock: an arrival it
+        misses is seen at the next boundary)."""
+        if not self._waiting:
+            return []
         images = self._take(key, room, held)
         for image in images:
             image.method = label
@@ -402,6 +477,8 @@ class Engine:
 
     def _round(self, held: int) -> None:
         self.metrics.rows_per_round.observe(held)
+        if self._auto_plain is not None:
+            self.metrics.rounds.labels(self._auto_plain).inc()
         self.metrics.rows_in_flight.set(held)
         with self._cv:
             self._rows_held = held
@@ -410,7 +487,8 @@ class Engine:
                 raise RuntimeError("the server shut down before this image finished")
 
     def _started(self, image: Image) -> None:
-        self.metrics.queued.observe(image.started_at - image.job.arrived)
+        if not image.preempted:  # its first start only
+            self.metrics.queued.observe(image.started_at - image.job.arrived)
 
     def _finished(self, image: Image, tokens: torch.Tensor, forwards: int) -> None:
         job = image.job
@@ -467,6 +545,29 @@ def decode_live(model, first: list, method, sampling: Sampling, seed: int, live:
     ctx.queue = live(ctx)
     with torch.inference_mode():
         method.decode(ctx)
+
+
+def young_turns(stream_len: int, pad: int) -> int:
+    """The most turns since a row started at which its sample may be given back (``LiveRows.preempt``):
+    ``stream_len / PREEMPT_SHARE``, and fewer than any sample needs to finish (a round commits at most
+    ``pad`` tokens: a row holds its first token and, after t rounds, at most 1 + t * pad). So no sample
+    can have finished by then, and the choice to start a sample again depends on no token of its own:
+    exact under any noise."""
+    return max(0, min(stream_len // PREEMPT_SHARE, -(-(stream_len - 1) // pad) - 1))
+
+
+def decode_plan(pipe, spec: str, sampling: Sampling, rows: int, prompt_tokens: int | None = None):
+    """The memory plan (``pipe.memory``) of a decode of ``rows`` rows of method ``spec`` on the current
+    grid, continuous batching, its prompts padded as ``padded`` pads them; ``auto`` is planned with the
+    largest slots of its candidates (the start-up cost model runs each of them)."""
+    model = pipe.target
+    specs = AUTO_CANDIDATES if spec == "auto" else (spec,)
+    with warnings.catch_warnings():  # the decode says what it clamps; the plan is of the clamped method
+        warnings.simplefilter("ignore")
+        methods = [fit_to_stream(method_from_spec(s), model.layout.stream_len) for s in specs]
+    method = max(methods, key=lambda m: m.pad)
+    width = max(int(model.max_prefix), prompt_tokens or 0)
+    return pipe.memory(rows, method, sampling, prompt_tokens=width, refill=True)
 
 
 def partial_marks(count: int, stream_len: int) -> list[int]:

@@ -69,9 +69,10 @@ def _scattered(law: DiscreteLaw, rows: torch.Tensor, size: int) -> DiscreteLaw:
 
 class LiveRows:
     """The rows of one decode and the sample each holds (``ctx.queue``: ``DecodeContext.done`` calls
-    ``turn`` at every round boundary). ``budget``: the most samples this decode admits after its first
-    rows (it bounds ``ctx.max_rounds``, the no-progress check); ``on_round(rows_held)``: called each turn.
-    ``held``: the sample of each row at the start, None for a row left free (it decodes a copy of the
+    ``turn`` at every round boundary). ``source(room, held)``: up to ``room`` waiting samples, called
+    at every turn (room may be 0); ``budget``: the most samples this decode admits after its first
+    rows (it bounds ``ctx.max_rounds``, the no-progress check); ``on_round(rows_held)``: called each
+    turn. ``held``: the sample of each row at the start, None for a row left free (it decodes a copy of the
     first sample's condition, thrown away, until a waiting sample takes it)."""
 
     def __init__(self, ctx, held: list[Sample | None], source: Callable[[int, int], list[Sample]], budget: int,
@@ -83,6 +84,8 @@ class LiveRows:
         self.source, self.on_round = source, on_round
         self.samples = self.rows + budget  # what ``DecodeContext.max_rounds`` reads
         self.started = self.rows
+        self.round = 0  # turns so far
+        self.since = [0] * self.rows  # the turn at which each row's sample started
 
     def turn(self, ctx, complete: list[int]) -> bool:
         """Hand out finished rows, free cancelled ones, send due partial images, restart free rows with
@@ -101,7 +104,7 @@ class LiveRows:
         self._partials(ctx)
         free = [r for r, s in enumerate(self.owner) if s is None]
         room = min(len(free), self.samples - self.started)
-        fresh = self.source(room, self.rows - len(free)) if room > 0 else []
+        fresh = self.source(room, self.rows - len(free))  # room 0: the source may still end the decode (``preempt``)
         if fresh:
             self._restart(ctx, free[: len(fresh)], fresh)
         held = sum(s is not None for s in self.owner)
@@ -132,12 +135,26 @@ class LiveRows:
         ctx.target.load_prefixes(index, prefixes, which)
         for r, s in zip(rows, fresh):
             self.owner[r] = s
+            self.since[r] = self.round
             s.started()
         self.started += len(rows)
         if ctx.on_refill is not None:
             mask = torch.zeros(self.rows, dtype=torch.bool, device=ctx.device)
             mask[index] = True
             ctx.on_refill(mask, _scattered(law, index, self.rows))
+
+    def preempt(self, rounds: int) -> list[Sample]:
+        """Free every row and return the samples they held, if each started at most ``rounds`` turns
+        ago (else nothing changes and []): the samples start again from their first token in another
+        decode. Exact: the decision reads turns and arrivals, never a token, so each sample is still
+        one draw from its law (under keyed noise, the same picture)."""
+        held = [r for r, s in enumerate(self.owner) if s is not None]
+        if not held or any(self.round - self.since[r] > rounds for r in held):
+            return []
+        out = [self.owner[r] for r in held]
+        for r in held:
+            self.owner[r] = None
+        return out
 
     def progress(self, n: torch.Tensor, L: int) -> float:
         """The fraction of the held rows' streams committed (``DecodeContext.report_progress``)."""

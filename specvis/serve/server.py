@@ -17,8 +17,7 @@ import uvicorn
 
 from .. import checks
 from ..memory import MemoryPlanError
-from ..registry import method_from_spec
-from .engine import Engine, served_method
+from .engine import Engine, decode_plan, served_method
 from ..zoo import load
 from .app import make_app
 from .request import ServedModel
@@ -52,11 +51,13 @@ def served_model(pipe, name: str, method: str) -> ServedModel:
 
 def build(pipe, name: str, *, max_batch: int, max_queue: int, method: str, api_key: str | None):
     """The engine (not started) and app of ``pipe``; the engine's largest batch is checked against the
-    device's memory first (``pipe.memory``)."""
+    device's memory first (``pipe.memory``: of the server's method and of auto's candidates, which the
+    start-up cost model runs)."""
     max_batch = checks.integer(max_batch, "max_batch", low=1, high=1024)
     max_queue = checks.integer(max_queue, "max_queue", low=1, high=1_000_000)
     method = served_method(method)
-    plan = pipe.memory(max_batch, None if method == "auto" else method_from_spec(method))
+    sampling = dataclasses.replace(pipe.default_sampling, noise="keyed")
+    plan = max((decode_plan(pipe, spec, sampling, max_batch) for spec in {"auto", method}), key=lambda p: p.needed_bytes)
     if not plan.fits:
         raise MemoryPlanError(plan.line())
     served = served_model(pipe, name, method)
