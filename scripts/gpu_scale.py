@@ -1024,7 +1024,7 @@ def hook(run: Run, name: str, timeout: float) -> None:
 # plan's methods and images, plus start-up; the 7B section includes its child process's start and building
 # 8B random parameters on the device. A section runs only if its expected time is left; the report keeps
 # each expected and measured time (``plan``, ``sections``), so that the next call can correct these.
-EXPECTED_S = {"bandwidth": 3, "7b": 75, "graphs:b1": 45, "graphs:b8": 30, "vs_transformers": 30, "serve": 25,
+EXPECTED_S = {"bandwidth": 3, "7b": 75, "graphs:b1": 45, "graphs:b8": 30, "vs_transformers": 30, "serve": 60,
               "seeds": 45, "compile:b1": 90, "compile:b8": 90, "eager:b1": 60, "eager:b8": 40}
 BUNDLES = ("emoji-t2i", "emoji")
 

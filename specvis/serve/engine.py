@@ -44,7 +44,7 @@ from ..methods.base import DecodeContext
 from ..models.base import Condition, Prompts
 from ..memory import MemoryPlanError
 from ..options import Options
-from ..pipeline import prefix_width
+from ..families.kv_cache import prefix_width
 from ..registry import method_from_spec, refilling_methods, spec_of
 from ..sampling import Sampling, make_generator
 from ..methods.views import guided_view
