@@ -12,7 +12,8 @@ import numpy as np
 
 from ..cost import (BLOCK_FIELDS, forward_fields, at_span, block_size_fields, curve_cost,  # noqa: F401 (names kept here)
                     predicted_time)
-from ..io import atomic_write, read_text, write_text
+from ..io import read_text
+from ..outputs import write_arrays, write_text
 from .quality import seed_groups, summarize
 
 # report fields that, with a run's method/config/acceptance, identify a completed configuration
@@ -147,12 +148,7 @@ def save_observations(path: Path, refs: dict[str, np.ndarray], obs: dict[str, di
     arrays = {f"ref__{k}": v for k, v in refs.items()}
     for rid, d in obs.items():
         arrays.update({f"run__{rid}__{k}": v for k, v in d.items()})
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, **arrays)
-
-    atomic_write(path, write)
+    write_arrays(path, arrays)
 
 
 def load_observations(path: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]]]:

@@ -17,7 +17,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from ..io import atomic_write, write_text
+from ..outputs import write_figure, write_text
 from ..zoo import load
 from .runner import run_bench
 
@@ -64,7 +64,7 @@ def plot_sjd_ablations(res: dict, path: Path) -> None:
     for ax in axes[1:]:
         ax.axhline(1.0, color="0.4", lw=0.8, ls="--")
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -102,7 +102,7 @@ def plot_lantern_grid(report: dict, path: Path, title: str = "LANTERN trade-off 
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
