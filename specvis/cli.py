@@ -182,8 +182,8 @@ def check_common(a: argparse.Namespace) -> None:
         checks.seed(a.seed, "--seed")
     for flag, high in (("num", MAX_IMAGES), ("batch_size", MAX_IMAGES), ("repeats", 1000), ("shards", MAX_IMAGES)):
         value = None if flag in handed else getattr(a, flag, None)
-        if value is not None and not 1 <= value <= high:
-            raise ValueError(f"--{flag.replace('_', '-')} must be an integer in 1..{high}, got {value}")
+        if value is not None:
+            checks.integer(value, f"--{flag.replace('_', '-')}", low=1, high=high)
     for flag in ("height", "width"):
         value = getattr(a, flag, None)
         if value is not None and value < 1:
