@@ -255,7 +255,8 @@ def read_prompts(path: str) -> list[str]:
 
 
 # a pipeline argument's name in its one-line errors -> the flag that gave it (``specvis generate``)
-ARGUMENT_FLAGS = ((re.compile(r"^batch_size "), "--batch-size "), (re.compile(r"^seed\b"), "--seed"),
+ARGUMENT_FLAGS = ((re.compile(r"^batch_size must be "), "--batch-size must be "),
+                  (re.compile(r"^seed must be "), "--seed must be "),
                   (re.compile(r"^classes\[\d+\] = (-?\d+) "), r"--class \1 "),
                   (re.compile(r"^negative_prompts: give one, or one per prompt "), "--negative-prompt: give one, or one per --prompt "))
 
