@@ -65,8 +65,9 @@ def run(a: argparse.Namespace) -> tuple[dict, list[str] | None]:
     for spec in specs:  # a bad spec fails before the model loads
         method_from_spec(spec, a.accept)
     prompts = read_prompts(a.prompts) if a.prompts else None  # a bad file fails before the model loads
-    pipe = load_pipeline(a, [parse_method_spec(s)[0] for s in specs])
-    check_draft(pipe, [parse_method_spec(s)[0] for s in specs])
+    names = [parse_method_spec(s)[0] for s in specs]
+    pipe = load_pipeline(a, names)
+    check_draft(pipe, names)
     sampling = sampling_of(a, pipe)
     plan_memory(pipe, min(a.batch_size, a.num), [method_from_spec(s, a.accept) for s in specs], sampling)
     metrics = None if a.metrics is None else tuple(m.strip() for m in a.metrics.split(",")

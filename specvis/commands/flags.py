@@ -203,9 +203,9 @@ def check_draft(pipe, names: list[str]) -> None:
 
 
 def check_method_and_out(a: argparse.Namespace) -> None:
-    """``--method ""`` is not the default method, ``--out`` a writable directory (not "": the current
-    one), the method flags a method (built once here, again once the model says its default): one
-    line each, before the model loads."""
+    """Before the model loads, one line each: ``--method ""`` is not the default method, ``--out`` is a
+    writable directory (not "": the current one), and ``--method`` with the method flags builds a
+    method (built again once the model is loaded, where the model's default may be the base)."""
     from ..io import check_output_dir
     from ..registry import METHODS
 
