@@ -14,13 +14,14 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Job:
-    """``model``: bundle name, checkpoint directory or Hub id (None: the loaded pipeline's name); ``method``: a method, a name or bench
-    spec (None: AR); ``sampling``: a ``Sampling``, a dict of its fields, or None (the model's);
-    ``classes`` (class-conditional models; None: every class) or ``prompts`` with ``negative_prompts``
-    (one for all, or one per prompt; None: the family's own), ``height``/``width`` in image tokens and
-    ``positive_suffix`` (text-to-image models); ``num`` images (None: one per class or prompt given,
-    else 8); ``batch_size``: at most this many decoded at once (None: all); ``seed``; ``out``: where
-    the outputs go (a directory or file, the door's)."""
+    """What to make and where it goes. ``model``: bundle name, checkpoint directory or Hub id (None:
+    the loaded pipeline's name); ``method``: a method, a name or bench spec (None: AR); ``sampling``:
+    a ``Sampling``, a dict of its fields, or None (the model's); ``classes`` (class-conditional
+    models; None: every class) or ``prompts`` with ``negative_prompts`` (one for all, or one per
+    prompt; None: the family's own), ``height``/``width`` in image tokens and ``positive_suffix``
+    (text-to-image models); ``num`` images (None: one per class or prompt given, else 8);
+    ``batch_size``: at most this many decoded at once (None: all); ``seed`` (None: the server draws
+    one); ``out``: where the outputs go (a directory or a report file, as the door has it)."""
 
     model: str | None = None
     method: Any = None

@@ -248,12 +248,15 @@ def sample(pipe, job: Job, *, dist: Dist | None = None, progress: bool = False,
         raise ValueError(f"--num must be >= 1, got {num}")
     if batch_size is None or batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    if job.out is None:
+        raise ValueError("--out: give the output directory (Job.out)")
     conditions, grid = _conditions(pipe, job)
     out = Path(job.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a directory")
     sampling = call_sampling(pipe, job.sampling)  # the noise resolved: keyed by default for discrete-token models
-    method = keyed_method(method_argument(job.method), sampling)  # None: AR; the rule it runs with (Coupled by default under keyed noise)
+    # None: AR; with the rule it runs with (Coupled by default under keyed noise)
+    method = keyed_method(method_argument(job.method), sampling)
     name, method_config, rule = describe(method)
     config = {"model": job.model or pipe.name, "method": name, "config": method_config, "acceptance": rule,
               "lossless": bool(method.lossless), "sampling": _asdict(sampling), "seed": seed,

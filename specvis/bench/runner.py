@@ -423,7 +423,8 @@ class _BenchRun:
         if self.bench.continuous:  # the batch each image would have had
             obs["batch"] = np.arange(len(obs["batch"])) // self.batch_size
         figures = {k: v for k, v in obs.items() if k not in ("labels", "batch")}
-        run["quality"] = summarize(figures, self.refs, seed_groups(obs["batch"], len(self.full), self.bench.quality_groups))
+        groups = seed_groups(obs["batch"], len(self.full), self.bench.quality_groups)
+        run["quality"] = summarize(figures, self.refs, groups)
         self.keep_obs[key_id(self.todo[i][1])] = obs
 
     def round(self, pending: list[int]) -> list[dict[str, Any]]:
@@ -485,7 +486,8 @@ def run_bench(pipe, job: Job, bench: Bench = Bench(), *, progress: bool = True,
     otherwise, the call runs with ``job.seed``, and quality seed groups cut the images as the batches would.
     """
     state = _BenchRun(pipe, job, bench, progress)
-    while pending := [i for i, run in enumerate(state.runs) if run is None or len(run["wall_s_repeats"]) < bench.repeats]:
+    while pending := [i for i, run in enumerate(state.runs)
+                      if run is None or len(run["wall_s_repeats"]) < bench.repeats]:
         for run in state.round(pending):
             if on_run is not None:
                 on_run(run)

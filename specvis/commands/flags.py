@@ -258,7 +258,8 @@ def read_prompts(path: str) -> list[str]:
 ARGUMENT_FLAGS = ((re.compile(r"^batch_size must be "), "--batch-size must be "),
                   (re.compile(r"^seed must be "), "--seed must be "),
                   (re.compile(r"^classes\[\d+\] = (-?\d+) "), r"--class \1 "),
-                  (re.compile(r"^negative_prompts: give one, or one per prompt "), "--negative-prompt: give one, or one per --prompt "))
+                  (re.compile(r"^negative_prompts: give one, or one per prompt "),
+                   "--negative-prompt: give one, or one per --prompt "))
 
 
 @contextmanager
