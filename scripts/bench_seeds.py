@@ -190,7 +190,7 @@ def part_figure(pipes: dict, a) -> dict:
 def part_bf16(a) -> list[dict]:
     rows = []
     for name in a.models:
-        pipe = sv.load(name, dtype="bf16", threads=1)
+        pipe = sv.load(name, device=a.device, dtype="bf16", threads=1)
         ar = run(pipe, name, "ar", "keyed+coupled", a.num, 8, a.seed, warm=False)["tokens"]
         for spec in BF16:
             toks = run(pipe, name, spec, "keyed+coupled", a.num, 8, a.seed, warm=False)["tokens"]
@@ -202,10 +202,18 @@ def part_bf16(a) -> list[dict]:
             exposure = int(torch.where(flipped, first + 1, first).sum())
             rows.append({"model": name, "spec": spec, "dtype": "bf16", "n_images": a.num, "tokens": toks.numel(),
                          "tokens_differing": int(differ.sum()), "images_differing": int(flipped.sum()),
-                         "first_flip_positions": first[flipped].tolist(), "tokens_compared": exposure,
+                         "images_changed": flipped.nonzero().flatten().tolist(), "first_flip_positions": first[flipped].tolist(), "tokens_compared": exposure,
                          "flips_per_million": 1e6 * int(flipped.sum()) / exposure})
             print(f"bf16 {rows[-1]}", flush=True)
     return rows
+
+
+def same_first_flips(x: dict, y: dict) -> str:
+    """How many images two bf16 runs (same seeds) first leave AR's tokens at the same position, of those both
+    leave: ``first_flip_positions`` lists only the images that changed, so they are matched by image index."""
+    fx, fy = dict(zip(x["images_changed"], x["first_flip_positions"])), dict(zip(y["images_changed"], y["first_flip_positions"]))
+    both = fx.keys() & fy.keys()
+    return f"{sum(fx[i] == fy[i] for i in both)} / {len(both)}"
 
 
 def page(data: dict) -> str:
@@ -267,6 +275,15 @@ def page(data: dict) -> str:
             out.append(f"| {r['model']} | `{r['spec']}` | {r['n_images']} | {r['images_differing']} | "
                        f"{r['tokens_differing']} | {r['flips_per_million']:.0f} |")
         out.append("")
+        for name in dict.fromkeys(r["model"] for r in data["bf16"]):
+            pair = [r for r in data["bf16"] if r["model"] == name]
+            if len(pair) == 2 and pair[0]["n_images"] == pair[1]["n_images"]:
+                same = same_first_flips(*pair)
+                out.append(f"- {name}: `{pair[0]['spec']}` and `{pair[1]['spec']}` first leave AR at the same position in "
+                           f"{same} of the images both change: what flips a near-tie is mostly the rounding of AR's "
+                           f"one-token forward against a multi-token one, not the drafts.")
+        out += ["", "In fp32 every keyed image equals AR's (the table above and the tests); in bf16 "
+                "the picture is AR's only up to the first near-tie.", ""]
     return "\n".join(out)
 
 

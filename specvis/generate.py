@@ -162,7 +162,8 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     ``batch_size``: decode at most this many samples at once; when one finishes, the next condition
     takes its row (continuous batching, ``methods/slots.py``; methods that declare ``refills``). The
     tokens come back in the conditions' order; ``stats.step_compression`` counts each row's tokens over
-    the batched forwards."""
+    the batched forwards. Each argument is checked once, before anything runs (a bad one: one line
+    naming it)."""
     if not isinstance(model, torch.nn.Module):
         raise checks.InputTypeError(f"model must be a loaded token model (pipe.target, a torch module), got {checks.shown(model)}")
     progress = checks.progress(progress)
@@ -177,10 +178,24 @@ def generate(model, conditions, method=None, sampling: Sampling | None = None, s
     elif not isinstance(conditions, Condition):
         conditions = torch.as_tensor(conditions, device=device)
     check_conditions(model, conditions)
-    queued = None
     if batch_size is not None:
         batch_size = checks.integer(batch_size, "batch_size", low=1)
-        condition = Condition.of(model, conditions)
+    return generate_checked(model, conditions, method, sampling, seed, draft=draft, drafter=drafter, codebook=codebook,
+                            graphs=graphs, progress=progress, ordered=ordered, batch_size=batch_size)
+
+
+@torch.no_grad()
+def generate_checked(model, conditions, method, sampling: Sampling, seed: int, draft=None, drafter=None,
+                     codebook: torch.Tensor | None = None, graphs: bool | None = None, progress=None,
+                     ordered: OrderedVerifier | None = None, batch_size: int | None = None) -> Generation:
+    """``generate`` of arguments checked already: a method instance (not ``sv.Auto``), ``sampling`` with
+    its noise resolved, a seed in range, conditions of the model's kind on its device, ``batch_size``
+    None or >= 1, ``progress`` None, a bool or a callable. The pipelines check a call's arguments once
+    (``Pipeline.__call__``) and run here (through ``tune.run``), so no argument is checked twice."""
+    device = next(model.parameters()).device
+    queued = None
+    if batch_size is not None:  # an ordered (MAR) model's conditions are class ids; its sampler makes the CFG rows
+        condition = Condition(conditions) if ordered is not None else Condition.of(model, conditions)
         if batch_size < condition.batch:
             check_refill(method, model, ordered)
             queued, conditions = condition, condition[:batch_size]

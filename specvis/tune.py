@@ -71,7 +71,7 @@ from typing import Any
 import torch
 
 from .cost import BLOCK_FIELDS, CostProbe, block_size_fields, predicted_time
-from .generate import Generation, generate
+from .generate import Generation, generate, generate_checked
 from .methods.ar import AR
 from .methods.auto import Auto
 from .methods.sjd import SJD
@@ -322,12 +322,13 @@ def resolve(method, model, conditions, sampling: Sampling, *, draft=None, drafte
 
 
 def run(model, conditions, method, sampling: Sampling, seed: int, **kwargs) -> Generation:
-    """``specvis.generate`` with ``method`` resolved first (``resolve``): the pipelines' call. An
+    """``specvis.generate`` with ``method`` resolved first (``resolve``): the pipelines' call, its arguments
+    checked by the pipeline (``generate.generate_checked``). An
     ``Auto``'s choice runs with the call's seed; ``Generation.calibration`` holds the choice and
     ``stats.extra["auto_calibration_s"]`` its cost on this call."""
     chosen, calibration = resolve(method, model, conditions, sampling, draft=kwargs.get("draft"),
                                   drafter=kwargs.get("drafter"), graphs=kwargs.get("graphs"))
-    out = generate(model, conditions, chosen, sampling, seed, **kwargs)
+    out = generate_checked(model, conditions, chosen, sampling, seed, **kwargs)
     if calibration is not None:
         out.calibration = calibration
         out.stats.extra["auto_calibration_s"] = calibration.seconds

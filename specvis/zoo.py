@@ -19,11 +19,59 @@ from .models.checkpoint import stored_dtype
 from .models.llamagen import LlamaGen, LlamaGenConfig
 from .models.loading import requested_dtype, resolve
 from .models.quantize import check_quantize, quantize_linears
-from .pipeline import LatentPalette, PaletteTokenizer, Pipeline
+from .pipeline import Pipeline
 from .sampling import Sampling
 
 ASSETS = Path(__file__).parent / "assets"
 DTYPE_LABELS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+class PaletteTokenizer(torch.nn.Module):
+    """Stand-in tokenizer for random models: each code is a fixed colour, ``cell`` pixels wide."""
+
+    def __init__(self, vocab_size: int, cell: int = 8, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("palette", torch.rand(vocab_size, 3, generator=g) * 2 - 1)
+        self.cell = cell
+
+    @property
+    def codebook(self) -> torch.Tensor:
+        return self.palette
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        side = int(codes.shape[1] ** 0.5)
+        img = self.palette[codes].view(codes.shape[0], side, side, 3).permute(0, 3, 1, 2)
+        return img.repeat_interleave(self.cell, 2).repeat_interleave(self.cell, 3)
+
+
+class LatentPalette(torch.nn.Module):
+    """Stand-in decoder for random continuous-token models: token (C channels) -> the colour
+    tanh(first three channels), ``cell`` pixels wide."""
+
+    def __init__(self, cell: int = 8) -> None:
+        super().__init__()
+        self.cell = cell
+
+    def decode_continuous(self, tokens: torch.Tensor) -> torch.Tensor:
+        B, n, C = tokens.shape
+        side = int(n ** 0.5)
+        rgb = torch.tanh(tokens.float()[..., :3])
+        if C < 3:
+            rgb = torch.cat([rgb, rgb[..., :1].expand(B, n, 3 - C)], -1)
+        img = rgb.view(B, side, side, 3).permute(0, 3, 1, 2)
+        return img.repeat_interleave(self.cell, 2).repeat_interleave(self.cell, 3)
+
+
+def load_pipeline(name: str | Path, draft: str | Path | None = None, drafter: str | Path | None = None, *,
+                  device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                  quantize: str | None = None) -> Pipeline:
+    """The pipeline of a checkpoint directory or Hugging Face Hub id, as its family loads it
+    (``families.pipeline_fields``): ``sv.load`` of a checkpoint without the configuring."""
+    from .families import pipeline_fields
+
+    return Pipeline(**pipeline_fields(name, draft=draft, drafter=drafter, device=device, dtype=dtype,
+                                      quantize=quantize))
 
 
 def _random_tiny(device: torch.device = torch.device("cpu"), dtype: torch.dtype | None = None) -> Pipeline:
@@ -136,8 +184,6 @@ def _emoji_continuous_only(device: torch.device = torch.device("cpu"), dtype=Non
 def _emoji_t2i(device: torch.device = torch.device("cpu"), dtype=None):
     """The text-to-image emoji target + draft (Janus-Pro checkpoints) and their EAGLE head; prompts are
     emoji short names. The emoji bundle's classifier scores what a prompt asks for (``prompts.json``)."""
-    from .families import load_pipeline
-
     root = ASSETS / "emoji_t2i"
     if not (root / "bundle.json").exists():
         raise ValueError("the emoji-t2i bundle is not installed (specvis/assets/emoji_t2i/bundle.json missing)")
@@ -160,8 +206,8 @@ def _emoji_mar(device: torch.device = torch.device("cpu"), dtype=None):
     if not (root / "mar_target").exists():
         raise ValueError("the emoji bundle ships no MAR models (specvis/assets/emoji/mar_target missing)")
     draft = root / "mar_draft"
-    pipe = mar.load_pipeline("emoji-mar", root / "mar_target", draft=draft if draft.exists() else None,
-                             vae=mar.SphereLatentDecoder(vq), device=device, dtype=dtype)
+    pipe = Pipeline(**mar.pipeline_fields("emoji-mar", root / "mar_target", draft=draft if draft.exists() else None,
+                                          vae=mar.SphereLatentDecoder(vq), device=device, dtype=dtype))
     pipe.name = "emoji-mar"
     pipe.class_names = meta["class_names"]
     pipe.default_sampling = Sampling(**meta.get("mar_sampling", {"cfg_scale": 3.0, "temperature": 1.0}))
@@ -248,7 +294,6 @@ def load(name: str = "emoji", device: str | torch.device = "cpu", dtype: str | t
             raise ValueError(f"drafter= is for checkpoint directories; bundle {name!r} ships its own drafter")
         pipe = BUNDLES[name][1](dev, dtype)
     elif Path(name).is_dir() or "/" in str(name):
-        from .families import load_pipeline
         from .io import check_directory_files
 
         for d in (name, draft, drafter):  # a FIFO among the files would block its reader for ever

@@ -125,7 +125,7 @@ def test_energy_test_calibration_and_power():
 
 def test_bundle_add_parts_and_zoo_loading(tmp_path):
     """``bundle --add`` puts fp16 continuous models into an existing bundle; the zoo's loader reads them
-    back as a ContinuousPipeline whose target equals the trained one up to fp16 rounding."""
+    back as a continuous-token pipeline whose target equals the trained one up to fp16 rounding."""
     from specvis.train.bundle import add_parts
     from specvis.zoo import _emoji_continuous, _random_tiny_continuous
 
@@ -234,15 +234,11 @@ def test_emoji_bundle_exposes_its_continuous_models():
 
 def test_one_pipeline_class_whose_family_differs():
     """Discrete- and continuous-token bundles are the one ``sv.Pipeline``; their families say what
-    differs (tokens, codebook, how images come out), and the old class names are aliases of it.
+    differs (tokens, codebook, how images come out).
     Catches a family that hands the continuous model a codebook or decodes its latents as codes,
     and a sampler option of an ordered model (MAR's ``num_iter``) silently ignored by another."""
     from specvis import Pipeline
     from specvis.families.embedded import CODES, LATENTS
-    from specvis.families.mar import MARPipeline
-    from specvis.pipeline import ContinuousPipeline, TextPipeline
-
-    assert TextPipeline is ContinuousPipeline is MARPipeline is Pipeline
     codes, latents = load("random-tiny"), load("random-tiny-continuous")
     assert type(codes) is type(latents) is Pipeline and (codes.family, latents.family) == (CODES, LATENTS)
     assert (codes.tokens, latents.tokens, codes.conditioning, latents.conditioning) == ("discrete", "continuous", "class", "class")

@@ -2,7 +2,7 @@
 ordered sampler declared by its family): the authors' step split, the law it samples (two-sample tests
 against MAR's own sampler on the CSpD schedule, with null and positive controls, every ratio),
 acceptance 1 for a draft equal to the target at gamma 1, temperature 0, stats, MAR's own sampler
-through generate (draw for draw), MARPipeline / CLI wiring and one-line errors. Tiny random MARs on a
+through generate (draw for draw), the MAR pipeline / CLI wiring and one-line errors. Tiny random MARs on a
 2x2 grid, seconds on CPU."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import specvis as sv
 from specvis.bench.two_sample import energy_test
 from specvis.cli import main as cli
 from specvis.families import mar as mar_family
+from specvis.pipeline import Pipeline
 from specvis.methods import cspd_mar as cm
 from specvis.methods import laws
 from specvis.methods.cspd import CSpD
@@ -26,6 +27,11 @@ from specvis.models.mar import MAR, MARConfig, mask_schedule
 TINY = dict(img_size=8, vae_stride=4, patch_size=1, encoder_embed_dim=16, encoder_depth=1, encoder_num_heads=2,
             decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2, vae_embed_dim=2, class_num=3, buffer_size=2,
             diffloss_d=1, diffloss_w=16, num_sampling_steps=4, num_train_steps=16, diffusion_batch_mul=1)
+
+
+def mar_pipeline(*args, **kwargs) -> Pipeline:
+    """The ``Pipeline`` of a MAR directory, as ``sv.load`` builds it from the family's fields."""
+    return Pipeline(**mar_family.pipeline_fields(*args, **kwargs))
 
 
 def random_mar(seed: int, mixture: bool = True, **overrides) -> MAR:
@@ -238,13 +244,13 @@ def mar_dirs(tmp_path_factory):
 
 def test_pipeline_takes_a_draft_and_cspd(mar_dirs):
     target, draft = mar_dirs
-    pipe = mar_family.load_pipeline("mar_tiny", target, draft=draft)
+    pipe = mar_pipeline("mar_tiny", target, draft=draft)
     out = pipe(classes=[0, 2], method=CSpD(gamma=2, prefill=0.0, ratio="coupled"), sampling=sv.Sampling(cfg_scale=2.0),
                seed=1, num_iter=4)
     assert out.latents.shape == (2, 4, 2) and len(out.images) == 2 and out.images[0].size == (8, 8)
     assert out.stats.target_forwards == 3 and 0 <= out.stats.extra["acceptance_rate"] <= 1
     assert pipe(classes=[1], method=sv.AR(), seed=0, num_iter=4).stats.target_forwards == 4
-    mar_pipe = mar_family.load_pipeline("mar_tiny", target, draft=draft)
+    mar_pipe = mar_pipeline("mar_tiny", target, draft=draft)
     mar_pipe.draft = random_mar(2, mixture=False)  # a MAR object works as draft too
     assert mar_pipe(classes=[0], method=CSpD(gamma=2), seed=0, num_iter=4).latents.shape == (1, 4, 2)
 
@@ -257,22 +263,22 @@ def one_line_error(fn, match: str) -> None:
 
 def test_bad_input_gives_one_line_errors(mar_dirs, tmp_path):
     target, draft = mar_dirs
-    pipe = mar_family.load_pipeline("mar_tiny", target, draft=draft)
+    pipe = mar_pipeline("mar_tiny", target, draft=draft)
     one_line_error(lambda: pipe(classes=[0], method=sv.SJD()), "discrete-token method")
     one_line_error(lambda: CSpD(gamma=0), "gamma")
-    one_line_error(lambda: mar_family.load_pipeline("mar_tiny", target)(classes=[0], method=CSpD(gamma=2), num_iter=4),
+    one_line_error(lambda: mar_pipeline("mar_tiny", target)(classes=[0], method=CSpD(gamma=2), num_iter=4),
                    "needs a draft")
     one_line_error(lambda: pipe(classes=[0], method=CSpD(), sampling=sv.Sampling(top_k=3)), "top_k")
     wide = tmp_path / "wide"
     wide.mkdir()
     random_mar(0, mixture=False, vae_embed_dim=3).save_checkpoint(wide / "checkpoint-last.pth")
-    one_line_error(lambda: mar_family.load_pipeline("mar_tiny", target, draft=wide), "token_embed_dim")
-    one_line_error(lambda: mar_family.load_pipeline("mar_tiny", target, draft=tmp_path), "not a MAR directory")
+    one_line_error(lambda: mar_pipeline("mar_tiny", target, draft=wide), "token_embed_dim")
+    one_line_error(lambda: mar_pipeline("mar_tiny", target, draft=tmp_path), "not a MAR directory")
     bad = tmp_path / "badvae"
     bad.mkdir()
     (bad / "checkpoint-last.pth").write_bytes((target / "checkpoint-last.pth").read_bytes())
     (bad / "kl16.ckpt").write_bytes(b"not a checkpoint")
-    one_line_error(lambda: mar_family.load_pipeline("bad", bad), "kl16.ckpt")
+    one_line_error(lambda: mar_pipeline("bad", bad), "kl16.ckpt")
 
 
 def test_cli_generate_on_a_mar_directory(mar_dirs, tmp_path, capsys):

@@ -248,13 +248,13 @@ def test_a_round_loop_without_progress_stops():
 
 def test_allocation_failure_is_one_line(tmp_path, capsys, monkeypatch):
     """An allocation the machine cannot make (generate --num 100000) is one line, not torch's traceback."""
-    from specvis import pipeline
+    from specvis.families import kv_cache
 
     def fail(*a, **k):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
                            "you tried to allocate 264122368000 bytes.")
 
-    monkeypatch.setattr(pipeline, "run", fail)  # pipelines generate through tune.run
+    monkeypatch.setattr(kv_cache, "run", fail)  # KV-cached models generate through tune.run
     assert main(["generate", "--model", "random-tiny", "--method", "ar", "--num", "100000", "--out", str(tmp_path)]) == 2
     assert "out of memory" in one_error_line(capsys)
 

@@ -3,13 +3,15 @@ as file:line.
 
 - Imports point down: no import cycle among specvis's modules, counting imports inside functions
   (they run too) and the package ``__init__`` a submodule import runs first. The layers, top to
-  bottom: cli, commands, demo > sample > bench > zoo, families > pipeline > tune > generate > methods, cost >
+  bottom: cli, commands, demo > sample > bench > zoo > pipeline > families > tune > generate > methods, cost >
   rules (accept, lantern, gsd), registry's tables, sampling, models, diffusion > options, checks, io.
+  The pipeline asks its model's family; no family module imports the pipeline, even through another.
 - No ``hasattr(`` nor ``getattr(x, "name", default)`` probing of models, rules or methods in
   specvis/methods/, specvis/generate.py, specvis/pipeline.py, models/base.py, the families' base, MAR's,
   the embedded bundles' and the zoo: capabilities are declared.
-- No method file over 300 lines; README.md at most 200 lines; specvis/cli.py at most 400 lines, and no
-  function over 60 lines in the doors (cli.py, commands/, bench/, sample.py, job.py, outputs.py).
+- No method file over 300 lines; specvis/pipeline.py at most 250; README.md at most 200 lines;
+  specvis/cli.py at most 400 lines, and no function over 60 lines in the doors (cli.py, commands/,
+  bench/, sample.py, job.py, outputs.py).
 - No private name crosses a module: no ``from x import _name`` nor ``module._name`` of a specvis
   module, and no ``obj._name`` in one module of a private attribute another module defines.
 - docs/design/api.md (the public contract) says what the code does: its generated sections are what
@@ -129,8 +131,9 @@ def test_no_import_cycles():
 def test_the_graph_sees_function_local_and_package_imports():
     """The parser's own check: an import inside a function counts, and so does the package ``__init__``
     a submodule import runs (bench.runner reads ``__version__`` from the root; the pipeline imports
-    the tuner inside the module)."""
-    assert "specvis.tune" in GRAPH["specvis.pipeline"] and "specvis.registry" in GRAPH["specvis.generate"]
+    the families' package through ``families.prompts``)."""
+    assert "specvis.tune" in GRAPH["specvis.families.kv_cache"] and "specvis.registry" in GRAPH["specvis.generate"]
+    assert "specvis.families" in GRAPH["specvis.pipeline"]
     local = [n for n in ast.walk(ast.parse(MODULES["specvis.zoo"].read_text()))
              if isinstance(n, ast.FunctionDef) and any(isinstance(i, ast.ImportFrom) for i in ast.walk(n))]
     assert local and "specvis.families" in GRAPH["specvis.zoo"]  # zoo imports families inside functions
@@ -149,14 +152,32 @@ def test_low_modules_import_nothing_above_them(low, above):
     """The bottom of the house stays at the bottom: ``options`` (the declarations every method and rule
     uses) and ``checks`` import nothing of specvis; the tuner, the cost curve and the registry nothing
     of the layers above them (subpackages included)."""
-    reached, todo = set(), [low]
+    bad = sorted(m for m in reach(low) if any(m == a or m.startswith(a + ".") for a in above) and m != low)
+    assert not bad, f"{low} reaches {', '.join(bad)}"
+
+
+def reach(name: str) -> set[str]:
+    """Every module that importing ``name`` runs, through any chain of imports."""
+    reached, todo = set(), [name]
     while todo:
         for m in GRAPH[todo.pop()]:
             if m not in reached:
                 reached.add(m)
                 todo.append(m)
-    bad = sorted(m for m in reached if any(m == a or m.startswith(a + ".") for a in above) and m != low)
-    assert not bad, f"{low} reaches {', '.join(bad)}"
+    return reached
+
+
+FAMILY_MODULES = sorted(n for n in MODULES if n == "specvis.families" or n.startswith("specvis.families."))
+
+
+@pytest.mark.parametrize("name", FAMILY_MODULES)
+def test_no_family_imports_the_pipeline(name):
+    """The pipeline asks its model's family (``Family.condition``, ``run``, ...), and a family never
+    asks back: no module under specvis/families imports ``specvis.pipeline`` (nor the zoo, the loader
+    above it), directly, inside a function or through another module. Catches families/base.py taking
+    its KV-cache defaults and ``Request`` from the pipeline, and a family building its ``Pipeline``."""
+    bad = sorted(m for m in reach(name) if m in ("specvis.pipeline", "specvis.zoo"))
+    assert not bad, f"{MODULES[name].relative_to(ROOT)} reaches {', '.join(bad)}"
 
 
 # ---------------------------------------------------------------- probing
@@ -289,6 +310,13 @@ def test_the_long_function_finder_finds_them(tmp_path):
 def test_cli_is_short():
     n = len((PKG / "cli.py").read_text().splitlines())
     assert n <= 400, f"specvis/cli.py:{n}: {n} lines (at most 400)"
+
+
+def test_pipeline_is_small():
+    """``specvis/pipeline.py`` keeps ``Pipeline`` and its call; prompt handling (``families.prompts``), the
+    KV-cache defaults (``families.kv_cache``) and the stand-in tokenizers (``specvis.zoo``) live elsewhere."""
+    n = len((PKG / "pipeline.py").read_text().splitlines())
+    assert n <= 250, f"specvis/pipeline.py:{n}: {n} lines (at most 250)"
 
 
 def test_readme_is_short():

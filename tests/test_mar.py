@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import specvis.models.continuous as continuous
 from specvis.families import mar as mar_family
+from specvis.pipeline import Pipeline
 from specvis.models.kl_vae import KLVAE, KLVAEConfig
 from specvis.models.mar import (MAR, MARConfig, cfg_scales, from_official_key, infer_config, load_mar_checkpoint,
                                 mask_schedule, to_official_key)
@@ -23,6 +24,11 @@ from specvis.models.mar import (MAR, MARConfig, cfg_scales, from_official_key, i
 TINY = dict(img_size=16, vae_stride=4, patch_size=1, encoder_embed_dim=32, encoder_depth=2, encoder_num_heads=2,
             decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=4, vae_embed_dim=3, class_num=5, buffer_size=4,
             diffloss_d=2, diffloss_w=32, num_sampling_steps=4, num_train_steps=20, diffusion_batch_mul=2)
+
+
+def mar_pipeline(*args, **kwargs) -> Pipeline:
+    """The ``Pipeline`` of a MAR directory, as ``sv.load`` builds it from the family's fields."""
+    return Pipeline(**mar_family.pipeline_fields(*args, **kwargs))
 
 
 def tiny_mar(seed: int = 0, **overrides) -> MAR:
@@ -482,7 +488,7 @@ def test_mar_directory_pipeline(tmp_path):
     model.save_checkpoint(d / "checkpoint-last.pth")
     vae.save_checkpoint(tmp_path / "pretrained_models" / "vae" / "kl16.ckpt")
     assert mar_family.matches_dir(d) and not mar_family.matches_dir(tmp_path)
-    pipe = mar_family.load_pipeline(str(d), d)
+    pipe = mar_pipeline(str(d), d)
     from specvis.sampling import Sampling
 
     out = pipe(classes=[0, 4], sampling=Sampling(cfg_scale=2.0), seed=5, num_iter=4)
@@ -496,4 +502,4 @@ def test_mar_directory_pipeline(tmp_path):
         pipe(classes=[5], seed=0)
     (tmp_path / "pretrained_models" / "vae" / "kl16.ckpt").unlink()
     with pytest.raises(ValueError, match="kl16.ckpt"):
-        mar_family.load_pipeline(str(d), d)
+        mar_pipeline(str(d), d)

@@ -10,6 +10,7 @@ import torch
 
 import specvis as sv
 from specvis import memory
+from specvis.families.prompts import token_ids
 from specvis.models.base import storage_dtype
 
 
@@ -80,7 +81,7 @@ def test_a_call_that_does_not_fit_stops_before_any_forward(monkeypatch, name, kw
     the check skipped or inverted, the largest batch off by one."""
     pipe = sv.load(name)
     method = sv.SJD(window=16)
-    widest = len(pipe._ids(["cat"], "prompts", *pipe.grid)[0]) if name == "emoji-t2i" else None
+    widest = len(token_ids(pipe, ["cat"], "prompts", *pipe.grid)[0]) if name == "emoji-t2i" else None
     p3 = pipe.memory(3, method, prompt_tokens=widest)
     p4 = pipe.memory(4, method, prompt_tokens=widest)
     budget = (p3.needed_bytes + p4.needed_bytes) // 2

@@ -53,15 +53,16 @@ def load_decoder(directory: str | Path, height: int | None = None, width: int | 
     return family.load(Path(directory), config, height, width, device=device, dtype=dtype, quantize=quantize)
 
 
-def load_pipeline(name: str | Path, draft: str | Path | None = None, drafter: str | Path | None = None, *,
-                  device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
-                  quantize: str | None = None):
-    """The pipeline of a checkpoint directory or Hugging Face Hub id (``specvis.hub``), by its family
-    (``Family.load_pipeline``), with an optional draft checkpoint of the same family and an optional
-    EAGLE head trained for this checkpoint (``drafter``)."""
+def pipeline_fields(name: str | Path, draft: str | Path | None = None, drafter: str | Path | None = None, *,
+                    device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                    quantize: str | None = None) -> dict:
+    """The ``Pipeline`` fields (its keyword arguments: ``zoo.load_pipeline`` builds it) of a
+    checkpoint directory or Hugging Face Hub id (``specvis.hub``), by its family (``Family.pipeline_fields``),
+    with an optional draft checkpoint of the same family and an optional EAGLE head trained for this
+    checkpoint (``drafter``)."""
     from ..hub import resolve_model_dir
 
     directory = Path(resolve_model_dir(str(name)))
     family, _ = detect(directory)
-    return family.load_pipeline(name, directory, draft=draft, drafter=drafter, device=device, dtype=dtype,
-                                quantize=quantize)
+    return family.pipeline_fields(name, directory, draft=draft, drafter=drafter, device=device, dtype=dtype,
+                                  quantize=quantize)

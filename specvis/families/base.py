@@ -5,24 +5,27 @@ A family says what its checkpoints are (``name``; ``conditioning``: "class" ids,
 the checkpoint's own processor, or "caption" states of a separate text encoder; ``tokens``: "discrete"
 codes or "continuous" latents), how to recognise a directory (``matches(config)`` on its config.json,
 or ``matches_dir`` for releases without one), how to load it (``load``: the model built on the meta
-device and its weights streamed in; ``load_pipeline``: the pipeline around it), its official prompt
-template (``encode``, ``negative``), prompt text conventions (``prompt_processor``,
+device and its weights streamed in; ``pipeline_fields``: the fields of the ``Pipeline`` around it),
+its official prompt template (``encode``, ``negative``), prompt text conventions (``prompt_processor``,
 ``positive_suffix``), its official sampling defaults (``sampling``) and its image decoder
 (``image_decoder``). Every capability is an attribute or method of the base with a default, so
 callers never probe a family with ``hasattr``.
 
-The one ``Pipeline`` asks its model's family what differs between models (``check_request``,
+The one ``Pipeline`` (``specvis.pipeline``, above this package: no family imports it) asks its
+model's family what differs between models (``check_request``,
 ``check_method``, ``condition``, ``check_memory``, ``run``, ``to_images``/``images_of``, ``codebook``,
 ``decoder``, ``resident``, ``memory``, ``configure``, ``set_grid``, ``num_classes``): the base gives a
-text-conditioned, KV-cached, discrete-token model's answers; ``ClassFamily`` a class-conditional one's
-(the embedded bundles: ``families.embedded``; MAR: ``families.mar``).
+text-conditioned, KV-cached, discrete-token model's answers (``families.prompts``: text prompts;
+``families.kv_cache``: configure, plan, run); ``ClassFamily`` a class-conditional one's (the embedded
+bundles: ``families.embedded``; MAR: ``families.mar``).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Literal
 
 import torch
 
@@ -34,12 +37,32 @@ from ..models.decoder import PromptDecoder
 from ..models.loading import (config_dtype, empty_parameters, load_safetensors, resolve, safetensors_dtype,
                               safetensors_index)
 from ..models.quantize import quantize_linears, streaming_quantizer
-from ..pipeline import (Conditioning, Pipeline, Request, Tokens, check_class_call, configure_models,
-                        generate_with_kv_cache, memory_plan, rule_needs)
 from ..sampling import Sampling
 from ..viz import to_pil
 from .hf import check_text_size, read_json, weight_files
+from .kv_cache import check_memory, configure_models, memory_plan, rule_needs, run_cached
+from .prompts import check_lengths, conditions
 
+Conditioning = Literal["class", "text", "caption"]
+Tokens = Literal["discrete", "continuous"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """A pipeline call's conditioning arguments as given: what the model's family reads (class ids, or
+    prompts, negative prompts, grid and positive suffix) and the sampler options of an ordered model
+    (MAR's ``num_iter``, ``cfg_schedule``). ``batch_size`` (continuous batching: samples decoded at once,
+    ``generate(batch_size=)``) is checked already."""
+
+    classes: Any = None
+    prompts: Any = None
+    negative_prompts: Any = None
+    height: int | None = None
+    width: int | None = None
+    positive_suffix: bool = True
+    num_iter: int | None = None
+    cfg_schedule: str | None = None
+    batch_size: int | None = None
 
 
 class Family:
@@ -111,16 +134,16 @@ class Family:
         model.dtype_source = why
         return model.eval()
 
-    def load_pipeline(self, name: str | Path, directory: Path, draft=None, drafter=None, *,
-                      device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
-                      quantize: str | None = None):
-        """The ``Pipeline`` of a checkpoint directory of this family, with an optional draft
-        checkpoint of the same family (same tokenizer, same image vocabulary) and an optional EAGLE
-        head trained for this checkpoint (``specvis train-drafter --model``: its ``--out`` directory or
-        the ``final/`` head in it; a Hub id works too). All are loaded on ``device`` in ``dtype``
+    def pipeline_fields(self, name: str | Path, directory: Path, draft=None, drafter=None, *,
+                        device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                        quantize: str | None = None) -> dict[str, Any]:
+        """The ``Pipeline`` fields (its keyword arguments; ``sv.load`` builds it) of a checkpoint directory
+        of this family, with an optional draft checkpoint of the same family (same tokenizer, same image
+        vocabulary) and an optional EAGLE head trained for this checkpoint (``specvis train-drafter
+        --model``: its ``--out`` directory or the ``final/`` head in it; a Hub id works too). All are loaded on ``device`` in ``dtype``
         (None: the target checkpoint's default, ``models.loading.default_dtype``; the draft and the
         head follow the target); ``quantize="int8"``: the target's and the draft's block linears in
-        int8 (``models.quantize``). Families with their own pipeline override this."""
+        int8 (``models.quantize``). Families with their own file format override this."""
         from ..hub import resolve_model_dir
 
         config = read_json(Path(directory) / "config.json")
@@ -141,9 +164,9 @@ class Family:
         extras = {"grid": grid, "family": self.name, "directory": str(directory), "dtype_source": target.dtype_source}
         if draft is not None:
             extras["draft"] = display_name(draft, draft_dir)
-        return Pipeline(display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
-                        directory=directory, family=self, default_sampling=Sampling(**self.sampling(directory, config)),
-                        extras=extras)
+        return dict(name=display_name(name, directory), target=target, tokenizer=None, draft=draft_model,
+                    drafter=drafter_model, directory=directory, family=self,
+                    default_sampling=Sampling(**self.sampling(directory, config)), extras=extras)
 
     def draft_config(self, draft_dir: Path, directory: Path) -> dict | None:
         """The config.json of a draft directory (None: recognised by its files), checked to be of this
@@ -200,7 +223,7 @@ class Family:
         if pipe.target.unconditional_rule is not None:
             return pipe.target.unconditional(cond)
         rows = self.negative(pipe.processor, len(cond), height, width, pipe.target)
-        pipe.check_lengths(rows, "negative_prompts")
+        check_lengths(pipe, rows, "negative_prompts")
         return self.prefix(pipe, rows)
 
     def decode_images(self, decoder, codes: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -243,27 +266,27 @@ class Family:
 
     def condition(self, pipe, request: Request, sampling: Sampling) -> Condition:
         """The call's ``Condition``: the prompts' rows and their CFG rows on the grid asked for
-        (``Pipeline.conditions``: template, positive suffix, negative or official unconditional prompts)."""
-        return pipe.conditions(request.prompts, request.negative_prompts, sampling, request.height, request.width,
-                               request.positive_suffix)
+        (``prompts.conditions``: template, positive suffix, negative or official unconditional prompts)."""
+        return conditions(pipe, request.prompts, request.negative_prompts, sampling, request.height, request.width,
+                          request.positive_suffix)
 
     def check_memory(self, pipe, condition: Condition, method, sampling: Sampling, refill: bool = False):
-        """The memory plan of the call (``Pipeline.check_memory``): a one-line error when it does not fit."""
-        return pipe.check_memory(condition, method, sampling, refill)
+        """The memory plan of the call (``kv_cache.check_memory``): a one-line error when it does not fit."""
+        return check_memory(pipe, condition, method, sampling, refill)
 
     def run(self, pipe, condition: Condition, request: Request, method, sampling: Sampling, seed: int,
             progress) -> Generation:
         """The generation: ``specvis.generate`` through the tuner, with the codebook the rule needs."""
-        return generate_with_kv_cache(pipe, condition, method, sampling, seed, self.rule_codebook(pipe, method), progress,
-                                      request.batch_size)
+        return run_cached(pipe, condition, method, sampling, seed, self.rule_codebook(pipe, method), progress,
+                          request.batch_size)
 
     def rule_codebook(self, pipe, method) -> torch.Tensor | None:
         """The codebook the method's acceptance rule gets: the VQ's, loaded only for a rule that needs it (LANTERN)."""
-        return pipe.codebook if "codebook" in rule_needs(method) else None
+        return self.codebook(pipe) if "codebook" in rule_needs(method) else None
 
     def codebook(self, pipe) -> torch.Tensor | None:
         """The code vectors of the image decoder (``Pipeline.codebook``)."""
-        return pipe.decoder.codebook
+        return self.decoder(pipe).codebook
 
     def decoder(self, pipe):
         """The checkpoint's image decoder (``image_decoder``: ``decode(codes, height, width)``, ``codebook``),
@@ -283,12 +306,12 @@ class Family:
     def to_images(self, pipe, codes: torch.Tensor) -> list:
         """PIL images of codes (B, H*W) on the grid last generated (the native one before any call)."""
         L = pipe.target.layout
-        return to_pil(self.decode_images(pipe.decoder, codes.to(pipe.device), L.height, L.width))
+        return to_pil(self.decode_images(self.decoder(pipe), codes.to(pipe.device), L.height, L.width))
 
     def images_of(self, pipe, out: Generation) -> list:
         """PIL images of a ``Generation`` of this family's pipeline: its codes, or its latents for a
         continuous-token family (``tokens``)."""
-        return pipe.to_images(out.latents if self.tokens == "continuous" else out.tokens)
+        return self.to_images(pipe, out.latents if self.tokens == "continuous" else out.tokens)
 
     def num_classes(self, pipe) -> int:
         """Classes of ``pipe(classes=...)``: none for prompt-conditioned models."""
@@ -296,11 +319,11 @@ class Family:
 
     def memory(self, pipe, batch_size: int, method, sampling: Sampling | None, prompt_tokens: int | None,
                refill: bool = False):
-        """``Pipeline.memory``: the KV-cache plan (``pipeline.memory_plan``)."""
+        """``Pipeline.memory`` of checked arguments: the KV-cache plan (``kv_cache.memory_plan``)."""
         return memory_plan(pipe, batch_size, method, sampling, prompt_tokens, refill)
 
     def configure(self, pipe, dtype, compile: bool | str, graphs: bool | None) -> None:
-        """``Pipeline.configure``: dtype, compile, captured rounds, CPU linear layouts (``pipeline.configure_models``)."""
+        """``Pipeline.configure``: dtype, compile, captured rounds, CPU linear layouts (``kv_cache.configure_models``)."""
         configure_models(pipe, dtype, compile, graphs)
 
     def set_grid(self, pipe, height: int | None, width: int | None) -> tuple[int, int]:
@@ -332,22 +355,27 @@ class ClassFamily(Family):
     conditioning = "class"
 
     def check_request(self, pipe, request: Request) -> None:
-        check_class_call(pipe.name, request.classes, request.prompts, request.negative_prompts, request.height,
-                         request.width)
+        """Classes, no prompts, the model's own grid; the class ids themselves are checked once, by ``condition``."""
+        if request.prompts is not None or request.negative_prompts is not None:
+            raise ValueError(f"model {pipe.name} is class-conditional: give classes=, not prompts=")
+        if request.height is not None or request.width is not None:
+            raise ValueError(f"model {pipe.name} has a fixed grid: height/width cannot be set")
+        if request.classes is None:
+            raise ValueError(f"model {pipe.name} is class-conditional: give classes=[...]")
         self.check_sampler_options(pipe, request)
 
     def condition(self, pipe, request: Request, sampling: Sampling) -> Condition:
         """Class ids in 0 .. num_classes - 1 on the pipeline's device (the model's null class is the CFG row)."""
-        ids = checks.class_ids(request.classes, pipe.num_classes)
+        ids = checks.class_ids(request.classes, self.num_classes(pipe))
         return Condition(torch.as_tensor(ids, dtype=torch.long, device=pipe.device))
 
     def run(self, pipe, condition: Condition, request: Request, method, sampling: Sampling, seed: int,
             progress) -> Generation:
-        return generate_with_kv_cache(pipe, condition.cond, method, sampling, seed, self.rule_codebook(pipe, method),
-                                      progress, request.batch_size)
+        return run_cached(pipe, condition.cond, method, sampling, seed, self.rule_codebook(pipe, method), progress,
+                          request.batch_size)
 
     def rule_codebook(self, pipe, method) -> torch.Tensor | None:
-        return pipe.codebook  # the tokenizer's, in memory already
+        return self.codebook(pipe)  # the tokenizer's, in memory already
 
     def codebook(self, pipe) -> torch.Tensor | None:
         return pipe.tokenizer.codebook
@@ -397,10 +425,10 @@ def display_name(name: str | Path, directory: Path) -> str:
 
 class OwnFormatFamily(Family):
     """A family with its own file format and model class (LlamaGen t2i, MAR): ``read_model`` and
-    ``read_pipeline`` are its module's loaders (``specvis.load`` quantizes a pipeline's models afterwards)."""
+    ``read_fields`` are its module's loaders (``specvis.load`` quantizes a pipeline's models afterwards)."""
 
     read_model: ClassVar[Callable[..., Any]]
-    read_pipeline: ClassVar[Callable[..., Any]]
+    read_fields: ClassVar[Callable[..., dict[str, Any]]]
 
     def load(self, directory: Path, config: dict | None, height: int | None = None, width: int | None = None, *,
              device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None, quantize: str | None = None):
@@ -410,6 +438,6 @@ class OwnFormatFamily(Family):
             quantize_linears(model)
         return model
 
-    def load_pipeline(self, name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
-                      dtype: str | torch.dtype | None = None, quantize: str | None = None):
-        return self.read_pipeline(name, directory, draft, drafter, device=device, dtype=dtype)
+    def pipeline_fields(self, name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
+                        dtype: str | torch.dtype | None = None, quantize: str | None = None) -> dict[str, Any]:
+        return self.read_fields(name, directory, draft, drafter, device=device, dtype=dtype)

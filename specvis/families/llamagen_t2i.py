@@ -39,7 +39,6 @@ import torch
 
 from ..checks import one_line
 from ..models.base import Captions
-from ..pipeline import Pipeline
 from .base import OwnFormatFamily, display_name
 from .hf import read_json
 from .llamagen_caption import clean_caption
@@ -159,9 +158,9 @@ def load_decoder(directory: Path, height: int | None = None, width: int | None =
     return model
 
 
-def load_pipeline(name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
-                  dtype: str | torch.dtype | None = None) -> Pipeline:
-    """The ``Pipeline`` of captions: the target's GPT now (and the draft's, in the target's dtype); flan-t5
+def pipeline_fields(name, directory: Path, draft=None, drafter=None, *, device: str | torch.device = "cpu",
+                    dtype: str | torch.dtype | None = None) -> dict:
+    """The ``Pipeline`` fields (its keyword arguments) of captions: the target's GPT now (and the draft's, in the target's dtype); flan-t5
     and the VQ checked now, loaded on first use (flan-t5 in the GPT's dtype, on its device)."""
     from ..hub import resolve_model_dir
 
@@ -187,9 +186,9 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, *, device: st
     extras = {"grid": grid, "family": NAME, "directory": str(directory), "dtype_source": target.dtype_source}
     if draft is not None:
         extras["draft"] = display_name(draft, draft_dir)
-    return Pipeline(display_name(name, directory), target, None, draft=draft_model, drafter=drafter_model,
-                    directory=directory, family=FAMILY, default_sampling=Sampling(**DEFAULT_SAMPLING),
-                    extras=extras)
+    return dict(name=display_name(name, directory), target=target, tokenizer=None, draft=draft_model,
+                drafter=drafter_model, directory=directory, family=FAMILY,
+                default_sampling=Sampling(**DEFAULT_SAMPLING), extras=extras)
 
 
 def check_draft(draft, target, draft_dir, directory) -> None:
@@ -273,7 +272,7 @@ class LlamaGenT2IFamily(OwnFormatFamily):
     image_decoder = staticmethod(load_vq)
 
     read_model = staticmethod(load_decoder)
-    read_pipeline = staticmethod(load_pipeline)
+    read_fields = staticmethod(pipeline_fields)
 
     def native_grid(self, directory: Path, config: dict | None) -> tuple[int, int]:
         return native_grid(Path(directory), gpt_file(Path(directory)))

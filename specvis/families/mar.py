@@ -22,16 +22,16 @@ from pathlib import Path
 import torch
 
 from .. import checks
-from ..generate import generate
+from ..generate import generate_checked
 from ..methods.ar import AR
 from ..methods.cspd import CSpD
 from ..methods.laws import ContinuousLaw, GuidedHead
+from ..models.loading import requested_dtype
 from ..models.mar import CHECKPOINT_NAME as CHECKPOINT
 from ..models.mar import cfg_scales, mask_schedule
-from ..pipeline import Pipeline, Request, resolve_dtype
 from ..sampling import Sampling
 from ..viz import to_pil
-from .base import ClassFamily, OwnFormatFamily
+from .base import ClassFamily, OwnFormatFamily, Request
 
 NAME = "mar"
 VAE_NAME = "kl16.ckpt"
@@ -133,9 +133,6 @@ def check_draft(target, draft) -> None:
             raise ValueError(f"the MAR draft's {what} {b} differs from the target's {a}")
 
 
-MARPipeline = Pipeline  # another name of the one pipeline class: a MAR directory's pipeline is a Pipeline of FAMILY
-
-
 class SphereLatentDecoder(torch.nn.Module):
     """A VQ as MAR's image decoder when MAR's tokens are the VQ's L2-normalised pre-quantisation latents
     (the emoji MAR, trained on ``tokenize --latents``): ``decode(z)`` with z (B, d, h, w) projects each
@@ -153,12 +150,13 @@ class SphereLatentDecoder(torch.nn.Module):
         return self.vq.decode_continuous(z.flatten(2).transpose(1, 2))
 
 
-def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None, *, device: str | torch.device = "cpu",
-                  dtype: str | torch.dtype | None = None) -> Pipeline:
-    """``sv.load(dir)`` of a MAR directory; ``draft``: a MAR directory, checkpoint file or ``MAR``;
-    ``vae``: the image decoder (``decode(latents (B, E, h, w))``; default: the KL-16 found by
-    ``find_vae``, fp32). MAR and its draft are loaded on ``device`` in ``dtype`` (None: the
-    checkpoint's default, ``models.loading.default_dtype``; the draft follows the target)."""
+def pipeline_fields(name, directory: Path, draft=None, drafter=None, vae=None, *, device: str | torch.device = "cpu",
+                    dtype: str | torch.dtype | None = None) -> dict:
+    """The ``Pipeline`` fields (its keyword arguments) of ``sv.load(dir)`` of a MAR directory; ``draft``:
+    a MAR directory, checkpoint file or ``MAR``; ``vae``: the image decoder (``decode(latents (B, E, h,
+    w))``; default: the KL-16 found by ``find_vae``, fp32). MAR and its draft are loaded on ``device``
+    in ``dtype`` (None: the checkpoint's default, ``models.loading.default_dtype``; the draft follows
+    the target)."""
     from ..models.kl_vae import KLVAE
     from ..models.mar import DEFAULT_CFG
 
@@ -183,11 +181,11 @@ def load_pipeline(name, directory: Path, draft=None, drafter=None, vae=None, *, 
     if vae.embed_dim != model.config.vae_embed_dim:
         raise ValueError(f"{directory}: the VAE has {vae.embed_dim} latent channels, MAR expects {model.config.vae_embed_dim}")
     cfg = DEFAULT_CFG.get(model.config.model, 1.0)
-    return Pipeline(directory.name, model, vae, default_sampling=Sampling(cfg_scale=cfg, temperature=1.0),
-                    extras={"family": NAME, "directory": str(directory), "grid": (model.seq_h, model.seq_w),
-                            "dtype_source": model.dtype_source},
-                    class_names=[f"class{i}" for i in range(model.num_classes)], draft=draft, num_iter=64,
-                    family=FAMILY)
+    return dict(name=directory.name, target=model, tokenizer=vae,
+                default_sampling=Sampling(cfg_scale=cfg, temperature=1.0),
+                extras={"family": NAME, "directory": str(directory), "grid": (model.seq_h, model.seq_w),
+                        "dtype_source": model.dtype_source},
+                class_names=[f"class{i}" for i in range(model.num_classes)], draft=draft, num_iter=64, family=FAMILY)
 
 
 class MARFamily(OwnFormatFamily, ClassFamily):
@@ -203,7 +201,7 @@ class MARFamily(OwnFormatFamily, ClassFamily):
     matches_dir = staticmethod(matches_dir)
 
     read_model = staticmethod(load_decoder)
-    read_pipeline = staticmethod(load_pipeline)
+    read_fields = staticmethod(pipeline_fields)
 
     def image_decoder(self, directory: Path, device: str | torch.device = "cpu"):
         from ..models.kl_vae import KLVAE
@@ -214,11 +212,16 @@ class MARFamily(OwnFormatFamily, ClassFamily):
         return pipe.target.num_classes
 
     def check_sampler_options(self, pipe, request: Request) -> None:
-        """MAR's sampler takes ``num_iter`` and ``cfg_schedule`` (checked when it runs); it decodes every
-        image of a call at once (its rows are not refilled): ``batch_size`` below the images is refused."""
-        if request.batch_size is not None and request.batch_size < len(checks.class_ids(request.classes, pipe.num_classes)):
+        """MAR's sampler takes ``num_iter`` and ``cfg_schedule`` (checked when it runs)."""
+
+    def condition(self, pipe, request: Request, sampling: Sampling):
+        """The class ids (``ClassFamily.condition``); MAR decodes every image of a call at once (its rows
+        are not refilled): ``batch_size`` below the images is refused."""
+        condition = super().condition(pipe, request, sampling)
+        if request.batch_size is not None and request.batch_size < condition.batch:
             raise ValueError(f"batch_size {request.batch_size}: model {pipe.name} (MAR) decodes every image of a call "
                              "at once and does not refill rows; leave batch_size out (--batch-size) or call it per batch")
+        return condition
 
     def check_method(self, pipe, method, sampling: Sampling) -> None:
         """MAR's ordered sampler runs AR and CSpD (continuous tokens); top-k/top-p do not apply."""
@@ -239,19 +242,20 @@ class MARFamily(OwnFormatFamily, ClassFamily):
     def configure(self, pipe, dtype, compile: bool | str, graphs: bool | None) -> None:
         """The target's and the draft's dtype only (no cached block stacks to compile, no captured rounds)."""
         if dtype is not None:
-            pipe.target.to(dtype=resolve_dtype(dtype))
+            pipe.target.to(dtype=requested_dtype(dtype))
             if pipe.draft is not None:
-                pipe.draft.to(dtype=resolve_dtype(dtype))
+                pipe.draft.to(dtype=requested_dtype(dtype))
 
     def run(self, pipe, condition, request: Request, method, sampling: Sampling, seed: int, progress):
-        """MAR's ordered sampler (``MARReveal``) through ``specvis.generate``: AR, or CSpD with the draft."""
+        """MAR's ordered sampler (``MARReveal``) through ``specvis.generate`` (the call's arguments checked
+        already: ``generate_checked``): AR, or CSpD with the draft."""
         # steps past the stream's length reveal nothing and cost no forward, only the schedule's loop
         num_iter = checks.integer(pipe.num_iter if request.num_iter is None else request.num_iter, "num_iter", 1,
                                   MAX_NUM_ITER)
         reveal = MARReveal(num_iter, request.cfg_schedule or pipe.cfg_schedule)
-        return generate(pipe.target, condition.cond, AR() if method is None else method, sampling, seed,
-                        draft=pipe.draft if isinstance(method, CSpD) else None, progress=progress, ordered=reveal,
-                        batch_size=request.batch_size)
+        return generate_checked(pipe.target, condition.cond, AR() if method is None else method, sampling, seed,
+                                draft=pipe.draft if isinstance(method, CSpD) else None, progress=progress,
+                                ordered=reveal, batch_size=request.batch_size)
 
     def codebook(self, pipe) -> None:
         return None

@@ -249,7 +249,7 @@ class PromptData:
     """A text-to-image checkpoint (``--model``) and samples it generated from prompts (module docstring)."""
 
     def __init__(self, args: argparse.Namespace, out: Path) -> None:
-        from specvis.families import load_pipeline
+        from specvis.zoo import load_pipeline
 
         pipe = load_pipeline(args.model, device=args.device, dtype="fp32")  # trained against fp32 features
         path = out / "samples.pt"
