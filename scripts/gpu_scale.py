@@ -729,16 +729,18 @@ def bench_block(run: Run, bundle: str, batch: int, mode: str) -> None:
     not under compile, where every new shape is a compile. The runs join ``report[bundle][batch]["runs"]``
     and their summary ``by_mode[mode]``."""
     from specvis.bench.report import set_speedups
-    from specvis.bench.runner import measure_cost_curve, run_bench
+    from specvis.bench.runner import Bench, measure_cost_curve, run_bench
+    from specvis.job import Job
 
     plan = run.plan
     model = plan.emoji_model if bundle == "emoji" else bundle
     pipe = sv.load(model, run.device, dtype=run.dtype, compile=mode == "compile", graphs=mode != "eager")
     specs = METHODS[bundle][:COMPILE_METHODS] if mode == "compile" else METHODS[bundle]
     prompts = t2i_prompts() if bundle == "emoji-t2i" else None
-    kw = dict(prompts=prompts, height=plan.t2i_grid, width=plan.t2i_grid) if prompts else {}
+    grid = dict(prompts=tuple(prompts), height=plan.t2i_grid, width=plan.t2i_grid) if prompts else {}
     num = plan.emoji_num[mode][batch]
-    rep = run_bench(pipe, specs, num, batch, seed=777, repeats=1, progress=False, metrics=[], warmup=plan.warmup, **kw)
+    rep = run_bench(pipe, Job(num=num, batch_size=batch, seed=777, **grid),
+                    Bench(specs=tuple(specs), repeats=1, metrics=(), warmup=plan.warmup), progress=False)
     if mode != "compile":  # one cost curve per bundle and batch, measured by its first block, reused after
         curves = run.report.setdefault("cost_curves", {})
         key = f"{bundle}:b{batch}"

@@ -33,18 +33,17 @@ import fcntl
 import json
 import os
 import sys
-import zipfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from .checks import SEED_LIMIT
 from .generate import keyed_method
 from .pipeline import call_sampling
-from .io import atomic_write, clean_stale_temps, read_text, write_text
-from .registry import describe
+from .io import clean_stale_temps, read_text
+from .job import Job
+from .outputs import write_json, write_npz, write_png, write_text
+from .registry import describe, method_argument
 from .shards import batches, shard_work
 
 __all__ = ["Dist", "init_distributed", "sample", "image_path", "write_npz"]
@@ -128,7 +127,7 @@ def _check_config(out: Path, config: dict[str, Any], dist: Dist) -> None:
     path = out / "config.json"
     if not path.exists():
         if dist.rank == 0:
-            write_text(path, json.dumps(config, indent=1))
+            write_json(path, config)
         return
     old = _read_json(path)
     if not isinstance(old, dict):
@@ -189,83 +188,119 @@ def _batch_stats(out, ids: list[int], seed: int) -> dict[str, Any]:
             "mean_accepted_length": s.mean_accepted_length, "wall_s": s.wall_s}
 
 
-def sample(pipe, method, sampling, out_dir: str | Path, *, num: int, batch_size: int, seed: int = 0,
-           classes: list[int] | None = None, prompts: list | None = None, height: int | None = None,
-           width: int | None = None, dist: Dist | None = None, model: str | None = None,
-           progress: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any] | None:
-    """Generate ``num`` images into ``out_dir`` (module docstring); this rank's share only. Returns
-    the merged stats on rank 0, None on the other ranks. ``classes`` (class-conditional) or
-    ``prompts`` (text-to-image): image i gets entry i mod len; classes default to every class."""
-    dist = dist or Dist()
-    log = log or (lambda line: print(line, flush=True))
-    if num < 1:
-        raise ValueError(f"--num must be >= 1, got {num}")
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    text = pipe.num_classes == 0
-    if text:
-        if classes:
+def _conditions(pipe, job: Job) -> tuple[list, tuple[int, int] | None]:
+    """The conditions image i takes entry i mod len of (``job.prompts``, or ``job.classes``: every
+    class when none) and the grid of a text-to-image job (None for class ids)."""
+    if pipe.num_classes == 0:
+        if job.classes:
             raise ValueError(f"model {pipe.name} is text-to-image: give --prompts FILE, not --class")
-        if not prompts:
+        if not job.prompts:
             raise ValueError(f"model {pipe.name} is text-to-image: give --prompts FILE (one prompt a line)")
-        conditions: list = list(prompts)
-        grid = pipe.set_grid(height, width)
-    else:
-        if prompts:
-            raise ValueError(f"model {pipe.name} is class-conditional: give --class N ..., not --prompts")
-        if height is not None or width is not None:
-            raise ValueError(f"model {pipe.name} is class-conditional: --height/--width do not apply")
-        conditions = list(range(pipe.num_classes)) if not classes else list(classes)
-        bad = [c for c in conditions if not 0 <= c < pipe.num_classes]
-        if bad:
-            raise ValueError(f"--class {bad[0]} is out of range; model {pipe.name} has classes 0..{pipe.num_classes - 1}")
-        grid = None
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: exists and is not a directory")
-    sampling = call_sampling(pipe, sampling)  # the noise resolved: keyed by default for discrete-token models
-    method = keyed_method(method, sampling)  # the rule it runs with (Coupled by default under keyed noise)
-    name, method_config, rule = describe(method)
-    config = {"model": model or pipe.name, "method": name, "config": method_config, "acceptance": rule,
-              "lossless": bool(method.lossless), "sampling": _asdict(sampling), "seed": seed,
-              "batch_size": batch_size, "num": num, "dtype": str(pipe.dtype).removeprefix("torch."),
-              **({"prompts": conditions, "height": grid[0], "width": grid[1]} if text else {"classes": conditions})}
-    n_batches = -(-num // batch_size)
-    if sampling.keyed and seed + num - 1 >= SEED_LIMIT:
+        return list(job.prompts), pipe.set_grid(job.height, job.width)
+    if job.prompts:
+        raise ValueError(f"model {pipe.name} is class-conditional: give --class N ..., not --prompts")
+    if job.height is not None or job.width is not None:
+        raise ValueError(f"model {pipe.name} is class-conditional: --height/--width do not apply")
+    conditions = list(range(pipe.num_classes)) if not job.classes else list(job.classes)
+    bad = [c for c in conditions if not 0 <= c < pipe.num_classes]
+    if bad:
+        raise ValueError(f"--class {bad[0]} is out of range; model {pipe.name} has classes 0..{pipe.num_classes - 1}")
+    return conditions, None
+
+
+def _check_seeds(seed: int, num: int, n_batches: int, keyed: bool) -> None:
+    """Every seed the run uses is a seed: image i's (seed + i) under keyed noise, batch j's (seed + j)."""
+    if keyed and seed + num - 1 >= SEED_LIMIT:
         raise ValueError(f"--seed {seed}: under keyed noise image i has seed + i, and image {num - 1} would pass "
                          f"2**64-1; give a seed <= {SEED_LIMIT - num}")
     if seed + n_batches - 1 >= SEED_LIMIT:
         raise ValueError(f"--seed {seed}: batch j runs with seed + j, and the last of {n_batches} batches would "
                          f"pass 2**64-1; give a seed <= {SEED_LIMIT - n_batches}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """One rank's part of a ``sample`` run: the job as run (method and sampling resolved), its
+    conditions and grid, the work list and this rank's batches of it."""
+
+    pipe: Any
+    job: Job
+    out: Path
+    config: dict[str, Any]
+    conditions: list
+    grid: tuple[int, int] | None
+    work: list
+    mine: list[int]
+    my_work: list
+    dist: Dist
+
+
+def sample(pipe, job: Job, *, dist: Dist | None = None, progress: bool = False,
+           log: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """Generate ``job.num`` images into the directory ``job.out`` (module docstring); this rank's
+    share only. Returns the merged stats on rank 0, None on the other ranks. ``job.classes``
+    (class-conditional; default every class) or ``job.prompts`` (text-to-image): image i gets entry
+    i mod len; batches of ``job.batch_size``, batch j seeded from ``job.seed`` (module docstring)."""
+    dist = dist or Dist()
+    log = log or (lambda line: print(line, flush=True))
+    num, batch_size, seed = job.num, job.batch_size, job.seed
+    if num is None or num < 1:
+        raise ValueError(f"--num must be >= 1, got {num}")
+    if batch_size is None or batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    if job.out is None:
+        raise ValueError("--out: give the output directory (Job.out)")
+    conditions, grid = _conditions(pipe, job)
+    out = Path(job.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a directory")
+    sampling = call_sampling(pipe, job.sampling)  # the noise resolved: keyed by default for discrete-token models
+    # None: AR; with the rule it runs with (Coupled by default under keyed noise)
+    method = keyed_method(method_argument(job.method), sampling)
+    name, method_config, rule = describe(method)
+    config = {"model": job.model or pipe.name, "method": name, "config": method_config, "acceptance": rule,
+              "lossless": bool(method.lossless), "sampling": _asdict(sampling), "seed": seed,
+              "batch_size": batch_size, "num": num, "dtype": str(pipe.dtype).removeprefix("torch."),
+              **({"prompts": conditions, "height": grid[0], "width": grid[1]} if grid else {"classes": conditions})}
+    _check_seeds(seed, num, -(-num // batch_size), sampling.keyed)
     work = batches(num, batch_size, len(conditions), seed, keyed=sampling.keyed)
     mine, my_work = shard_work(work, dist.world, dist.rank, allow_empty=True)
     (out / "images").mkdir(parents=True, exist_ok=True)
     (out / "stats").mkdir(parents=True, exist_ok=True)
+    run = _Run(pipe, dataclasses.replace(job, method=method, sampling=sampling), out, config, conditions, grid, work,
+               mine, my_work, dist)
     with _rank_lock(out, dist.rank):
-        return _sample_locked(pipe, method, sampling, out, config, work, mine, my_work, conditions, grid, text,
-                              num=num, batch_size=batch_size, dist=dist, progress=progress, log=log)
+        return _sample_locked(run, progress, log)
 
 
-def _sample_locked(pipe, method, sampling, out: Path, config: dict[str, Any], work, mine, my_work, conditions,
-                   grid, text: bool, *, num: int, batch_size: int, dist: Dist, progress: bool,
-                   log: Callable[[str], None]) -> dict[str, Any] | None:
+def _generate_batch(run: _Run, conds: list[int], seed: int):
+    """One batch of the work list: its conditions (indices into ``run.conditions``) at ``seed``."""
+    picked = [run.conditions[c] for c in conds]
+    batch = dataclasses.replace(run.job, num=None, batch_size=None, seed=seed, classes=None if run.grid else picked,
+                                prompts=picked if run.grid else None,
+                                height=run.grid[0] if run.grid else None, width=run.grid[1] if run.grid else None)
+    return batch.run(run.pipe)
+
+
+def _sample_locked(run: _Run, progress: bool, log: Callable[[str], None]) -> dict[str, Any] | None:
     """``sample``'s work once this rank holds its lock on ``out``."""
+    out, dist, batch_size = run.out, run.dist, run.job.batch_size
     _clean_temps(out)  # a killed run's temporaries
-    _check_config(out, config, dist)
+    _check_config(out, run.config, dist)
 
     # stats of my batches from earlier runs (any number of ranks), for the batches skipped now
     old: dict[int, dict] = {}
     for f in sorted((out / "stats").glob("rank*.json")):
         for j, st in ((_read_json(f) or {}).get("batches") or {}).items():
             old.setdefault(int(j), st)
-    mine_set = set(mine)
+    mine_set = set(run.mine)
     record = {j: st for j, st in old.items() if j in mine_set}
     generated = skipped = 0
     from .progress import ImageBar
 
-    bar = ImageBar(sum(len(c) for c, _ in my_work), pipe.target.layout.stream_len, f"sample rank {dist.rank}",
+    bar = ImageBar(sum(len(c) for c, _ in run.my_work), run.pipe.target.layout.stream_len, f"sample rank {dist.rank}",
                    enabled=progress and dist.rank == 0)
-    for j, (conds, s) in zip(mine, my_work):
+    for j, (conds, s) in zip(run.mine, run.my_work):
         first = j * batch_size
         ids = list(range(first, first + len(conds)))
         missing = [i for i in ids if not _complete(image_path(out, i))]
@@ -276,14 +311,9 @@ def _sample_locked(pipe, method, sampling, out: Path, config: dict[str, Any], wo
         for i in missing:
             if image_path(out, i).exists():
                 log(f"specvis: {image_path(out, i)} is damaged (an incomplete PNG): regenerating its batch")
-        if text:
-            gen = pipe(prompts=[conditions[c] for c in conds], method=method, sampling=sampling, seed=s,
-                       height=grid[0], width=grid[1])
-        else:
-            gen = pipe([conditions[c] for c in conds], method, sampling, seed=s)
+        gen = _generate_batch(run, conds, s)
         for i in missing:
-            im = gen.images[i - first]
-            atomic_write(image_path(out, i), lambda tmp, im=im: im.save(tmp, format="PNG"))
+            write_png(gen.images[i - first], image_path(out, i))
         generated += len(missing)
         record[j] = _batch_stats(gen, ids, s)
         _write_rank(out, dist, record)
@@ -294,9 +324,9 @@ def _sample_locked(pipe, method, sampling, out: Path, config: dict[str, Any], wo
     dist.barrier()
     if dist.rank != 0:
         return None
-    merged = _merge(out, config, len(work), dist.world, generated_here=generated, skipped_here=skipped)
-    merged["npz_shape"] = list(write_npz(out / "samples.npz", [image_path(out, i) for i in range(num)]))
-    write_text(out / "stats.json", json.dumps(merged, indent=1))
+    merged = _merge(out, run.config, len(run.work), dist.world, generated_here=generated, skipped_here=skipped)
+    merged["npz_shape"] = list(write_npz(out / "samples.npz", [image_path(out, i) for i in range(run.job.num)]))
+    write_json(out / "stats.json", merged)
     _clean_temps(out)
     return merged
 
@@ -325,40 +355,6 @@ def _merge(out: Path, config: dict[str, Any], n_batches: int, world: int, **coun
             "step_compression": mean("step_compression"), "mean_accepted_length": mean("mean_accepted_length"),
             "wall_s": wall, "images_per_s": n / wall if wall > 0 else float("nan"),
             "per_rank": per_rank, **{f"rank0_{k}": v for k, v in counts.items()}, "batches": sts}
-
-
-def write_npz(path: Path, pngs: list[Path]) -> tuple[int, ...]:
-    """``pngs`` as one uint8 (N, H, W, 3) array ``arr_0`` in an npz (what ``np.savez`` writes),
-    streamed one image at a time into a temp file, then renamed onto ``path``."""
-    from PIL import Image
-
-    def rgb(p: Path) -> np.ndarray:
-        try:
-            with Image.open(p) as im:
-                return np.asarray(im.convert("RGB"), dtype=np.uint8)
-        except FileNotFoundError:
-            raise ValueError(f"{p}: missing; rerun to regenerate it") from None
-        except (OSError, SyntaxError, ValueError) as e:  # PIL: truncated or not an image
-            raise ValueError(f"{p}: unreadable image ({' '.join(str(e).split())[:80]}); delete it and rerun "
-                             "to regenerate it") from None
-
-    first = rgb(pngs[0])
-    shape = (len(pngs), *first.shape)
-
-    def write(tmp: str) -> None:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-            with zf.open("arr_0.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)),
-                                                         "fortran_order": False, "shape": shape})
-                for p in pngs:
-                    a = first if p == pngs[0] else rgb(p)
-                    if a.shape != first.shape:
-                        raise ValueError(f"{p}: image is {a.shape[1]}x{a.shape[0]}, the first is "
-                                         f"{first.shape[1]}x{first.shape[0]}")
-                    f.write(np.ascontiguousarray(a).tobytes())
-
-    atomic_write(path, write)
-    return shape
 
 
 def _clean_temps(out: Path) -> None:

@@ -361,14 +361,15 @@ def test_probe_classes_spread_the_probe_over_the_workload(pipe, monkeypatch):
 
 
 def test_bench_probes_auto_on_its_workload(pipe, monkeypatch):
-    from specvis.bench.runner import run_bench
+    from specvis.bench.runner import Bench, run_bench
+    from specvis.job import Job
 
     made = []
     real = auto_mod.calibrate
     monkeypatch.setattr(auto_mod, "calibrate", lambda *a, **k: made.append(a[-1]) or real(*a, **k))
     monkeypatch.setattr(auto_mod, "measure_curve", curve_of(lambda kind, n: 1.0))
     monkeypatch.setattr(auto_mod, "PROBE_IMAGES", 1)
-    report = run_bench(pipe, ["auto"], num=3, batch_size=1, repeats=1, seed=0, cost_curve=False)
+    report = run_bench(pipe, Job(num=3, batch_size=1, seed=0), Bench(specs=["auto"], repeats=1, cost_curve=False))
     run = next(r for r in report["runs"] if r["method"] == "auto")
     assert made == [(0, 1, 2)] and run["config"]["probe_classes"] == [0, 1, 2]
     assert run["auto_choice"].startswith("auto: ")  # what it ran, and why

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import specvis.bench.runner as runner
+from specvis.bench.runner import Bench
+from specvis.job import Job
 from specvis.bench import quality
 from specvis.bench.quality import (ClassifierConfig, EmojiClassifier, FrechetMetric, QualitySource, build_metrics,
                                    frechet_distance)
@@ -76,32 +78,33 @@ def test_resume_skips_completed_runs(pipe, tmp_path, monkeypatch):
     path = tmp_path / "b.json"
     specs = ["speculative:gamma=2"]
     with pytest.raises(KeyboardInterrupt):  # interrupted in round 2, round 1 written
-        runner.run_bench(pipe, specs, 2, 2, repeats=2, progress=False, json_path=path)
+        runner.run_bench(pipe, Job(num=2, batch_size=2, out=path), Bench(specs=specs, repeats=2), progress=False)
     first = json.loads(path.read_text())
     assert [(r["method"], len(r["wall_s_repeats"])) for r in first["runs"]] == [("ar", 1), ("speculative", 1)]
 
     stop[0] = 0
     calls.clear()
-    report = runner.run_bench(pipe, specs, 2, 2, repeats=2, progress=False, json_path=path)
+    report = runner.run_bench(pipe, Job(num=2, batch_size=2, out=path), Bench(specs=specs, repeats=2), progress=False)
     assert calls == ["ar", "speculative"] * 2  # round 2 only
     assert [r["wall_s_repeats"][0] for r in report["runs"]] == [r["wall_s_repeats"][0] for r in first["runs"]]
     assert [len(r["wall_s_repeats"]) for r in json.loads(path.read_text())["runs"]] == [2, 2]
 
     calls.clear()
-    runner.run_bench(pipe, specs, 2, 2, repeats=2, progress=False, json_path=path)
+    runner.run_bench(pipe, Job(num=2, batch_size=2, out=path), Bench(specs=specs, repeats=2), progress=False)
     assert calls == []  # everything reused
-    runner.run_bench(pipe, specs, 2, 2, seed=1, progress=False, json_path=path)
+    runner.run_bench(pipe, Job(num=2, batch_size=2, seed=1, out=path), Bench(specs=specs), progress=False)
     assert len(calls) == 4  # another seed is another configuration
 
 
 def test_two_shards_merge_to_the_unsharded_report(pipe, tmp_path, monkeypatch):
     monkeypatch.setitem(quality.METRICS, "fake", fake_metric)
-    kw = dict(progress=False, metrics=["fake"])
     specs = ["speculative:gamma=2"]
-    runner.run_bench(pipe, specs, 8, 2, json_path=tmp_path / "all.json", **kw)
+    runner.run_bench(pipe, Job(num=8, batch_size=2, out=tmp_path / "all.json"), Bench(specs=specs, metrics=["fake"]),
+                     progress=False)
     parts = [tmp_path / f"s{i}.json" for i in range(2)]
     for i, p in enumerate(parts):
-        shard = runner.run_bench(pipe, specs, 8, 2, json_path=p, shards=2, shard_index=i, **kw)
+        shard = runner.run_bench(pipe, Job(num=8, batch_size=2, out=p),
+                                 Bench(specs=specs, metrics=["fake"], shards=2, shard_index=i), progress=False)
         assert shard["n_images"] == 4 and shard["runs"][0]["n_images"] == 4
     assert main(["bench", "--merge", *map(str, parts), "--json", str(tmp_path / "m.json")]) == 0
     merged = json.loads((tmp_path / "m.json").read_text())
@@ -119,16 +122,16 @@ def test_fake_extractor_metrics_and_no_quality_without_extractor(pipe, tmp_path,
     src = QualitySource(pipe)
     assert build_metrics(None, src, warnings.append) == []  # random-tiny ships no classifier: quiet, no quality
     assert build_metrics(["proxy", "nope"], src, warnings.append) == [] and len(warnings) == 2
-    report = runner.run_bench(pipe, [], 4, 1, progress=False)
+    report = runner.run_bench(pipe, Job(num=4, batch_size=1), Bench(specs=[]), progress=False)
     assert report["runs"][0]["quality"] == {}
 
     monkeypatch.setitem(quality.METRICS, "fake", fake_metric)
-    report = runner.run_bench(pipe, [], 8, 2, progress=False, metrics=["fake", "fid"])
+    report = runner.run_bench(pipe, Job(num=8, batch_size=2), Bench(specs=[], metrics=["fake", "fid"]), progress=False)
     q = report["runs"][0]["quality"]
     assert q["n_images"] == 8 and q["fake_fid"] > 0 and q["n_reference_fake_fid"] == 16
     assert len(q["fake_fid_groups"]) == 4 and q["fake_fid_std"] >= 0 and report["quality_groups"] == 4
     # 8 images in 2 batches of 4: 2 seed groups (one a batch), and the report says so
-    report = runner.run_bench(pipe, [], 8, 4, progress=False, metrics=["fake", "fid"])
+    report = runner.run_bench(pipe, Job(num=8, batch_size=4), Bench(specs=[], metrics=["fake", "fid"]), progress=False)
     assert len(report["runs"][0]["quality"]["fake_fid_groups"]) == report["quality_groups"] == 2
 
 
@@ -201,7 +204,8 @@ def test_train_classifier_smoke(tmp_path):
 
 def test_tree_runs_report_mean_tree_depth(pipe):
     """Method-specific Stats.extra figures (ADT-Tree's d-bar) reach the bench JSON."""
-    report = runner.run_bench(pipe, ["adt:total_tokens=8"], 2, 2, progress=False, metrics=[])
+    report = runner.run_bench(pipe, Job(num=2, batch_size=2),
+                              Bench(specs=["adt:total_tokens=8"], metrics=[]), progress=False)
     depth = report["runs"][1]["mean_tree_depth"]
     assert 1.0 <= depth <= 10.0
 
@@ -215,7 +219,8 @@ def test_repeats_interleave_across_methods_and_resume_adds_missing_passes(pipe, 
     real = runner._run
     monkeypatch.setattr(runner, "_run", lambda *a, **k: calls.append((a[2].name, a[4])) or real(*a, **k))
     path = tmp_path / "b.json"
-    report = runner.run_bench(pipe, ["speculative:gamma=2"], 4, 2, repeats=3, progress=False, json_path=path)
+    report = runner.run_bench(pipe, Job(num=4, batch_size=2, out=path),
+                              Bench(specs=["speculative:gamma=2"], repeats=3), progress=False)
     # (method, the batch's seed): under keyed noise, the default, batch j starts at image seed + j * batch size
     one_round = [("ar", 0), ("speculative", 0), ("ar", 0), ("speculative", 0), ("ar", 2), ("speculative", 2)]
     assert calls == one_round * 3
@@ -226,7 +231,8 @@ def test_repeats_interleave_across_methods_and_resume_adds_missing_passes(pipe, 
     assert [r["wall_s_repeats"] for r in stored] == [r["wall_s_repeats"] for r in report["runs"]]
 
     calls.clear()
-    again = runner.run_bench(pipe, ["speculative:gamma=2"], 4, 2, repeats=4, progress=False, json_path=path)
+    again = runner.run_bench(pipe, Job(num=4, batch_size=2, out=path),
+                             Bench(specs=["speculative:gamma=2"], repeats=4), progress=False)
     assert calls == one_round
     for old, new in zip(stored, again["runs"]):
         assert new["wall_s_repeats"][:3] == old["wall_s_repeats"] and len(new["wall_s_repeats"]) == 4
@@ -239,18 +245,19 @@ def test_continuous_runs_every_image_in_one_call_and_keeps_the_seed_groups(pipe,
     cut into the batches' seed groups, and a report key of its own (resume never mixes the two)."""
     monkeypatch.setitem(quality.METRICS, "fake", fake_metric)
     path = tmp_path / "c.json"
-    report = runner.run_bench(pipe, ["zipar:window=2"], 9, 2, progress=False, metrics=["fake"], json_path=path,
-                              continuous=True)
+    report = runner.run_bench(pipe, Job(num=9, batch_size=2, out=path),
+                              Bench(specs=["zipar:window=2"], metrics=["fake"], continuous=True), progress=False)
     L = pipe.target.layout.stream_len
     ar, zipar = report["runs"]
     assert report["continuous"] is True and ar["n_images"] == 9
     assert ar["target_forwards"] == 5 * L and ar["step_compression"] == pytest.approx(L * 9 / 2 / (5 * L))
     assert sum(ar["images_per_class"].values()) == 9
     assert zipar["step_compression"] > 1
-    plain = runner.run_bench(pipe, ["zipar:window=2"], 9, 2, progress=False, metrics=["fake"], json_path=path)
+    plain = runner.run_bench(pipe, Job(num=9, batch_size=2, out=path),
+                             Bench(specs=["zipar:window=2"], metrics=["fake"]), progress=False)
     assert "continuous" not in plain and plain["runs"][0]["target_forwards"] == 5 * L  # run afresh, per batch
     assert report["quality_groups"] == plain["quality_groups"] == 4
     groups = [len(r["quality"]["fake_fid_groups"]) for r in (ar, plain["runs"][0])]
     assert groups[0] == groups[1] == 3  # the last group's one image has no Frechet distance
     with pytest.raises(ValueError, match="takes no --shards"):
-        runner.run_bench(pipe, [], 9, 2, progress=False, continuous=True, shards=2)
+        runner.run_bench(pipe, Job(num=9, batch_size=2), Bench(specs=[], continuous=True, shards=2), progress=False)

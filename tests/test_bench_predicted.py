@@ -9,6 +9,8 @@ import fake_cuda
 import pytest
 
 import specvis.bench.runner as runner
+from specvis.bench.runner import Bench
+from specvis.job import Job
 from specvis.bench.report import (block_size_fields, curve_cost, markdown_table, merge_reports, predicted_time,
                                   set_speedups)
 from specvis.cli import main
@@ -67,7 +69,8 @@ def test_replayed_rounds_count_block_sizes_like_eager_ones(pipe, name, monkeypat
 
 
 def test_ar_predicted_speedup_is_one_and_efficiency_its_speedup(pipe):
-    report = runner.run_bench(pipe, [SPECS["sjd"]], 2, 2, progress=False, metrics=[], cost_curve=True)
+    report = runner.run_bench(pipe, Job(num=2, batch_size=2),
+                              Bench(specs=[SPECS["sjd"]], metrics=[], cost_curve=True), progress=False)
     ar, sjd = report["runs"]
     assert ar["target_block_sizes"] == {"1": 64 * 1}  # one batch of 2: 64 batched calls of 1 token
     assert ar["predicted_speedup"] == 1.0 and ar["efficiency"] == ar["speedup"] == 1.0
@@ -80,7 +83,8 @@ def test_ar_predicted_speedup_is_one_and_efficiency_its_speedup(pipe):
 def test_linear_cost_curve_gives_tokens_over_block_tokens(pipe):
     """cost(n) = n seconds: AR costs one per token (batch 1), SJD the tokens it fed; a draft model
     priced at n / 2 adds half its fed tokens."""
-    report = runner.run_bench(pipe, [SPECS["sjd"], SPECS["speculative"]], 2, 1, progress=False, metrics=[])
+    report = runner.run_bench(pipe, Job(num=2, batch_size=1),
+                              Bench(specs=[SPECS["sjd"], SPECS["speculative"]], metrics=[]), progress=False)
     ar, sjd, spec = report["runs"]
     assert "predicted_speedup" not in sjd  # no curve: no prediction
     report["cost_curve"] = {"target": [{"tokens": 1, "median_s": 1.0}, {"tokens": 2, "median_s": 2.0}],
@@ -114,38 +118,44 @@ def test_report_keeps_cost_curve_and_resume_reuses_it(pipe, tmp_path, monkeypatc
     calls = []
     real = runner.measure_curve
     monkeypatch.setattr(runner, "measure_curve", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
-    first = runner.run_bench(pipe, [SPECS["sjd"]], 2, 2, progress=False, metrics=[], json_path=path, cost_curve=True)
+    first = runner.run_bench(pipe, Job(num=2, batch_size=2, out=path),
+                             Bench(specs=[SPECS["sjd"]], metrics=[], cost_curve=True), progress=False)
     saved = json.loads(path.read_text())
     assert calls == [{"target": [1, W + 1]}]
     assert saved["cost_curve"] == first["cost_curve"] and saved["runs"][1]["target_block_sizes"]
     assert saved["runs"][1]["predicted_speedup"] == pytest.approx(first["runs"][1]["predicted_speedup"])
 
-    again = runner.run_bench(pipe, [SPECS["sjd"]], 2, 2, progress=False, metrics=[], json_path=path, cost_curve=True)
+    again = runner.run_bench(pipe, Job(num=2, batch_size=2, out=path),
+                             Bench(specs=[SPECS["sjd"]], metrics=[], cost_curve=True), progress=False)
     assert len(calls) == 1 and again["cost_curve"] == saved["cost_curve"]  # reused, not remeasured
     assert again["runs"][1]["predicted_speedup"] == pytest.approx(saved["runs"][1]["predicted_speedup"])
 
     # a method with sizes the curve lacks: measured afresh for all sizes the runs use
-    more = runner.run_bench(pipe, [SPECS["sjd"], SPECS["speculative"]], 2, 2, progress=False, metrics=[],
-                            json_path=path, cost_curve=True)
+    more = runner.run_bench(pipe, Job(num=2, batch_size=2, out=path),
+                            Bench(specs=[SPECS["sjd"], SPECS["speculative"]], metrics=[], cost_curve=True),
+                            progress=False)
     assert calls[1] == {"target": [1, G + 1, W + 1], "draft": [1, 2]}
     assert {r["tokens"] for r in more["cost_curve"]["draft"]} == {1, 2}
     # another batch size: the old curve does not apply; sampled after each of the two batches
-    runner.run_bench(pipe, [SPECS["sjd"]], 2, 1, progress=False, metrics=[], json_path=path, cost_curve=True)
+    runner.run_bench(pipe, Job(num=2, batch_size=1, out=path),
+                     Bench(specs=[SPECS["sjd"]], metrics=[], cost_curve=True), progress=False)
     assert len(calls) == 4
     # more repeats on a finished report: the added round samples its own curve, batch by batch
-    runner.run_bench(pipe, [SPECS["sjd"]], 2, 1, repeats=2, progress=False, metrics=[], json_path=path, cost_curve=True)
+    runner.run_bench(pipe, Job(num=2, batch_size=1, out=path),
+                     Bench(specs=[SPECS["sjd"]], repeats=2, metrics=[], cost_curve=True), progress=False)
     assert len(calls) == 6
     # a round of more batches than CURVE_SAMPLES_PER_ROUND: one sample every few batches, the last included
     calls.clear()
     n = runner.CURVE_SAMPLES_PER_ROUND + 3
-    runner.run_bench(pipe, ["ar"], n, 1, progress=False, metrics=[], cost_curve=True)
+    runner.run_bench(pipe, Job(num=n, batch_size=1), Bench(specs=["ar"], metrics=[], cost_curve=True), progress=False)
     assert len(calls) == n // 2 + 1
 
 
 def test_shards_merge_block_sizes_and_keep_the_curve(pipe, tmp_path):
-    kw = dict(progress=False, metrics=[], cost_curve=True)
     parts = [tmp_path / f"s{i}.json" for i in range(2)]
-    shards = [runner.run_bench(pipe, [SPECS["sjd"]], 4, 1, json_path=p, shards=2, shard_index=i, **kw)
+    shards = [runner.run_bench(pipe, Job(num=4, batch_size=1, out=p),
+                               Bench(specs=[SPECS["sjd"]], metrics=[], cost_curve=True, shards=2, shard_index=i),
+                               progress=False)
               for i, p in enumerate(parts)]
     merged = merge_reports(parts)
     sjd = merged["runs"][1]
@@ -187,9 +197,10 @@ def test_text_to_image_cost_curve_with_prompts_and_a_draft(tmp_path, family):
     d, dd = make(tmp_path / "t", seed=0), make(tmp_path / "d", seed=1)
     info = read_fixture(d)
     pipe = load(str(d), draft=str(dd))
-    report = runner.run_bench(pipe, [SPECS["sjd"], "speculative:gamma=2"], 2, 2, progress=False, metrics=[],
-                              prompts=["a red apple", "a cat"], height=info["height"], width=info["width"],
-                              cost_curve=True)
+    report = runner.run_bench(pipe, Job(num=2, batch_size=2, prompts=("a red apple", "a cat"), height=info["height"],
+                                  width=info["width"]),
+                              Bench(specs=[SPECS["sjd"], "speculative:gamma=2"], metrics=[], cost_curve=True),
+                              progress=False)
     curve = report["cost_curve"]
     assert {r["tokens"] for r in curve["target"]} == {1, 3, W + 1} and {r["tokens"] for r in curve["draft"]} == {1, 2}
     for r in report["runs"]:
@@ -212,7 +223,8 @@ def test_cost_curve_is_sampled_during_every_round_and_its_median_kept(pipe, monk
         return {kind: [{"tokens": n, "median_s": t * n} for n in sizes] for kind, sizes in need.items()}
 
     monkeypatch.setattr(runner, "measure_curve", fake)
-    report = runner.run_bench(pipe, [SPECS["sjd"]], 2, 2, repeats=3, progress=False, metrics=[], cost_curve=True)
+    report = runner.run_bench(pipe, Job(num=2, batch_size=2),
+                              Bench(specs=[SPECS["sjd"]], repeats=3, metrics=[], cost_curve=True), progress=False)
     assert len(calls) == 3
     assert report["cost_curve"]["target"] == [{"tokens": 1, "median_s": 2.0}, {"tokens": W + 1, "median_s": 2.0 * (W + 1)}]
     assert all(len(r["wall_s_repeats"]) == 3 for r in report["runs"])

@@ -55,7 +55,7 @@ def test_generate_speculative_counts_draft_forwards(tmp_path):
     (["generate", "--model", "random-tiny", "--gamma", "x"], "--gamma"),
     (["generate", "--model", "random-tiny", "--method", "warp"], "unknown method 'warp'"),
     (["generate", "--model", "random-tiny", "--method", "speculative", "--gamma", "0"], "gamma"),
-    (["generate", "--model", "random-tiny", "--batch-size", "0"], "--batch-size must be an integer in 1.."),
+    (["generate", "--model", "random-tiny", "--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
     (["bench", "--model", "random-tiny", "--num", "0"], "--num"),
 ])
 def test_bad_input_is_one_line(args, needle, tmp_path):

@@ -216,10 +216,13 @@ def test_every_bench_report_field_is_documented():
     docs/design/api.md does not describe; the method's own ``Stats.extra`` means are covered by the
     page's sentence on them."""
     from specvis.bench import runner
+    from specvis.bench.runner import Bench
+    from specvis.job import Job
 
     pipe = sv.load("emoji")
-    report = runner.run_bench(pipe, ["sjd:window=4", "adt:total_tokens=8"], 1, 1, progress=False, metrics=[],
-                              cost_curve=True)
+    report = runner.run_bench(pipe, Job(num=1, batch_size=1),
+                              Bench(specs=("sjd:window=4", "adt:total_tokens=8"), metrics=(), cost_curve=True),
+                              progress=False)
     documented = documented_bench_fields()
     missing = sorted(set(report) - documented)
     missing += sorted({k for r in report["runs"] for k in r} - documented)

@@ -103,14 +103,17 @@ def test_shipped_emoji_mar_pair_loads_and_samples():
 
 def test_bench_runs_mar_and_keys_num_iter(emoji_root, monkeypatch, tmp_path):
     from specvis.bench.quality import can_decode
-    from specvis.bench.runner import run_bench
+    from specvis.bench.runner import Bench, run_bench
+    from specvis.job import Job
 
     monkeypatch.setattr(zoo, "ASSETS", emoji_root[1])
     pipe = sv.load("emoji-mar")
     pipe.num_iter = 4
     assert can_decode(pipe)  # the quality proxy decodes MAR's tokens through its VAE
     path = tmp_path / "b.json"
-    rep = run_bench(pipe, ["ar", "cspd:gamma=2:prefill=0"], num=2, batch_size=2, progress=False, json_path=path)
+    rep = run_bench(pipe, Job(num=2, batch_size=2, out=path), Bench(specs=("ar", "cspd:gamma=2:prefill=0")),
+                    progress=False)
     assert rep["num_iter"] == 4 and [r["target_forwards"] for r in rep["runs"]] == [4, 3]
     pipe.num_iter = 5  # another sampler length is another run, not a resumed one
-    assert run_bench(pipe, ["ar"], num=2, batch_size=2, progress=False, json_path=path)["runs"][0]["target_forwards"] == 5
+    again = run_bench(pipe, Job(num=2, batch_size=2, out=path), Bench(specs=("ar",)), progress=False)
+    assert again["runs"][0]["target_forwards"] == 5

@@ -27,6 +27,7 @@ from specvis.cli import main
 from specvis.io import clean_stale_temps
 from specvis.methods import rounds
 from specvis.checks import one_line
+from specvis.job import Job
 from specvis.sample import sample
 
 T2I = Path(sv.__file__).parent / "assets" / "emoji_t2i" / "target"
@@ -123,7 +124,7 @@ def test_cli_numeric_flags(args, needle, tmp_path, capsys):
 def test_seeds_of_a_sample_run_stay_in_range(tiny, tmp_path):
     """Batch j runs with seed + j: the last batch's seed must be a valid one too."""
     with pytest.raises(ValueError, match="--seed"):
-        sample(tiny, sv.AR(), tiny.default_sampling, tmp_path / "s", num=4, batch_size=2, seed=2**64 - 1)
+        sample(tiny, Job(method=sv.AR(), num=4, batch_size=2, seed=2**64 - 1, out=str(tmp_path / "s")))
 
 
 # ---------------------------------------------------------------- the Python API's argument types
@@ -278,12 +279,12 @@ def test_concurrent_sample_on_one_directory(tiny, tmp_path):
     holder = _hold_lock(out / "stats" / "rank000.lock")
     try:
         with pytest.raises(ValueError, match=f"in use by another specvis sample \\(process {holder.pid}"):
-            sample(tiny, sv.AR(), tiny.default_sampling, out, num=4, batch_size=2)
+            sample(tiny, Job(method=sv.AR(), num=4, batch_size=2, out=str(out)))
         assert not list((out / "images").glob("*.png"))
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    stats = sample(tiny, sv.AR(), tiny.default_sampling, out, num=4, batch_size=2, log=lambda line: None)
+    stats = sample(tiny, Job(method=sv.AR(), num=4, batch_size=2, out=str(out)), log=lambda line: None)
     assert stats["batches_with_stats"] == stats["n_batches"] == 2
     with open(out / "stats" / "rank000.lock") as f:  # released at the end of the run
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -296,7 +297,7 @@ def test_damaged_files_in_a_sample_directory(tiny, tmp_path):
     seed-0 images under its own name); a truncated PNG is regenerated, byte-identical; a PNG damaged
     inside is named by the error; temporaries of dead processes go, a live process's stay."""
     out = tmp_path / "s"
-    run = lambda seed=0: sample(tiny, sv.AR(), tiny.default_sampling, out, num=6, batch_size=2, seed=seed,  # noqa: E731
+    run = lambda seed=0: sample(tiny, Job(method=sv.AR(), num=6, batch_size=2, seed=seed, out=str(out)),  # noqa: E731
                                 log=lambda line: None)
     run()
     png = out / "images" / "000003.png"

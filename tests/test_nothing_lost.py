@@ -302,12 +302,12 @@ def test_a_full_disk_names_out(tmp_path, capsys, monkeypatch):
     "No space left on device" with no flag."""
     import errno
 
-    import specvis.cli
+    import specvis.outputs
 
     def full(image, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(specvis.cli, "_save_png", full)
+    monkeypatch.setattr(specvis.outputs, "write_png", full)
     out = tmp_path / "o"
     assert main(["generate", "--model", "random-tiny", "--method", "ar", "--num", "1", "--out", str(out)]) == 2
     line = one_error_line(capsys)

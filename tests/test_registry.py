@@ -124,7 +124,7 @@ def script_specs(tmp_path: Path) -> list[str]:
 
 def sweep_specs(tmp_path: Path, monkeypatch) -> list[str]:
     specs = []
-    monkeypatch.setattr(sweeps, "run_bench", lambda pipe, s, *a, **k: specs.extend(s) or {"runs": []})
+    monkeypatch.setattr(sweeps, "run_bench", lambda pipe, job, bench, **k: specs.extend(bench.specs) or {"runs": []})
     sweeps.sjd_ablations(type("P", (), {"default_sampling": sv.Sampling()})(), tmp_path, 1, 1)
     sweeps.lantern_grid(type("P", (), {"default_sampling": sv.Sampling()})(), tmp_path, 1, 1)
     return sorted(set(specs))

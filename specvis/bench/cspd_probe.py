@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..diffusion import transition_log_density
-from ..io import write_text
+from ..outputs import write_text
 
 
 def _median(t: torch.Tensor) -> float:

@@ -14,7 +14,7 @@ import json
 import torch
 
 from ..cost import FILLS, KINDS, TIMED_CALLS, WARM_CALLS, CostProbe, measure  # noqa: F401 (names kept here)
-from ..io import write_text
+from ..outputs import write_text
 from ..zoo import load
 
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from ..io import atomic_write
+from ..outputs import write_figure
 from .report import run_labels
 
 
 def _save(fig, path: Path) -> None:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+    write_figure(fig, path, dpi=120, bbox_inches="tight")
 
 
 def _bars(plt, labels: list[str], values: list[float], ylabel: str, title: str, path: Path) -> None:

@@ -27,6 +27,7 @@ import torch
 from ..accept import Exact, RuleTables, normalise
 from ..gsd import GSD
 from ..lantern import Lantern
+from ..outputs import write_text
 
 V, CLASSES = 16, 3
 
@@ -178,8 +179,8 @@ def main(argv=None) -> None:
             "(a neighbour with q >> p inflates Q(C)). Static-tree rows: k draft tokens per node raise the\n"
             "acceptance and, for the relaxed rules, the distortion (each rejected sibling's residual is the next\n"
             "sibling's target, and the bound of ``BoundLantern.sibling_q`` adds one chain term per tried sibling).\n\n")
-    (out.with_suffix(".md")).write_text(head + markdown(rows))
-    (out.with_suffix(".json")).write_text(json.dumps({"V": V, "pairs": CLASSES * V, "rows": rows}, indent=1) + "\n")
+    write_text(out.with_suffix(".md"), head + markdown(rows))
+    write_text(out.with_suffix(".json"), json.dumps({"V": V, "pairs": CLASSES * V, "rows": rows}, indent=1) + "\n")
     print(markdown(rows))
 
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..cost import (BLOCK_FIELDS, forward_fields, at_span, block_size_fields, curve_cost,  # noqa: F401 (names kept here)
                     predicted_time)
-from ..io import atomic_write, read_text, write_text
+from ..io import read_text
+from ..outputs import write_arrays, write_text
 from .quality import seed_groups, summarize
 
 # report fields that, with a run's method/config/acceptance, identify a completed configuration
@@ -147,12 +148,7 @@ def save_observations(path: Path, refs: dict[str, np.ndarray], obs: dict[str, di
     arrays = {f"ref__{k}": v for k, v in refs.items()}
     for rid, d in obs.items():
         arrays.update({f"run__{rid}__{k}": v for k, v in d.items()})
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, **arrays)
-
-    atomic_write(path, write)
+    write_arrays(path, arrays)
 
 
 def load_observations(path: Path) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]]]:
@@ -250,6 +246,11 @@ def markdown_table(report: dict[str, Any]) -> str:
                 cell += f" ± {format(q[f'{key}_std'], fmt)}"
             cells.append(cell)
         rows.append("| " + " | ".join(cells) + " |")
+    return head + "\n".join(rows) + "\n" + _table_notes(report, n, bool(qcols), pcols, bool(fcols))
+
+
+def _table_notes(report: dict[str, Any], n: int, qcols: bool, pcols: bool, fcols: bool) -> str:
+    """What the table's quality, speedup, predicted-speedup and forward columns mean, for those it has."""
     note = ""
     per_batch = report.get("pass_order") == "interleaved per batch"
     if qcols:
@@ -277,7 +278,7 @@ def markdown_table(report: dict[str, Any]) -> str:
                  "median pass) over their price on the curve. Round efficiency: the run's share of wall-clock inside "
                  "forwards over AR's, per round (median): the speedup realised of what its forwards, as they ran, "
                  "allow. efficiency = round efficiency x AR's forwards / curve over the run's.\n")
-    return head + "\n".join(rows) + "\n" + note
+    return note
 
 
 # ------------------------------------------------------------------------------------------ merge
@@ -293,6 +294,62 @@ def _per_class_merge(runs: list[dict[str, Any]]) -> tuple[dict[str, list], dict[
             counts[c] = counts.get(c, 0) + k
     order = sorted(sums, key=int)
     return ({c: np.round(sums[c] / counts[c], 4).tolist() for c in order}, {c: counts[c] for c in order})
+
+
+def _ident(run: dict) -> str:
+    return json.dumps([run["method"], run["config"], run["acceptance"]], sort_keys=True)
+
+
+def _shard_runs(paths: list, reports: list[dict[str, Any]], run0: dict[str, Any]) -> list[tuple[dict, dict]]:
+    """(shard report, its run) of ``run0``'s method, config and rule in every shard."""
+    parts = []
+    for p, r in zip(paths, reports):
+        match = [x for x in r["runs"] if _ident(x) == _ident(run0)]
+        if not match:
+            raise ValueError(f"cannot merge: {p} lacks the run {run0['method']} {run0['config']}")
+        parts.append((r, match[0]))
+    return parts
+
+
+def _merged_counts(run0: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run from its shards' runs: counts, forwards by block size and wall-clock summed, per-image
+    means weighted by images, per-class accept maps merged; quality left to the caller."""
+    n = sum(int(x["n_images"]) for x in runs)
+    m = {k: run0[k] for k in ("method", "config", "acceptance", "lossless")}
+    m["n_images"] = n
+    for k in ("tokens", "target_forwards", "draft_forwards"):
+        m[k] = sum(int(x[k]) for x in runs)
+    m.update(block_size_fields(map(forward_fields, runs)))  # summed over the shards, spans weighted
+    for k in ("step_compression", "mean_accepted_length"):
+        m[k] = sum(x[k] * x["n_images"] for x in runs) / n
+    m["wall_s"] = sum(x["wall_s"] for x in runs)
+    m["wall_s_repeats"] = [sum(w) for w in zip(*(x.get("wall_s_repeats", [x["wall_s"]]) for x in runs))]
+    fwd = [x.get("forward_s_repeats") for x in runs]
+    if all(f and len(f) == len(m["wall_s_repeats"]) for f in fwd):
+        m["forward_s_repeats"] = [sum(f) for f in zip(*fwd)]
+    m["images_per_s"] = n / m["wall_s"] if m["wall_s"] > 0 else float("nan")
+    for k, v in run0.items():  # method-specific means (Stats.extra, e.g. mean_tree_depth), image-weighted
+        if k not in m and k not in TIMING_FIELDS and isinstance(v, float) \
+                and all(k in x for x in runs):
+            m[k] = sum(x[k] * x["n_images"] for x in runs) / n
+    m["quality"] = {}
+    m["accept_map_per_class"], m["images_per_class"] = _per_class_merge(runs)
+    return m
+
+
+def _mean_quality(q0: dict[str, Any], runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Quality of shards without observation files: the per-image means weighted by images; Frechet
+    figures, stds and seed groups dropped (they do not average)."""
+    out: dict[str, Any] = {}
+    frechet = {k[len("n_reference_"):] for k in q0 if k.startswith("n_reference_")}
+    for key in q0:
+        plain = key not in frechet and key != "n_images" and not key.startswith("n_reference_") \
+            and not key.endswith(("_std", "_groups"))
+        if plain and all(key in x.get("quality", {}) for x in runs):
+            out[key] = sum(x["quality"][key] * x["n_images"] for x in runs) / n
+    if out:
+        out["n_images"] = n
+    return out
 
 
 def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -> dict[str, Any]:
@@ -319,36 +376,9 @@ def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -
     all_refs: dict[str, np.ndarray] = {}
     all_obs: dict[str, dict[str, np.ndarray]] = {}
 
-    def ident(run: dict) -> str:
-        return json.dumps([run["method"], run["config"], run["acceptance"]], sort_keys=True)
-
     for run0 in first["runs"]:
-        parts = []
-        for p, r in zip(paths, reports):
-            match = [x for x in r["runs"] if ident(x) == ident(run0)]
-            if not match:
-                raise ValueError(f"cannot merge: {p} lacks the run {run0['method']} {run0['config']}")
-            parts.append((r, match[0]))
-        runs = [x for _, x in parts]
-        n = sum(int(x["n_images"]) for x in runs)
-        m = {k: run0[k] for k in ("method", "config", "acceptance", "lossless")}
-        m["n_images"] = n
-        for k in ("tokens", "target_forwards", "draft_forwards"):
-            m[k] = sum(int(x[k]) for x in runs)
-        m.update(block_size_fields(map(forward_fields, runs)))  # summed over the shards, spans weighted
-        for k in ("step_compression", "mean_accepted_length"):
-            m[k] = sum(x[k] * x["n_images"] for x in runs) / n
-        m["wall_s"] = sum(x["wall_s"] for x in runs)
-        m["wall_s_repeats"] = [sum(w) for w in zip(*(x.get("wall_s_repeats", [x["wall_s"]]) for x in runs))]
-        fwd = [x.get("forward_s_repeats") for x in runs]
-        if all(f and len(f) == len(m["wall_s_repeats"]) for f in fwd):
-            m["forward_s_repeats"] = [sum(f) for f in zip(*fwd)]
-        m["images_per_s"] = n / m["wall_s"] if m["wall_s"] > 0 else float("nan")
-        for k, v in run0.items():  # method-specific means (Stats.extra, e.g. mean_tree_depth), image-weighted
-            if k not in m and k not in TIMING_FIELDS and isinstance(v, float) \
-                    and all(k in x for x in runs):
-                m[k] = sum(x[k] * x["n_images"] for x in runs) / n
-        m["quality"] = {}
+        parts = _shard_runs(paths, reports, run0)
+        m = _merged_counts(run0, [x for _, x in parts])
         rid = key_id(run_key(merged, m))
         pieces = [side[1].get(key_id(run_key(r, x))) for side, (r, x) in zip(sides, parts)]
         if run0.get("quality") and all(pc is not None for pc in pieces):
@@ -361,16 +391,7 @@ def merge_reports(paths: list[str | Path], out_json: str | Path | None = None) -
             all_refs.update(refs)
             all_obs[rid] = obs
         elif run0.get("quality"):  # no observations: average the per-image means, drop Frechet figures
-            q0 = run0["quality"]
-            frechet = {k[len("n_reference_"):] for k in q0 if k.startswith("n_reference_")}
-            for key in q0:
-                plain = key not in frechet and key != "n_images" and not key.startswith("n_reference_") \
-                    and not key.endswith(("_std", "_groups"))
-                if plain and all(key in x.get("quality", {}) for x in runs):
-                    m["quality"][key] = sum(x["quality"][key] * x["n_images"] for x in runs) / n
-            if m["quality"]:
-                m["quality"]["n_images"] = n
-        m["accept_map_per_class"], m["images_per_class"] = _per_class_merge(runs)
+            m["quality"] = _mean_quality(run0["quality"], [x for _, x in parts], m["n_images"])
         merged["runs"].append(m)
     set_speedups(merged)
     if out_json is not None:

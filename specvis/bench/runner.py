@@ -24,6 +24,7 @@ from tqdm import tqdm
 from .. import __version__
 from ..cpu_features import cpu_description
 from ..generate import keyed_method
+from ..job import Job
 from ..pipeline import call_sampling
 from ..progress import ImageBar
 from ..registry import build_method, describe, parse_method_spec
@@ -34,7 +35,7 @@ from .forward_cost import cost_curve as measure_curve
 from .report import (BLOCK_FIELDS, MARKER, block_size_fields, key_id, load_observations, markdown_table, read_report, run_key,
                      save_observations, set_speedups, side_path, write_report)
 
-__all__ = ["batches", "shard_work", "run_bench", "markdown_table"]
+__all__ = ["batches", "shard_work", "Bench", "run_bench", "markdown_table"]
 
 def _accept_maps(per_batch: list[tuple[int, Any]], work: Work) -> tuple[dict[str, list], dict[str, int]]:
     """Per-class mean accept maps (rounded to 1e-4) and image counts."""
@@ -252,39 +253,37 @@ def _load_previous(json_path: Path | None, report: dict[str, Any]) -> tuple[dict
     return done, refs, obs
 
 
-def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, sampling: Sampling | None = None,
-              repeats: int = 1, acceptance: str | None = None, progress: bool = True,
-              on_run: Callable[[dict], None] | None = None, *, json_path: str | Path | None = None,
-              shards: int = 1, shard_index: int = 0, metrics: list[str] | None = None,
-              data_dir: str | Path | None = None, quality_groups: int = 4, warmup: str = "batch",
-              prompts: list | None = None, height: int | None = None, width: int | None = None,
-              cost_curve: bool = False, continuous: bool = False) -> dict[str, Any]:
-    """Benchmark ``specs`` (method specs such as ``"sjd:window=16"``) on ``pipe``; ``ar`` always runs first.
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """How ``run_bench`` runs a job: ``specs`` (method specs such as ``"sjd:window=16"``; ``ar`` always
+    runs first), ``repeats`` timed passes, the ``acceptance`` rule of the methods that take one and
+    whose spec names none, the untimed ``warmup`` (``WARMUPS``), the shard of the batches to run
+    (``shards``, ``shard_index``), quality ``metrics`` (None: the bundle's classifier proxy when present;
+    () for none) with their reference ``data_dir`` and ``quality_groups``, the forward ``cost_curve``,
+    and ``continuous`` batching."""
 
-    ``step_compression`` and ``mean_accepted_length`` are per-image averages (tokens of an image over
-    the batched target forwards it took); ``target_forwards`` counts batched calls. ``metrics``: quality
-    metric names (None: the bundle's classifier proxy when present; [] for none). ``json_path``: write
-    the report (and ``*.quality.npz`` observations) after every run and resume from it. ``prompts``
-    (text-to-image pipelines): image i gets prompt i mod len(prompts); ``height``/``width``: their grid
-    in image tokens (default native). The report records the prompts, grid and draft.
+    specs: tuple[str, ...] = ()
+    repeats: int = 1
+    acceptance: str | None = None
+    warmup: str = "batch"
+    shards: int = 1
+    shard_index: int = 0
+    metrics: tuple[str, ...] | None = None
+    data_dir: str | Path | None = None
+    quality_groups: int = 4
+    cost_curve: bool = False
+    continuous: bool = False
 
-    ``cost_curve`` (``specvis bench``'s default; off here, where callers time things themselves):
-    after every round of timed passes (every method's pass r), measure the forward cost of the target
-    (and draft model / EAGLE drafter) at every block size the runs used; ``report["cost_curve"]`` is
-    the median over rounds (reused from ``json_path`` when it was measured under the same settings
-    and covers them), and every run gets
-    ``predicted_speedup`` and ``efficiency`` (``report.set_speedups``). Each run records its forwards
-    by block size (``target_block_sizes``, ``draft_block_sizes``, ``drafter_block_sizes``).
 
-    ``continuous``: every image in one call through ``batch_size`` rows, a finished image's row taking
-    the next (``generate(batch_size=)``); image i keeps the prompt or class it gets otherwise, the call
-    runs with ``seed``, and quality seed groups cut the images as the batches would.
-    """
-    if num < 1 or batch_size < 1 or repeats < 1:
+def _checked(pipe, job: Job, bench: Bench) -> tuple[Sampling, list | None, tuple[int | None, int | None]]:
+    """The job's counts, warm-up and conditions, checked before any run: (its sampling, resolved;
+    its prompts, None for class ids; their grid)."""
+    if not all(isinstance(n, int) and n >= 1 for n in (job.num, job.batch_size, bench.repeats)):
         raise ValueError("--num, --batch-size and --repeats must be >= 1")
-    if warmup not in WARMUPS:
-        raise ValueError(f"--warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
-    sampling = call_sampling(pipe, sampling)  # None: the model's; its noise resolved (keyed for discrete tokens)
+    if bench.warmup not in WARMUPS:
+        raise ValueError(f"--warmup must be one of {', '.join(WARMUPS)}, got {bench.warmup!r}")
+    sampling = call_sampling(pipe, job.sampling)  # None: the model's; its noise resolved (keyed for discrete tokens)
+    prompts = job.prompts
     if (prompts is None) == (pipe.num_classes == 0):
         raise ValueError(f"model {pipe.name}: " + ("text-to-image, give --prompts FILE" if prompts is None
                                                    else "class-conditional, --prompts does not apply"))
@@ -293,128 +292,203 @@ def run_bench(pipe, specs: list[str], num: int, batch_size: int, seed: int = 0, 
         prompts = list(prompts)
         if not prompts:
             raise ValueError(f"model {pipe.name}: no prompts given")
-        grid = pipe.set_grid(height, width)  # a grid that does not fit fails before any run
-    elif height is not None or width is not None:
+        grid = pipe.set_grid(job.height, job.width)  # a grid that does not fit fails before any run
+    elif job.height is not None or job.width is not None:
         raise ValueError(f"model {pipe.name} is class-conditional: --height/--width do not apply")
-    parsed = [parse_method_spec(s) for s in specs]
+    return sampling, prompts, grid
+
+
+def _methods(bench: Bench, sampling: Sampling, full: Work, prompts: list | None) -> list:
+    """The methods of ``bench.specs``, AR first, each with the rule it runs with (a method without
+    one verifies by Coupled under keyed noise); every key must be an option of its method or rule.
+    ``sv.Auto`` probes the classes this bench runs, not only its first batch's."""
+    parsed = [parse_method_spec(s) for s in bench.specs]
     if not parsed or parsed[0][0] != "ar":
         parsed = [("ar", {})] + [p for p in parsed if p != ("ar", {})]
-    # every key must be an option of its method or rule; ``acceptance`` is the rule of the methods
-    # that take one and whose spec names none (accept=...)
-    # the rule each runs with: a method without one verifies by Coupled under keyed noise
-    methods = [keyed_method(build_method(name, opts, acceptance), sampling) for name, opts in parsed]
-    full = batches(num, batch_size, len(prompts) if prompts else pipe.num_classes, seed, keyed=sampling.keyed)
-    if prompts is None:  # sv.Auto probes the classes this bench runs, not only its first batch's
+    methods = [keyed_method(build_method(name, opts, bench.acceptance), sampling) for name, opts in parsed]
+    if prompts is None:
         workload = tuple(dict.fromkeys(c for classes, _ in full for c in classes))
         methods = [dataclasses.replace(m, probe_classes=workload) if getattr(m, "probe_classes", ()) is None else m
                    for m in methods]
-    batch_index, work = shard_work(full, shards, shard_index)
-    rows = None
-    if continuous:
-        if shards > 1:
-            raise ValueError("--continuous runs every image in one call: it takes no --shards")
-        work, rows = [([c for classes, _ in full for c in classes], seed)], batch_size
-    report = {
+    return methods
+
+
+def _header(pipe, job: Job, bench: Bench, sampling: Sampling, prompts, grid, work: Work, full: Work) -> dict[str, Any]:
+    """The report's fields before any run: what ran where, and how (docs/design/api.md)."""
+    extras = pipe.extras or {}
+    return {
         MARKER[0]: MARKER[1], "specvis_version": __version__, "model": pipe.name, "device": str(pipe.device.type),
         "device_name": torch.cuda.get_device_name(pipe.device) if pipe.device.type == "cuda" else cpu_description(),
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "dtype": str(pipe.dtype).removeprefix("torch."),
-        "dtype_source": (pipe.extras or {}).get("dtype_source"), "quantize": (pipe.extras or {}).get("quantize"),
+        "dtype_source": extras.get("dtype_source"), "quantize": extras.get("quantize"),
         "graphs": pipe.device.type == "cuda" if pipe.graphs is None else pipe.graphs, "compile": pipe.compiled,
-        "batch_size": batch_size, "num_images": num, "seed": seed,
+        "batch_size": job.batch_size, "num_images": job.num, "seed": job.seed,
         "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "cfg_scale": sampling.cfg_scale, **({"noise": sampling.noise} if sampling.keyed else {})},
-        **({"prompts": prompts, "height": grid[0], "width": grid[1], "draft": (pipe.extras or {}).get("draft")}
-           if prompts else {}),
+        **({"prompts": prompts, "height": grid[0], "width": grid[1], "draft": extras.get("draft")} if prompts else {}),
         **({"num_iter": pipe.num_iter} if pipe.num_iter is not None else {}),  # MAR: its sampler's steps
-        **({"continuous": True} if continuous else {}),
-        "repeats": repeats, "pass_order": "interleaved per batch", "warmup": warmup, "shards": shards, "shard_index": shard_index,
-        "n_images": sum(len(c) for c, _ in work),
-        "quality_groups": max(1, min(quality_groups, len(full))),  # as quality.seed_groups cuts them: at most one a batch
+        **({"continuous": True} if bench.continuous else {}),
+        "repeats": bench.repeats, "pass_order": "interleaved per batch", "warmup": bench.warmup,
+        "shards": bench.shards, "shard_index": bench.shard_index, "n_images": sum(len(c) for c, _ in work),
+        # as quality.seed_groups cuts them: at most one a batch
+        "quality_groups": max(1, min(bench.quality_groups, len(full))),
         "runs": [],
     }
-    json_path = Path(json_path) if json_path is not None else None
-    done, refs, all_obs = _load_previous(json_path, report)
-    keep_obs: dict[str, dict[str, np.ndarray]] = {}
-    todo = []
-    for method in methods:
-        name, config, rule = describe(method)
-        key = run_key(report, {"method": name, "config": config, "acceptance": rule})
-        todo.append((method, key, done.get(key)))
-    for _, _, prev in todo:
-        if prev is not None:
-            prev.setdefault("wall_s_repeats", [prev["wall_s"]])
-    passes = sum(max(0, repeats - len(prev["wall_s_repeats"])) if prev else repeats for _, _, prev in todo) * len(work)
-    images = passes // max(len(work), 1) * sum(len(c) for c, _ in work)  # the timed passes' images
-    # with timed passes to run the curve is sampled alongside them, else taken from the earlier report
-    old_curve = _previous_curve(json_path, report) if cost_curve and not passes else None
-    bar = ImageBar(images, pipe.target.layout.stream_len, "bench", enabled=progress and passes > 0)
-    quality: list[Metric] | None = None
 
-    def save() -> None:
-        set_speedups(report)
-        if json_path is not None:
-            write_report(report, json_path)
-            if keep_obs:
-                save_observations(side_path(json_path), refs, keep_obs)
 
-    runs: list[dict[str, Any] | None] = []
-    for method, key, prev in todo:
-        if prev is not None:
-            rid = key_id(key)
-            if rid in all_obs:
-                keep_obs[rid] = all_obs[rid]
-            tqdm.write(f"reusing {prev['method']} {json.dumps(prev['config'])} from {json_path}", file=sys.stderr)
-        runs.append(prev)
-    curves: list[dict[str, list]] = []  # cost-curve samples taken during the timed passes
-    failed: list[str] = []
-    stride = -(-len(work) // CURVE_SAMPLES_PER_ROUND)
+class _BenchRun:
+    """One ``run_bench``: its work, the runs resumed from ``--json`` and those still to time, the
+    quality observations, and the cost-curve samples taken between batches."""
 
-    def sample_curve(sized: list[dict[str, Any]]) -> None:
-        if cost_curve and not failed:
+    def __init__(self, pipe, job: Job, bench: Bench, progress: bool) -> None:
+        self.pipe, self.bench = pipe, bench
+        self.sampling, self.prompts, self.grid = _checked(pipe, job, bench)
+        self.full = batches(job.num, job.batch_size, len(self.prompts) if self.prompts else pipe.num_classes, job.seed,
+                            keyed=self.sampling.keyed)
+        methods = _methods(bench, self.sampling, self.full, self.prompts)
+        self.batch_index, self.work = shard_work(self.full, bench.shards, bench.shard_index)
+        self.rows = None
+        if bench.continuous:
+            if bench.shards > 1:
+                raise ValueError("--continuous runs every image in one call: it takes no --shards")
+            self.work, self.rows = [([c for classes, _ in self.full for c in classes], job.seed)], job.batch_size
+        self.report = _header(pipe, job, bench, self.sampling, self.prompts, self.grid, self.work, self.full)
+        self.json_path = Path(job.out) if job.out is not None else None
+        self.batch_size = job.batch_size
+        self.resume(methods)
+        passes = sum(max(0, bench.repeats - len(prev["wall_s_repeats"])) if prev else bench.repeats
+                     for _, _, prev in self.todo) * len(self.work)
+        images = passes // max(len(self.work), 1) * sum(len(c) for c, _ in self.work)  # the timed passes' images
+        # with timed passes to run the curve is sampled alongside them, else taken from the earlier report
+        self.old_curve = _previous_curve(self.json_path, self.report) if bench.cost_curve and not passes else None
+        self.bar = ImageBar(images, pipe.target.layout.stream_len, "bench", enabled=progress and passes > 0)
+        self.quality: list[Metric] | None = None
+        self.curves: list[dict[str, list]] = []  # cost-curve samples taken during the timed passes
+        self.failed: list[str] = []
+        self.stride = -(-len(self.work) // CURVE_SAMPLES_PER_ROUND)
+
+    def resume(self, methods: list) -> None:
+        """Each method's key and the run an earlier report at ``--json`` holds for it (reused, with
+        its quality observations), or None: still to run."""
+        self.done, self.refs, all_obs = _load_previous(self.json_path, self.report)
+        self.keep_obs: dict[str, dict[str, np.ndarray]] = {}
+        self.todo = []
+        for method in methods:
+            name, config, rule = describe(method)
+            key = run_key(self.report, {"method": name, "config": config, "acceptance": rule})
+            self.todo.append((method, key, self.done.get(key)))
+        self.runs: list[dict[str, Any] | None] = []
+        for _, key, prev in self.todo:
+            if prev is not None:
+                prev.setdefault("wall_s_repeats", [prev["wall_s"]])
+                rid = key_id(key)
+                if rid in all_obs:
+                    self.keep_obs[rid] = all_obs[rid]
+                tqdm.write(f"reusing {prev['method']} {json.dumps(prev['config'])} from {self.json_path}", file=sys.stderr)
+            self.runs.append(prev)
+
+    def save(self) -> None:
+        set_speedups(self.report)
+        if self.json_path is not None:
+            write_report(self.report, self.json_path)
+            if self.keep_obs:
+                save_observations(side_path(self.json_path), self.refs, self.keep_obs)
+
+    def sample_curve(self, sized: list[dict[str, Any]]) -> None:
+        if self.bench.cost_curve and not self.failed:
             try:
-                curves.append(measure_cost_curve(pipe, report, sampling, prompts, sized, old_curve))
+                self.curves.append(measure_cost_curve(self.pipe, self.report, self.sampling, self.prompts, sized,
+                                                      self.old_curve))
             except (ValueError, RuntimeError, NotImplementedError) as e:  # no prediction beats no report
-                failed.append(str(e))
+                self.failed.append(str(e))
 
-    # rounds of timed passes (pass r of every method that lacks it, interleaved per batch: ``_round``),
-    # the cost curve sampled every ``stride`` batches of a round: a machine that drifts during the
-    # benchmark slows every method and the curve alike instead of whichever ran in the slow window
-    def between(outputs: list[list[tuple[int, Any]]]) -> None:
-        if len(outputs[0]) % stride == 0 or len(outputs[0]) == len(work):
-            sample_curve([r for r in runs if r is not None] + [block_size_fields(x.stats for _, x in o) for o in outputs])
+    def between(self, outputs: list[list[tuple[int, Any]]]) -> None:
+        """After each batch of a round: a cost-curve sample every ``stride`` batches, so that a machine
+        that drifts during the benchmark slows every method and the curve alike instead of whichever
+        ran in the slow window."""
+        if len(outputs[0]) % self.stride == 0 or len(outputs[0]) == len(self.work):
+            self.sample_curve([r for r in self.runs if r is not None]
+                              + [block_size_fields(x.stats for _, x in o) for o in outputs])
 
-    while pending := [i for i, run in enumerate(runs) if run is None or len(run["wall_s_repeats"]) < repeats]:
+    def add_quality(self, i: int, run: dict[str, Any], outputs: list[tuple[int, Any]]) -> None:
+        """A new run's quality figures (metrics built on first need: resumed runs never load the classifier)."""
+        if self.quality is None:
+            self.quality = build_metrics(self.bench.metrics, QualitySource(self.pipe, Path(self.bench.data_dir)
+                                                                           if self.bench.data_dir else None))
+            for m in self.quality:
+                self.refs.update(m.references)
+        if not self.quality:
+            return
+        obs = observe(self.pipe, self.quality, outputs, self.work, self.batch_index, self.prompts)
+        if self.bench.continuous:  # the batch each image would have had
+            obs["batch"] = np.arange(len(obs["batch"])) // self.batch_size
+        figures = {k: v for k, v in obs.items() if k not in ("labels", "batch")}
+        groups = seed_groups(obs["batch"], len(self.full), self.bench.quality_groups)
+        run["quality"] = summarize(figures, self.refs, groups)
+        self.keep_obs[key_id(self.todo[i][1])] = obs
+
+    def round(self, pending: list[int]) -> list[dict[str, Any]]:
+        """Pass r of every method in ``pending`` (interleaved per batch: ``_round``); returns the runs
+        it made (a method's first pass: counts, accept maps, quality)."""
         new = []
-        bar.set_description(f"pass {min(len(r['wall_s_repeats']) if r else 0 for r in runs) + 1}")
-        for i, (wall, outputs) in zip(pending, _round(pipe, [todo[i][0] for i in pending], work, sampling, bar,
-                                                      warmup, prompts, grid, between if cost_curve else None, rows)):
-            if runs[i] is not None:
-                add_repeat(runs[i], wall, forward_seconds(outputs))
+        self.bar.set_description(f"pass {min(len(r['wall_s_repeats']) if r else 0 for r in self.runs) + 1}")
+        between = self.between if self.bench.cost_curve else None
+        for i, (wall, outputs) in zip(pending, _round(self.pipe, [self.todo[i][0] for i in pending], self.work,
+                                                      self.sampling, self.bar, self.bench.warmup, self.prompts,
+                                                      self.grid, between, self.rows)):
+            if self.runs[i] is not None:
+                add_repeat(self.runs[i], wall, forward_seconds(outputs))
                 continue
-            runs[i] = run = new_run(todo[i][0], work, outputs, wall)  # first pass: counts, accept maps, quality
-            if quality is None:  # built on first need: resumed runs never load the classifier
-                quality = build_metrics(metrics, QualitySource(pipe, Path(data_dir) if data_dir else None))
-                for m in quality:
-                    refs.update(m.references)
-            if quality:
-                obs = observe(pipe, quality, outputs, work, batch_index, prompts)
-                if continuous:  # the batch each image would have had
-                    obs["batch"] = np.arange(len(obs["batch"])) // batch_size
-                figures = {k: v for k, v in obs.items() if k not in ("labels", "batch")}
-                run["quality"] = summarize(figures, refs, seed_groups(obs["batch"], len(full), quality_groups))
-                keep_obs[key_id(todo[i][1])] = obs
+            self.runs[i] = run = new_run(self.todo[i][0], self.work, outputs, wall)
+            self.add_quality(i, run, outputs)
             new.append(run)
-        report["runs"] = [r for r in runs if r is not None]
-        save()
-        for run in new if on_run is not None else ():
-            on_run(run)
-    bar.close()
-    report["runs"] = runs
-    if not curves and cost_curve:  # nothing timed: the earlier report's curve when it covers the runs
-        sample_curve(runs)
-    if failed:
-        print(f"specvis: could not measure the forward cost curve ({failed[0]}); no predicted speedups", file=sys.stderr)
-    elif curves:
-        report["cost_curve"] = median_curve(curves)
-    save()
-    return report
+        self.report["runs"] = [r for r in self.runs if r is not None]
+        self.save()
+        return new
+
+    def finish(self) -> dict[str, Any]:
+        self.bar.close()
+        self.report["runs"] = self.runs
+        if not self.curves and self.bench.cost_curve:  # nothing timed: the earlier report's curve when it covers the runs
+            self.sample_curve(self.runs)
+        if self.failed:
+            print(f"specvis: could not measure the forward cost curve ({self.failed[0]}); no predicted speedups",
+                  file=sys.stderr)
+        elif self.curves:
+            self.report["cost_curve"] = median_curve(self.curves)
+        self.save()
+        return self.report
+
+
+def run_bench(pipe, job: Job, bench: Bench = Bench(), *, progress: bool = True,
+              on_run: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Benchmark ``bench.specs`` on ``pipe`` with the job's images: ``job.num`` images per method in
+    batches of ``job.batch_size`` (batch j seeded from ``job.seed``: ``shards.batches``), its
+    ``sampling`` (None: the model's), ``classes`` (the model's, in turn) or ``prompts`` (text-to-image
+    pipelines: image i gets prompt i mod len, on the ``height`` x ``width`` grid in image tokens,
+    default native); ``job.out``: the report JSON (and ``*.quality.npz`` observations), written after
+    every round and resumed from. The report records the prompts, grid and draft. ``on_run`` gets
+    each run once its first pass is timed.
+
+    ``step_compression`` and ``mean_accepted_length`` are per-image averages (tokens of an image over
+    the batched target forwards it took); ``target_forwards`` counts batched calls.
+
+    ``bench.cost_curve`` (``specvis bench``'s default; off here, where callers time things themselves):
+    after every round of timed passes (every method's pass r), measure the forward cost of the target
+    (and draft model / EAGLE drafter) at every block size the runs used; ``report["cost_curve"]`` is
+    the median over rounds (reused from ``job.out`` when it was measured under the same settings
+    and covers them), and every run gets
+    ``predicted_speedup`` and ``efficiency`` (``report.set_speedups``). Each run records its forwards
+    by block size (``target_block_sizes``, ``draft_block_sizes``, ``drafter_block_sizes``).
+
+    ``bench.continuous``: every image in one call through ``job.batch_size`` rows, a finished image's
+    row taking the next (``generate(batch_size=)``); image i keeps the prompt or class it gets
+    otherwise, the call runs with ``job.seed``, and quality seed groups cut the images as the batches would.
+    """
+    state = _BenchRun(pipe, job, bench, progress)
+    while pending := [i for i, run in enumerate(state.runs)
+                      if run is None or len(run["wall_s_repeats"]) < bench.repeats]:
+        for run in state.round(pending):
+            if on_run is not None:
+                on_run(run)
+    return state.finish()

@@ -17,9 +17,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from ..io import atomic_write, write_text
+from ..outputs import write_figure, write_text
 from ..zoo import load
-from .runner import run_bench
+from ..job import Job
+from .runner import Bench, run_bench
 
 WINDOWS = (1, 4, 8, 16, 32)
 TOP_KS = (1, 10, 100, None)
@@ -28,15 +29,17 @@ TOP_KS = (1, 10, 100, None)
 def sjd_ablations(pipe, out: Path, num: int, batch_size: int, init: str = "horizontal-sample") -> dict:
     """Three sweeps; returns {"window": report, "top_k": {k: report}, "refine": report}."""
     base = pipe.default_sampling
-    window = run_bench(pipe, [f"sjd:window={w}:init={init}" for w in WINDOWS], num, batch_size, sampling=base,
-                       metrics=[], json_path=out / "sjd-window.json", progress=False)
+    window = run_bench(pipe, Job(num=num, batch_size=batch_size, sampling=base, out=out / "sjd-window.json"),
+                       Bench(specs=tuple(f"sjd:window={w}:init={init}" for w in WINDOWS), metrics=()), progress=False)
     top_k = {}
     for k in TOP_KS:
         name = "all" if k is None else str(k)
-        top_k[name] = run_bench(pipe, [f"sjd:window=16:init={init}"], num, batch_size, sampling=replace(base, top_k=k),
-                                metrics=[], json_path=out / f"sjd-topk-{name}.json", progress=False)
-    refine = run_bench(pipe, [f"sjd:window=16:init={init}", f"sjd:window=16:init={init}:refine=false"], num,
-                       batch_size, sampling=base, metrics=[], json_path=out / "sjd-refine.json", progress=False)
+        top_k[name] = run_bench(pipe, Job(num=num, batch_size=batch_size, sampling=replace(base, top_k=k),
+                                          out=out / f"sjd-topk-{name}.json"),
+                                Bench(specs=(f"sjd:window=16:init={init}",), metrics=()), progress=False)
+    refine = run_bench(pipe, Job(num=num, batch_size=batch_size, sampling=base, out=out / "sjd-refine.json"),
+                       Bench(specs=(f"sjd:window=16:init={init}", f"sjd:window=16:init={init}:refine=false"), metrics=()),
+                       progress=False)
     return {"window": window, "top_k": top_k, "refine": refine}
 
 
@@ -64,7 +67,7 @@ def plot_sjd_ablations(res: dict, path: Path) -> None:
     for ax in axes[1:]:
         ax.axhline(1.0, color="0.4", lw=0.8, ls="--")
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -76,7 +79,8 @@ def lantern_grid(pipe, out: Path, num: int, batch_size: int, ks=(10, 50, 200), d
     specs += [f"{m}:accept=lantern:k={k}:delta={d}" for m in methods for k in ks for d in deltas]
     sampling = replace(pipe.default_sampling, temperature=0.0) if greedy else pipe.default_sampling
     name = "lantern-greedy" if greedy else "lantern-grid"
-    return run_bench(pipe, specs, num, batch_size, sampling=sampling, json_path=out / f"{name}.json", progress=False)
+    return run_bench(pipe, Job(num=num, batch_size=batch_size, sampling=sampling, out=out / f"{name}.json"),
+                     Bench(specs=tuple(specs)), progress=False)
 
 
 def plot_lantern_grid(report: dict, path: Path, title: str = "LANTERN trade-off (cf. LANTERN Fig. 5)") -> None:
@@ -102,7 +106,7 @@ def plot_lantern_grid(report: dict, path: Path, title: str = "LANTERN trade-off 
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

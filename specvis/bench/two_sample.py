@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io import write_text
+from ..outputs import write_text
 from ..methods.ar import AR
 from ..methods.cspd import CSpD
 from ..pipeline import call_sampling

@@ -8,6 +8,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from ..job import Job
 from ..sampling import Sampling
 from .engine import served_method
 
@@ -65,6 +66,7 @@ class Generation:
     negative_prompt: str | None
     sampling: Sampling
     timeout: float | None
+    job: Job | None = None  # what to make: the fields above as a ``Job`` (``parse``)
 
 
 def _bad(field: str, message: str) -> ApiError:
@@ -168,5 +170,10 @@ def parse(body: Any, served: ServedModel) -> Generation:
                         top_p=base.top_p if top_p is None else top_p,
                         cfg_scale=base.cfg_scale if guidance is None else guidance, noise=base.noise)
     timeout = _number(body, "timeout", 0.0, MAX_TIMEOUT_S, low_open=True)
+    text = served.classes is None
+    job = Job(model=served.name, method=method, sampling=sampling, classes=None if text else (prompt,),
+              prompts=(prompt,) if text else None, negative_prompts=None if negative is None else (negative,),
+              height=served.sizes[size][0] if text else None, width=served.sizes[size][1] if text else None,
+              num=n, seed=seed)
     return Generation(prompt, n, size, served.sizes[size], output_format, stream, partial, seed, method, negative,
-                      sampling, timeout)
+                      sampling, timeout, job)
