@@ -51,11 +51,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option
+from ..accept import AcceptanceRule, RuleMethod, rule_option, verify_chain
 from ..options import option
-from ..sampling import exponential, sample, uniform
+from ..sampling import exponential, sample
 from .base import DecodeContext
-from .verdicts import Verdict
+from .verdicts import Verdict, chain_verdict
 from .rows2d import MAX_ROWS, Rows
 
 COUPLINGS = ("none", "gumbel")
@@ -156,20 +156,15 @@ class PJD(RuleMethod):
             block = rows.block(v, D)
             law = ctx.target.forward(block.tokens, block.positions, block.mask)
             P = rows.chain_laws(block, law.probs)  # (B, H, K, V): the law of column c + k
-            soft = None if law.soft is None else rows.chain_laws(block, law.soft)[:, :, :g].reshape(-1, g, V)
+            soft = None if law.soft is None else rows.chain_laws(block, law.soft).reshape(-1, K, V)
             m = torch.where(open_, v - 1, torch.zeros_like(v))  # drafts fed
-            kw = {} if soft is None else {"soft": soft}
-            alpha, residual = rule.chain(P[:, :, :g].reshape(-1, g, V), Q.reshape(-1, g, V), D.reshape(-1, g), **kw)
-            alpha, residual = alpha.view(B, H, g), residual.view(B, H, g, V)
-            ok = (uniform((B, H, g), P, gen) < alpha) & (kk < m[..., None])
-            a = ok.long().cumprod(-1).sum(-1)  # accepted drafts
-            p_a = _at(P, a[..., None])[:, :, 0]
-            r_a = _at(residual, a.clamp_max(g - 1)[..., None])[:, :, 0]
-            nxt = sample(torch.where((a < m)[..., None], normalise(r_a, p_a), p_a), gen)  # residual or bonus
-            n = torch.where(open_, torch.where(top, a + 1, a), torch.zeros_like(a))
-            at_a = top[..., None] & (torch.arange(K, device=dev) == a[..., None])  # the top row's residual/bonus
-            values = torch.where(at_a, nxt[..., None], torch.cat([D, D[..., :1]], 2))
-            rows.commit(block, n, values)
+            # the top row: the rule's residual or bonus; lower rows: the accepted drafts only
+            walk = verify_chain(rule, P.reshape(-1, K, V), Q.reshape(-1, g, V), D.reshape(-1, g), gen, soft=soft,
+                                length=m.flatten(), bonus=top.flatten())
+            verdict = chain_verdict(D.reshape(-1, g), walk)
+            a, alpha = walk.accepted.view(B, H), walk.alpha.view(B, H, g)
+            n = torch.where(open_, verdict.committed.view(B, H), torch.zeros_like(a))
+            rows.commit(block, n, verdict.block.view(B, H, K))
             # the next window: slot k holds column c + n + k, i.e. old chain column j = n + k
             j = n[..., None] + kk
             refined = j < v[..., None]  # a law of this round
