@@ -7,7 +7,8 @@ from .base import Stats
 from .cspd import CSpD
 from .eagle import EagleTree
 from .pjd import PJD
-from .sjd import SJD, Jacobi
+from .jacobi import Jacobi
+from .sjd import SJD
 from .speculative import Speculative
 from .static_tree import StaticTree
 from .zipar import ZipAR

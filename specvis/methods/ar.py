@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from ..options import Options
-from .base import DecodeContext, Proposer, decode_chain
+from .base import DecodeContext
+from .proposer import Proposer, decode_chain
 from .ordered import reveal_rounds
 from .verdicts import Chain
 
@@ -25,6 +26,7 @@ class AR(Options):
     acceptance = None
     pad = 1
     refills = True  # continuous batching (methods/slots.py): a restarted row goes on from its first token
+    model_order = True  # a MAR model's own order: ``ordered.reveal_rounds``
 
     def decode(self, ctx: DecodeContext) -> None:
         if ctx.target.ordered is not None:

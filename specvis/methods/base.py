@@ -168,8 +168,6 @@ class DecodeContext:
     def verify(self, p: DiscreteLaw, proposal: Chain | Tree) -> Verdict:
         """The acceptance rule's walk over ``proposal`` against the target laws ``p`` of its positions
         (a chain: after the last committed token and each draft; a tree: after each node)."""
-        if isinstance(proposal, Chain) and proposal.tokens.shape[1] == 0:  # no drafts: a draw from the law after the last token
-            return Verdict.sampled(self.draw(p[:, 0], self.n))
         if self.rule is None:
             raise ValueError("this method has no acceptance rule to verify drafts with")
         if self.coupled:  # the point mass at each position's keyed choice (``accept.Coupled``)
@@ -231,14 +229,6 @@ class DecodeContext:
             return tokens
         return tokens[:, self.layout.image_index(self.device)]
 
-    def fed(self, n: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-        """What a chain round feeds: each row's last committed token (stream position n - 1; a continuous
-        token (B, 1, C) where the target's tokens are continuous), then its drafts (B, g)."""
-        if self.latents is not None:
-            return self.latents.gather(1, (n - 1)[:, None, None].expand(-1, 1, self.latents.shape[-1]))
-        last = self.tokens.gather(1, (n - 1)[:, None])
-        return last if drafts.shape[1] == 0 else torch.cat([last, drafts], 1)
-
     def positions(self, start: torch.Tensor, n: int) -> torch.Tensor:
         """Grid indices (B, n) start, start+1, ... for a chain of n tokens."""
         return start[:, None] + torch.arange(n, device=self.device)
@@ -295,62 +285,6 @@ class DecodeContext:
             if spans:
                 out[kind] = {n: total / calls for n, (calls, total) in sorted(spans.items())}
         return out
-
-
-class Proposer:
-    """What a chain method brings to the shared loop (``decode_chain``): each round a ``Chain`` of drafts at
-    the stream positions after each row's committed prefix, with the law each was drawn from. The loop
-    feeds the last committed token and the drafts in one target forward, verifies (``verify``: the bound
-    rule's chain walk), commits, then tells the proposer (``observe``). Per-decode state (a Jacobi window,
-    the draft model's cache) lives on the proposer, in tensors updated in place, so that a round captured
-    as a CUDA graph replays it. The defaults: no state, first token drawn from the prefill's law."""
-
-    capturable = True  # rounds of fixed shapes with no host reads (``DecodeContext.run``: CUDA graphs)
-    warmup = False  # the first round has other shapes than the rest: it runs once, eagerly, before them
-
-    def first(self, ctx: DecodeContext, law: Any) -> Verdict:
-        """Token 0 from the prefill's ``law``: a draw (under keyed noise, its race)."""
-        return Verdict.sampled(ctx.draw(law, ctx.n))
-
-    def start(self, ctx: DecodeContext, law: Any) -> None:
-        """After token 0 is committed: set up the proposer's state (``law``: the prefill's)."""
-
-    def propose(self, ctx: DecodeContext, n: torch.Tensor) -> Chain:
-        """The round's drafts after each row's ``n`` committed tokens (no drafts: the round draws one token)."""
-        raise NotImplementedError
-
-    def verify(self, ctx: DecodeContext, p: Any, chain: Chain) -> Verdict:
-        """The verdict on ``chain`` given the target laws ``p`` after the last token and each draft."""
-        return ctx.verify(p, chain)
-
-    def observe(self, ctx: DecodeContext, n: torch.Tensor, p: Any, verdict: Verdict) -> None:
-        """After the verdict is committed (rows had ``n`` tokens before it): update the state."""
-
-    def restart(self, ctx: DecodeContext, fresh: torch.Tensor, law: DiscreteLaw) -> None:
-        """Rows ``fresh`` (B,) restarted by continuous batching with a new sample, whose token 0 (committed)
-        was drawn from ``law``: reset their state (``DecodeContext.run``'s ``refill``)."""
-
-
-def decode_chain(ctx: DecodeContext, proposer: Proposer, rounds: int | None = None) -> None:
-    """Every chain method's loop: prefill, commit token 0, then rounds of propose -> one target forward
-    over the last committed token and the drafts -> verify -> accept -> observe, until every row is done
-    (or exactly ``rounds`` rounds); continuous batching restarts rows through ``proposer.restart``."""
-    law = ctx.target.prefill()
-    ctx.accept(proposer.first(ctx, law))
-    proposer.start(ctx, law)
-
-    def round_() -> None:
-        n = ctx.n.clone()
-        chain = proposer.propose(ctx, n)
-        p = ctx.target.forward(ctx.fed(n, chain.tokens), ctx.positions(n - 1, chain.tokens.shape[1] + 1))
-        verdict = proposer.verify(ctx, p, chain)
-        ctx.accept(verdict)
-        proposer.observe(ctx, n, p, verdict)
-
-    if proposer.warmup and not ctx.done():
-        round_()
-    ctx.run(round_, rounds=rounds, capture=proposer.capturable,
-            refill=lambda fresh, law: proposer.restart(ctx, fresh, law))
 
 
 def sync(device: torch.device) -> None:

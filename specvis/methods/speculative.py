@@ -14,7 +14,8 @@ import torch
 
 from ..accept import AcceptanceRule, RuleMethod, rule_option
 from ..options import option
-from .base import DecodeContext, Proposer, decode_chain
+from .base import DecodeContext
+from .proposer import Proposer, decode_chain
 from .laws import DiscreteLaw
 from .verdicts import Chain
 
