@@ -5,7 +5,8 @@ A round feeds each row's last committed token and a ``Chain`` of drafts at the n
 in one target forward, verifies the chain with the bound acceptance rule (``DecodeContext.verify``, the
 rule's chain walk ``accept.verify_chain``) and commits the verdict (``DecodeContext.accept``). AR is the
 proposer of no drafts (the round draws one token), speculative decoding the draft model's, SJD and
-Jacobi a window's; the server's auto method switches between AR's and SJD's every round.
+Jacobi a window's; the server's auto method switches between AR's and SJD's every round. The 2-D
+methods (ZipAR, PJD: several image rows in flight) share ``decode_rows`` the same way (``RowProposer``).
 """
 
 from __future__ import annotations
@@ -85,3 +86,39 @@ def fed(ctx: DecodeContext, n: torch.Tensor, drafts: torch.Tensor) -> torch.Tens
         return ctx.latents.gather(1, (n - 1)[:, None, None].expand(-1, 1, ctx.latents.shape[-1]))
     last = ctx.tokens.gather(1, (n - 1)[:, None])
     return last if drafts.shape[1] == 0 else torch.cat([last, drafts], 1)
+
+
+class RowProposer:
+    """What a 2-D method (several image rows in flight, ``rows2d.Rows``) brings to the rows loop
+    (``decode_rows``): per image row a chain of ``v`` tokens to feed (its last committed token, then
+    ``v - 1`` drafts), then the verdict on what the target's laws say of them."""
+
+    def propose(self, ctx: DecodeContext, rows: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(v (B, H) tokens each row feeds, drafts (B, H, g) or None)."""
+        raise NotImplementedError
+
+    def settle(self, ctx: DecodeContext, rows: Any, block: Any, law: Any) -> None:
+        """Verify the fed ``block`` against the target's ``law`` and commit (``Rows.commit``)."""
+        raise NotImplementedError
+
+    def restart(self, ctx: DecodeContext, rows: Any, fresh: torch.Tensor) -> None:
+        """Samples ``fresh`` (B,) restarted by continuous batching: their rows from the start."""
+        rows.restart(fresh)
+
+
+def decode_rows(ctx: DecodeContext, rows: Any, proposer: RowProposer) -> None:
+    """Every 2-D method's loop: prefill, commit token 0 (a draw from the prefill's law), then rounds of
+    propose -> one target forward over every active row's chain (``Rows.block``) -> settle, until every
+    row is done; the rows' statistics are recorded. Rounds read the host (row schedules): not captured."""
+    ctx.accept(Verdict.sampled(ctx.target.prefill().sample(ctx.generator)))
+    rows.start()
+
+    def round_() -> None:
+        rows.begin_round()
+        v, drafts = proposer.propose(ctx, rows)
+        block = rows.block(v, drafts)
+        law = ctx.target.forward(block.tokens, block.positions, block.mask)
+        proposer.settle(ctx, rows, block, law)
+
+    ctx.run(round_, capture=False, refill=lambda fresh, _law: proposer.restart(ctx, rows, fresh))
+    ctx.record(rows.stats())

@@ -72,8 +72,8 @@ class Switch(Proposer):
     def observe(self, ctx: DecodeContext, n: torch.Tensor, p: DiscreteLaw, verdict: Verdict) -> None:
         self.current.observe(ctx, n, p, verdict)
         self.stale = self.current is self.ar
-        at = verdict.accepted.clamp_max(p.probs.shape[1] - 1)  # the law the last committed token was drawn from
-        self.last.copy_(p.probs.gather(1, at[:, None, None].expand(-1, 1, p.probs.shape[-1]))[:, 0])
+        if self.stale:  # the law the committed token was drawn from (an SJD round keeps its own window)
+            self.last.copy_(p.probs[:, 0])
 
     def restart(self, ctx: DecodeContext, fresh: torch.Tensor, law: DiscreteLaw) -> None:
         self.last.copy_(torch.where(fresh[:, None], law.probs, self.last))
