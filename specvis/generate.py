@@ -110,7 +110,7 @@ def check_refill(method, model, ordered) -> None:
 def keyed_method(method, sampling: Sampling):
     """The method as it runs under ``sampling``'s noise: a lossless method built without a rule verifies by
     ``Coupled`` under keyed noise (``accept.default_rule``); ``Coupled`` needs keyed noise and a lossless
-    method that verifies through the context's walk (PJD runs a walk of its own)."""
+    method that verifies through the context's walk (PJD verifies its image rows outside it)."""
     rule = method.acceptance
     if rule is None:
         return method
