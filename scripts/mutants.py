@@ -635,7 +635,7 @@ MUTANTS = [
            'self.current = self.ar if self.choose() == "ar" else self.sjd', "self.current = self.sjd",
            ("tests/test_proposer.py",)),
     Mutant("proposer: a MAR model runs a method that does not decode its order", "specvis/generate.py",
-           "    elif not method.model_order:\n", "    elif False:\n", ("tests/test_cspd_mar.py", "-k", "draw_for_draw")),
+           "    elif not method.model_order:\n", "    elif False:\n", ("tests/test_proposer.py", "-k", "mar_model")),
     Mutant("serve: a cancelled sample keeps its row and is answered", "specvis/serve/rows.py",
            "            if s is not None and s.cancelled:", "            if False:", (SERVE_LAW, "-k", "sjd")),
     Mutant("seeds: the noise ignores the seed's high word", "specvis/noise.py",

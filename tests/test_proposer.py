@@ -55,3 +55,16 @@ def test_auto_choosing_ar_every_round_is_ar(noise):
         assert sizes == {1: model.layout.stream_len}
         if noise == "keyed":
             assert torch.equal(tokens, decoded(model, sv.AR(), sampling, seed)[0])
+
+
+def test_a_mar_model_runs_only_the_methods_that_declare_its_order():
+    """``generate`` asks the method (``model_order``: AR and CSpD) and refuses any other on a model that
+    reveals its tokens in its own order, naming it, before a view is built."""
+    from test_cspd_mar import random_mar
+
+    from specvis.families import mar as mar_family
+
+    model = random_mar(0, mixture=False)
+    for method in (sv.SJD(), sv.Speculative(2), sv.PJD(), sv.Jacobi()):
+        with pytest.raises(ValueError, match=f"method must be AR or CSpD, got {type(method).__name__}$"):
+            sv.generate(model, torch.tensor([0, 1]), method, sv.Sampling(temperature=1.0), ordered=mar_family.MARReveal(2))
