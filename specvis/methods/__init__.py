@@ -1,4 +1,5 @@
-"""Decoding methods: each a frozen dataclass with ``decode(ctx)`` (see ``methods.base``)."""
+"""Decoding methods: each a frozen dataclass with ``decode(ctx)`` (see ``methods.base``), most handing their
+drafter to a shared loop (``methods.proposer``: chains and 2-D rows; ``methods.trees``: trees)."""
 
 from .adt import ADTTree
 from .ar import AR
