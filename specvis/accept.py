@@ -26,7 +26,7 @@ when the method is built, with one line.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -235,20 +235,42 @@ def without(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return normalise(q.scatter(-1, x[..., None], 0.0), q)
 
 
-def verify_chain(rule, p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
-                 generator: torch.Generator | None, soft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+class ChainWalk(NamedTuple):
+    """The outcome of ``verify_chain``: per row the accepted drafts, the next token (the residual draw
+    at the first rejection, else the bonus draw) and every draft's acceptance probability."""
+
+    accepted: torch.Tensor  # (B,)
+    next: torch.Tensor  # (B,)
+    alpha: torch.Tensor  # (B, g)
+    count: torch.Tensor | None  # (B,) tokens to commit where ``bonus`` is not True (None: accepted + 1)
+
+
+def verify_chain(rule, p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, generator: torch.Generator | None,
+                 soft: torch.Tensor | None = None, length: torch.Tensor | None = None,
+                 bonus: bool | torch.Tensor = True) -> ChainWalk:
     """Verify ``draft`` (B, g) drawn from ``q`` (B, g, V) against target laws ``p`` (B, g+1, V).
 
     Accepts left to right while u_j < alpha_j; returns the accepted count a (B,) and the next token
     (B,): drawn from the normalised residual at position a, or from p[:, g] (the bonus token) when
     every draft token was accepted. ``soft`` (B, g+1, V): the temperature-1 laws of the same positions
-    under greedy sampling (or None); the rule gets ``soft[:, :g]``.
+    under greedy sampling (or None); the rule gets ``soft[:, :g]``. ``length`` (B,): the drafts row b
+    fed (<= g, the rest padding; None: g): the walk stops there and the bonus law is p[:, length].
+    ``bonus`` (a bool, or (B,) per row): the row commits the next token after its accepted drafts;
+    False: the accepted drafts only (accept-prefix: no residual, no bonus; the next token is drawn all
+    the same, so every row reads the same random numbers whichever it commits).
     """
     g = draft.shape[1]
     alpha, residual = rule.chain(p[:, :g], q, draft, soft=None if soft is None else soft[:, :g])
     u = uniform(alpha.shape, alpha, generator)  # float64: no acceptance floor (sampling.uniform)
-    accepted = (u < alpha).long().cumprod(dim=-1).sum(dim=-1)
+    passed = u < alpha
+    if length is not None:
+        passed &= torch.arange(g, device=draft.device) < length[:, None]
+    accepted = passed.long().cumprod(dim=-1).sum(dim=-1)
     at = accepted.clamp_max(g - 1)[:, None]  # the rejected position's residual, normalised alone
     rejected = normalise(rows_at(residual, at), rows_at(p, at))[:, 0]
-    law = torch.where((accepted < g)[:, None], rejected, p[:, g])
-    return accepted, sample(law, generator)
+    if length is None:
+        law = torch.where((accepted < g)[:, None], rejected, p[:, g])
+    else:
+        law = torch.where((accepted < length)[:, None], rejected, rows_at(p, accepted[:, None])[:, 0])
+    count = None if bonus is True else accepted + torch.as_tensor(bonus, device=accepted.device).long()
+    return ChainWalk(accepted, sample(law, generator), alpha, count)

@@ -14,7 +14,6 @@ from .accept import AcceptanceRule, BoundRule, RuleTables, default_rule
 from .gsd import input_embeddings
 from .methods.auto import REFUSED, Auto
 from .methods.base import DecodeContext, Stats, timed
-from .methods.ar import AR
 from .methods.cspd import CSpD
 from .methods.ordered import OrderedVerifier, OrderedView
 from .methods.slots import SlotQueue
@@ -111,7 +110,7 @@ def check_refill(method, model, ordered) -> None:
 def keyed_method(method, sampling: Sampling):
     """The method as it runs under ``sampling``'s noise: a lossless method built without a rule verifies by
     ``Coupled`` under keyed noise (``accept.default_rule``); ``Coupled`` needs keyed noise and a lossless
-    method that verifies through the context's walk (PJD runs a walk of its own)."""
+    method that verifies through the context's walk (PJD verifies its image rows outside it)."""
     rule = method.acceptance
     if rule is None:
         return method
@@ -204,7 +203,7 @@ def generate_checked(model, conditions, method, sampling: Sampling, seed: int, d
         raise ValueError(f"draft layout {draft.layout} != target layout {model.layout}")
     if ordered is None:  # an ordered model's steps are not stream tokens: its fields stay as given
         method = fit_to_stream(method, model.layout.stream_len)
-    elif not isinstance(method, (AR, CSpD)):
+    elif not method.model_order:
         raise ValueError(f"this model reveals its tokens in its own order (MAR): method must be AR or CSpD, "
                          f"got {type(method).__name__}")
     seeds = keyed_seeds(model, sampling, seed, conditions if queued is None else queued, ordered)

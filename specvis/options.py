@@ -99,6 +99,7 @@ class Options:
     against its declaration on construction, then ``check()`` runs the cross-field checks."""
 
     refills = False  # a method that restarts a finished row with the next sample (``generate(batch_size=)``)
+    model_order = False  # a method that decodes a model revealing its tokens in an order of its own (MAR, ``generate(ordered=)``)
 
     def __post_init__(self) -> None:
         for info in option_fields(type(self)):

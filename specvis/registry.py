@@ -21,7 +21,7 @@ from .options import NoneType, OptionInfo, Options, members, option_fields, pars
 METHODS = {  # CLI name -> "module:Class"
     "ar": "specvis.methods.ar:AR",
     "speculative": "specvis.methods.speculative:Speculative",
-    "jacobi": "specvis.methods.sjd:Jacobi",
+    "jacobi": "specvis.methods.jacobi:Jacobi",
     "sjd": "specvis.methods.sjd:SJD",
     "eagle": "specvis.methods.eagle:EagleTree",
     "adt": "specvis.methods.adt:ADTTree",

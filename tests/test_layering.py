@@ -19,6 +19,11 @@ as file:line.
 - The CLI, the demo and the model zoo ask a pipeline what its model can do (``conditioning``,
   ``tokens``, ``kv_cache``, ``num_iter``), never ``isinstance`` of a pipeline class; there is one
   pipeline class (no class in specvis subclasses ``Pipeline``): what differs is the model's family.
+- A drafter is a proposer: the decode loops (``ctx.run(round)``) are the shared ones of
+  specvis/methods/proposer.py (chains, 2-D rows) and the few kinds of round that are not chains (trees,
+  MAR's orders, continuous drafts); no method writes its own; generate.py asks a method what it decodes
+  (``model_order``), never ``isinstance`` of a method class; the adding-a-method page's drafter is one
+  class of at most 40 lines.
 """
 
 from __future__ import annotations
@@ -413,3 +418,76 @@ def test_the_api_page_check_sees_a_stale_default():
     text = page.DOC.read_text()
     stale = text.replace("`sv.Jacobi(window=16)`", "`sv.Jacobi(window=8)`")
     assert stale != text and page.current(stale) != stale
+
+
+# ---------------------------------------------------------------- a drafter is a proposer
+LOOPS = {"specvis/methods/proposer.py": 2,  # decode_chain (AR, speculative, SJD, Jacobi, auto), decode_rows (ZipAR, PJD)
+         "specvis/methods/trees.py": 1,  # a Tree each round (EAGLE-2, ADT, static trees)
+         "specvis/methods/ordered.py": 1, "specvis/methods/cspd_mar.py": 1,  # MAR's order of steps
+         "specvis/methods/cspd.py": 1}  # continuous drafts, an acceptance of their own
+
+
+def round_loops(path: Path, root: Path = ROOT) -> list[str]:
+    """Each ``ctx.run(...)`` call (a decode loop over a round), as file:line: code."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run" \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "ctx":
+            out.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_no_method_writes_its_own_decode_loop():
+    """Every chain method (AR, speculative, SJD, Jacobi, the server's auto) runs ``decode_chain`` and both
+    2-D methods ``decode_rows``: a method file that prefills and runs its own rounds (``ctx.run``) fails."""
+    found = {}
+    for path in MODULES.values():
+        for line in round_loops(path):
+            found[line.split(":")[0]] = found.get(line.split(":")[0], 0) + 1
+    assert found == LOOPS, f"decode loops: {found}"
+
+
+def test_the_loop_finder_finds_them(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("def f(ctx, r, o):\n    ctx.run(r)\n    o.run(r)\n    ctx.run(r, capture=False)\n")
+    assert round_loops(src, tmp_path) == ["x.py:2: ctx.run(r)", "x.py:4: ctx.run(r, capture=False)"]
+
+
+def method_isinstance(path: Path, root: Path = ROOT) -> list[str]:
+    """Each ``isinstance(method, ...)`` naming a class other than ``Options`` (every method is one) and
+    ``Auto`` (refused by name), as file:line: code."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2 and isinstance(node.args[0], ast.Name) and node.args[0].id == "method":
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            if any(ast.unparse(k) not in ("Options", "Auto") for k in kinds):
+                out.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_generate_asks_the_method_what_it_decodes():
+    """A MAR model runs the methods that declare ``model_order``: catches ``isinstance(method, (AR, CSpD))``."""
+    found = method_isinstance(PKG / "generate.py")
+    assert not found, "\n".join(found)
+    from specvis.registry import METHODS, available, resolve
+    assert {name for name in available(METHODS) if resolve(METHODS, name, "method").model_order} == {"ar", "cspd"}
+
+
+def test_the_method_isinstance_finder_finds_them(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("def f(method):\n    a = isinstance(method, (AR, CSpD))\n    b = isinstance(method, Options)\n"
+                   "    return isinstance(method, m.SJD)\n")
+    assert method_isinstance(src, tmp_path) == ["x.py:2: isinstance(method, (AR, CSpD))", "x.py:4: isinstance(method, m.SJD)"]
+
+
+def test_the_documented_drafter_is_one_class_of_at_most_40_lines():
+    """docs/design/adding-a-method.md's method file (run by tests/test_docs.py through the exactness
+    harness) declares one class, decorators included at most 40 lines: a new chain drafter is that small."""
+    import re
+    text = (ROOT / "docs" / "design" / "adding-a-method.md").read_text()
+    code = re.search(r"<!-- method-file: (\S+) -->\n```python\n(.*?)^```", text, re.S | re.M).group(2)
+    classes = [n for n in ast.parse(code).body if isinstance(n, ast.ClassDef)]
+    assert len(classes) == 1, [c.name for c in classes]
+    first = min([classes[0].lineno, *(d.lineno for d in classes[0].decorator_list)])
+    assert classes[0].end_lineno - first + 1 <= 40, f"{classes[0].name}: {classes[0].end_lineno - first + 1} lines"

@@ -250,7 +250,8 @@ def test_min_tv_residual_beats_paper_residual_measured():
     for residual in ("paper", "min-tv"):
         rule = GSD(group=2, delta_p=0.3, residual=residual)
         x = torch.multinomial(q.float().expand(n, -1), 1, replacement=True, generator=gen)
-        accepted, nxt = verify_chain(rule, p.float().expand(n, 2, -1), q.float().expand(n, 1, -1), x, gen)
+        walk = verify_chain(rule, p.float().expand(n, 2, -1), q.float().expand(n, 1, -1), x, gen)
+        accepted, nxt = walk.accepted, walk.next
         out = torch.where(accepted > 0, x[:, 0], nxt)
         emp = torch.bincount(out, minlength=5).double() / n
         exact = ref_gsd_law(p, q, 1, 1, 0.3, residual)

@@ -18,7 +18,8 @@ import torch
 
 import specvis as sv
 from specvis.accept import Exact
-from specvis.methods.sjd import INITS, SJD, Jacobi
+from specvis.methods.jacobi import Jacobi
+from specvis.methods.sjd import INITS, SJD
 from exactness import chi_square_pvalue, exact_law, sample_counts, tiny_llamagen
 
 P_MIN = 1e-3

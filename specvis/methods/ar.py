@@ -8,8 +8,9 @@ import torch
 
 from ..options import Options
 from .base import DecodeContext
+from .proposer import Proposer, decode_chain
 from .ordered import reveal_rounds
-from .verdicts import Verdict
+from .verdicts import Chain
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class AR(Options):
     acceptance = None
     pad = 1
     refills = True  # continuous batching (methods/slots.py): a restarted row goes on from its first token
+    model_order = True  # a MAR model's own order: ``ordered.reveal_rounds``
 
     def decode(self, ctx: DecodeContext) -> None:
         if ctx.target.ordered is not None:
@@ -33,19 +35,16 @@ class AR(Options):
             sample_prefix(ctx, ctx.L)
 
 
+class Sampler(Proposer):
+    """No drafts: each round draws the next token from the target's law after the last committed one
+    (``DecodeContext.verify`` of an empty chain), so every row advances by one a round."""
+
+    def propose(self, ctx: DecodeContext, n: torch.Tensor) -> Chain:
+        return Chain(ctx.tokens[:, :0], None)
+
+
 def sample_prefix(ctx: DecodeContext, tokens: int) -> None:
     """Commit the first ``tokens`` stream tokens drawn from the target alone: token 0 from the prefill's
     law, then one forward per token feeding the last one (exactly ``tokens - 1`` rounds, no done-check:
     every row advances by one a round)."""
-    x = ctx.draw(ctx.target.prefill(), ctx.n)  # the last committed token, updated in place
-    ctx.accept(Verdict.sampled(x))
-
-    def round_() -> None:
-        law = ctx.target.forward(x[:, None], (ctx.n - 1)[:, None])
-        x.copy_(ctx.draw(law[:, 0], ctx.n))
-        ctx.accept(Verdict.sampled(x))
-
-    def restart(fresh, _law) -> None:  # token ids only: continuous-token models run no queue
-        x.copy_(torch.where(fresh, ctx.tokens[:, 0], x))
-
-    ctx.run(round_, rounds=tokens - 1, refill=restart)
+    decode_chain(ctx, Sampler(), rounds=tokens - 1)

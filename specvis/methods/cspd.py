@@ -110,6 +110,7 @@ class CSpD(Options):
                                                       "taken (TV error <= 1 / (tries + 1))")
     name = "cspd"
     acceptance = None
+    model_order = True  # a MAR model's own order: ``cspd_mar.decode_ordered``
 
     def check(self) -> None:
         if self.ratio == "trajectory" and not self.align:

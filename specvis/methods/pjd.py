@@ -51,11 +51,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option
+from ..accept import AcceptanceRule, RuleMethod, rule_option, verify_chain
 from ..options import option
-from ..sampling import exponential, sample, uniform
+from ..sampling import exponential, sample
 from .base import DecodeContext
-from .verdicts import Verdict
+from .proposer import RowProposer, decode_rows
+from .verdicts import chain_verdict
 from .rows2d import MAX_ROWS, Rows
 
 COUPLINGS = ("none", "gumbel")
@@ -116,82 +117,85 @@ class PJD(RuleMethod):
         return H * K * V * 4 * LAW_COPIES + H * g * V * per_draft
 
     def decode(self, ctx: DecodeContext) -> None:
-        K, gen, rule = self.chain(ctx.layout.width), ctx.generator, ctx.rule
-        g = K - 1
+        K = self.chain(ctx.layout.width)
         rows = Rows(ctx, lag=self.lag, chain=K, rcm=self.rcm)
-        B, H, W, V, dev = ctx.n.shape[0], rows.height, rows.width, ctx.V, ctx.device
-        uni = torch.zeros(V, device=dev)
-        uni[: ctx.layout.vocab_size] = 1.0 / ctx.layout.vocab_size
-        gumbel = self.coupling == "gumbel"
-        st = {"drafts": torch.zeros(B, H, g, dtype=torch.long, device=dev),  # drafts of columns c .. c + g - 1
-              "laws": torch.zeros(B, H, g, V, device=dev),  # the law each was drawn from
-              "has": torch.zeros(B, H, g, dtype=torch.bool, device=dev),
-              "race": torch.ones(B, H, g, V, dtype=torch.float64, device=dev) if gumbel else None}
-        kk = torch.arange(g, device=dev)
+        decode_rows(ctx, rows, JacobiRows(self, ctx, rows, K))
 
-        def draw(q: torch.Tensor, race: torch.Tensor | None) -> torch.Tensor:
-            return torch.argmax(q / race, dim=-1) if gumbel else sample(q, gen)
 
-        ctx.accept(Verdict.sampled(ctx.target.prefill().sample(gen)))
-        rows.start()
+class JacobiRows(RowProposer):
+    """PJD's per-row Jacobi windows (``PJD``): drafts of columns c .. c + g - 1 of every image row with the
+    laws they were drawn from, verified by the rule's chain walk with the row's length (top row: residual
+    or bonus; lower rows: accept-prefix), then refined (or kept) for the next round."""
 
-        def round_() -> None:
-            rows.begin_round()
-            c, open_, top = rows.c, rows.open, rows.top
-            v = torch.where(top, W - c, rows.above() - c).clamp(1, K)
-            fresh = ~st["has"] & open_[..., None]  # positions with no draft yet: uniform, or the token above
-            q0 = uni.expand(B, H, g, V)
-            if self.init == "vertical-repeat":  # a committed token above: a copy (point-mass law, exact)
-                col = c[..., None] + kk
-                above = ((rows.rid - 1) * rows.stride)[..., None] + col
-                idx = above.clamp(0, ctx.L - 1).flatten(1)
-                ok = (rows.rid[..., None] >= 1) & (col < W) & ctx.filled.gather(1, idx).view(above.shape)
-                point = torch.nn.functional.one_hot(ctx.tokens.gather(1, idx).view(above.shape), V).to(q0.dtype)
-                q0 = torch.where(ok[..., None], point, q0)
-            if gumbel:
-                st["race"] = torch.where(fresh[..., None], exponential(st["race"], gen), st["race"])
-            st["drafts"] = torch.where(fresh, draw(q0, st["race"]), st["drafts"])
-            st["laws"] = torch.where(fresh[..., None], q0, st["laws"])
-            D, Q = st["drafts"], st["laws"]
-            block = rows.block(v, D)
-            law = ctx.target.forward(block.tokens, block.positions, block.mask)
-            P = rows.chain_laws(block, law.probs)  # (B, H, K, V): the law of column c + k
-            soft = None if law.soft is None else rows.chain_laws(block, law.soft)[:, :, :g].reshape(-1, g, V)
-            m = torch.where(open_, v - 1, torch.zeros_like(v))  # drafts fed
-            kw = {} if soft is None else {"soft": soft}
-            alpha, residual = rule.chain(P[:, :, :g].reshape(-1, g, V), Q.reshape(-1, g, V), D.reshape(-1, g), **kw)
-            alpha, residual = alpha.view(B, H, g), residual.view(B, H, g, V)
-            ok = (uniform((B, H, g), P, gen) < alpha) & (kk < m[..., None])
-            a = ok.long().cumprod(-1).sum(-1)  # accepted drafts
-            p_a = _at(P, a[..., None])[:, :, 0]
-            r_a = _at(residual, a.clamp_max(g - 1)[..., None])[:, :, 0]
-            nxt = sample(torch.where((a < m)[..., None], normalise(r_a, p_a), p_a), gen)  # residual or bonus
-            n = torch.where(open_, torch.where(top, a + 1, a), torch.zeros_like(a))
-            at_a = top[..., None] & (torch.arange(K, device=dev) == a[..., None])  # the top row's residual/bonus
-            values = torch.where(at_a, nxt[..., None], torch.cat([D, D[..., :1]], 2))
-            rows.commit(block, n, values)
-            # the next window: slot k holds column c + n + k, i.e. old chain column j = n + k
-            j = n[..., None] + kk
-            refined = j < v[..., None]  # a law of this round
-            had = (j < g) & _at(st["has"], j.clamp_max(g - 1))
-            old_d, old_q = _at(D, j.clamp_max(g - 1)), _at(Q, j.clamp_max(g - 1))
-            keep = ~refined & had  # fed no more since drawn: untested, still distributed as its q
-            if self.keep_threshold < 1.0:  # tested after the first rejection, likely enough: kept (official)
-                tested_late = refined & (j > a[..., None]) & (j < m[..., None]) & had
-                keep |= tested_late & (_at(alpha, j.clamp_max(g - 1)) > self.keep_threshold)
-            p_j = _at(P, j.clamp_max(K - 1))
-            redraw = refined & ~keep
-            race = None
-            if gumbel:  # E_m follows its position; a new position gets a fresh one
-                race = torch.where(had[..., None], _at(st["race"], j.clamp_max(g - 1)), exponential(st["race"], gen))
-                st["race"] = race
-            st["drafts"] = torch.where(keep, old_d, draw(p_j, race))
-            st["laws"] = torch.where(keep[..., None], old_q, p_j)
-            st["has"] = (keep | redraw) & rows.open[..., None]
+    def __init__(self, m: PJD, ctx: DecodeContext, rows: Rows, K: int) -> None:
+        self.m, self.K, self.g = m, K, K - 1
+        B, H, V, dev, g = ctx.n.shape[0], rows.height, ctx.V, ctx.device, K - 1
+        self.uni = torch.zeros(V, device=dev)
+        self.uni[: ctx.layout.vocab_size] = 1.0 / ctx.layout.vocab_size
+        self.gumbel = m.coupling == "gumbel"
+        self.st = {"drafts": torch.zeros(B, H, g, dtype=torch.long, device=dev),  # drafts of columns c .. c + g - 1
+                   "laws": torch.zeros(B, H, g, V, device=dev),  # the law each was drawn from
+                   "has": torch.zeros(B, H, g, dtype=torch.bool, device=dev),
+                   "race": torch.ones(B, H, g, V, dtype=torch.float64, device=dev) if self.gumbel else None}
+        self.kk = torch.arange(g, device=dev)
 
-        def restart(fresh: torch.Tensor, _law) -> None:  # a new sample: its rows from the start, no drafts
-            rows.restart(fresh)
-            st["has"].masked_fill_(fresh[:, None, None], False)
+    def draw(self, ctx: DecodeContext, q: torch.Tensor, race: torch.Tensor | None) -> torch.Tensor:
+        return torch.argmax(q / race, dim=-1) if self.gumbel else sample(q, ctx.generator)
 
-        ctx.run(round_, capture=False, refill=restart)
-        ctx.record(rows.stats())
+    def propose(self, ctx: DecodeContext, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        st, kk, K, g, gen = self.st, self.kk, self.K, self.g, ctx.generator
+        B, H, W, V = ctx.n.shape[0], rows.height, rows.width, ctx.V
+        c, open_, top = rows.c, rows.open, rows.top
+        self.v = v = torch.where(top, W - c, rows.above() - c).clamp(1, K)
+        fresh = ~st["has"] & open_[..., None]  # positions with no draft yet: uniform, or the token above
+        q0 = self.uni.expand(B, H, g, V)
+        if self.m.init == "vertical-repeat":  # a committed token above: a copy (point-mass law, exact)
+            col = c[..., None] + kk
+            above = ((rows.rid - 1) * rows.stride)[..., None] + col
+            idx = above.clamp(0, ctx.L - 1).flatten(1)
+            ok = (rows.rid[..., None] >= 1) & (col < W) & ctx.filled.gather(1, idx).view(above.shape)
+            point = torch.nn.functional.one_hot(ctx.tokens.gather(1, idx).view(above.shape), V).to(q0.dtype)
+            q0 = torch.where(ok[..., None], point, q0)
+        if self.gumbel:
+            st["race"] = torch.where(fresh[..., None], exponential(st["race"], gen), st["race"])
+        st["drafts"] = torch.where(fresh, self.draw(ctx, q0, st["race"]), st["drafts"])
+        st["laws"] = torch.where(fresh[..., None], q0, st["laws"])
+        return v, st["drafts"]
+
+    def settle(self, ctx: DecodeContext, rows: Rows, block, law) -> None:
+        st, kk, K, g, gen, v = self.st, self.kk, self.K, self.g, ctx.generator, self.v
+        B, H, V = ctx.n.shape[0], rows.height, ctx.V
+        open_, top = rows.open, rows.top
+        D, Q = st["drafts"], st["laws"]
+        P = rows.chain_laws(block, law.probs)  # (B, H, K, V): the law of column c + k
+        soft = None if law.soft is None else rows.chain_laws(block, law.soft).reshape(-1, K, V)
+        m = torch.where(open_, v - 1, torch.zeros_like(v))  # drafts fed
+        # the top row: the rule's residual or bonus; lower rows: the accepted drafts only
+        walk = verify_chain(ctx.rule, P.reshape(-1, K, V), Q.reshape(-1, g, V), D.reshape(-1, g), gen, soft=soft,
+                            length=m.flatten(), bonus=top.flatten())
+        verdict = chain_verdict(D.reshape(-1, g), walk)
+        a, alpha = walk.accepted.view(B, H), walk.alpha.view(B, H, g)
+        n = torch.where(open_, verdict.committed.view(B, H), torch.zeros_like(a))
+        rows.commit(block, n, verdict.block.view(B, H, K))
+        # the next window: slot k holds column c + n + k, i.e. old chain column j = n + k
+        j = n[..., None] + kk
+        refined = j < v[..., None]  # a law of this round
+        had = (j < g) & _at(st["has"], j.clamp_max(g - 1))
+        old_d, old_q = _at(D, j.clamp_max(g - 1)), _at(Q, j.clamp_max(g - 1))
+        keep = ~refined & had  # fed no more since drawn: untested, still distributed as its q
+        if self.m.keep_threshold < 1.0:  # tested after the first rejection, likely enough: kept (official)
+            tested_late = refined & (j > a[..., None]) & (j < m[..., None]) & had
+            keep |= tested_late & (_at(alpha, j.clamp_max(g - 1)) > self.m.keep_threshold)
+        p_j = _at(P, j.clamp_max(K - 1))
+        redraw = refined & ~keep
+        race = None
+        if self.gumbel:  # E_m follows its position; a new position gets a fresh one
+            race = torch.where(had[..., None], _at(st["race"], j.clamp_max(g - 1)), exponential(st["race"], gen))
+            st["race"] = race
+        st["drafts"] = torch.where(keep, old_d, self.draw(ctx, p_j, race))
+        st["laws"] = torch.where(keep[..., None], old_q, p_j)
+        st["has"] = (keep | redraw) & rows.open[..., None]
+
+    def restart(self, ctx: DecodeContext, rows: Rows, fresh: torch.Tensor) -> None:
+        rows.restart(fresh)  # a new sample: its rows from the start, no drafts
+        self.st["has"].masked_fill_(fresh[:, None, None], False)

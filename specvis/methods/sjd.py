@@ -60,9 +60,9 @@ speculative-sampling step at m needs (drafts after m may depend on it: they are 
 needs: pair m with the previous draft of the same position m (another position's draft lies in G_m,
 or has the wrong law) with its own stored q, and never use E_m for the residual or bonus draw.
 
-Jacobi is the greedy special case with the deterministic criterion: a draft is accepted while it
-equals the argmax computed from the previous drafts (token equality), and the new drafts are the
-argmaxes (a Jacobi fixed-point iteration). Its output is greedy AR token for token.
+Jacobi (``jacobi.py``) is the greedy special case with the deterministic criterion: a draft is
+accepted while it equals the argmax computed from the previous drafts (token equality), and the new
+drafts are the argmaxes (a Jacobi fixed-point iteration). Its output is greedy AR token for token.
 """
 
 from __future__ import annotations
@@ -72,56 +72,15 @@ from dataclasses import dataclass
 import torch
 
 from ..accept import AcceptanceRule, RuleMethod, normalise, rule_option
-from ..options import Options, option
+from ..options import option
 from ..sampling import exponential, rows_at, sample, uniform
 from .base import DecodeContext
+from .proposer import Proposer, decode_chain
 from .laws import DiscreteLaw
 from .verdicts import Chain, Verdict
 
 INITS = ("random", "horizontal-repeat", "vertical-repeat", "horizontal-sample", "vertical-sample")
 COUPLINGS = ("none", "maximal", "gumbel")
-
-
-@dataclass(frozen=True)
-class Jacobi(Options):
-    """Deterministic Jacobi decoding with a sliding window of ``window`` tokens; greedy only."""
-
-    window: int = option(16, low=1, stream=True, help="Jacobi window: draft tokens verified per round")
-    name = "jacobi"
-    refills = True
-    lossless = True
-    acceptance = None
-
-    @property
-    def pad(self) -> int:
-        return self.window + 2
-
-    def decode(self, ctx: DecodeContext) -> None:
-        if not ctx.target.sampling.greedy:
-            raise ValueError("method jacobi needs greedy sampling (temperature=0); use SJD to sample")
-        target, W, gen = ctx.target, self.window, ctx.generator
-        V = ctx.layout.vocab_size  # random drafts over the image codes; forced positions get their id
-        B = ctx.n.shape[0]
-        x0 = target.prefill().probs.argmax(-1)
-        ctx.accept(Verdict.sampled(x0))
-        j = torch.arange(W, device=ctx.device)
-        draft = ctx.force(torch.randint(V, (B, W), device=ctx.device, generator=gen), ctx.positions(ctx.n, W))  # random init (paper, Fig. 3)
-
-        def round_() -> None:
-            n = ctx.n.clone()
-            feed = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), draft], 1)
-            guess = target.forward(feed, ctx.positions(n - 1, W + 1)).probs.argmax(-1)  # (B, W + 1)
-            accepted = (draft == guess[:, :W]).long().cumprod(-1).sum(-1)  # converged prefix
-            ctx.accept(Verdict(accepted, guess))  # guess[:, accepted] follows a converged prefix: exact
-            src = accepted[:, None] + 1 + j  # slot j of the new window is position n + src
-            fresh = torch.randint(V, (B, W), device=ctx.device, generator=gen)
-            draft.copy_(ctx.force(torch.where(src <= W, guess.gather(1, src.clamp_max(W)), fresh), ctx.positions(ctx.n, W)))
-
-        def restart(fresh: torch.Tensor, _law) -> None:  # a new sample: a random window after its token 0
-            new = ctx.force(torch.randint(V, (B, W), device=ctx.device, generator=gen), ctx.positions(ctx.n, W))
-            draft.copy_(torch.where(fresh[:, None], new, draft))
-
-        ctx.run(round_, refill=restart)
 
 
 @dataclass(frozen=True)
@@ -150,32 +109,35 @@ class SJD(RuleMethod):
         return self.window + 2
 
     def decode(self, ctx: DecodeContext) -> None:
-        target, W, gen = ctx.target, self.window, ctx.generator
-        win = JacobiWindow(ctx, W, self.init, self.coupling)
-        p0 = target.prefill()
-        x0 = ctx.draw(p0, ctx.n)
-        ctx.accept(Verdict.sampled(x0))
-        draft, q = win.next_window(p0.probs[:, None], base=ctx.n - 1, start=ctx.n, first_init=ctx.n)  # updated in place
+        decode_chain(ctx, JacobiDrafts(self.window, self.init, self.coupling, self.refine))
 
-        def round_() -> None:
-            n = ctx.n.clone()
-            feed = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), draft], 1)
-            p = target.forward(feed, ctx.positions(n - 1, W + 1))  # p[:, j]: law of position n + j
-            verdict = ctx.verify(p, Chain(draft, q))
-            ctx.accept(verdict)
-            accepted = verdict.accepted
-            start = n + accepted + 1  # the new window's first position (finished rows: don't care)
-            first_init = n + W + 1 if self.refine else start  # refined slots lie in [start, first_init)
-            new_draft, new_q = win.next_window(p.probs, base=n, start=start, first_init=first_init, prev=(draft, q))
-            draft.copy_(new_draft)
-            q.copy_(new_q)
 
-        def restart(fresh: torch.Tensor, p0: DiscreteLaw) -> None:  # a new sample: its first window
-            new_draft, new_q = win.restart(fresh, p0.probs, ctx.n)
-            draft.copy_(torch.where(fresh[:, None], new_draft, draft))
-            q.copy_(torch.where(fresh[:, None, None], new_q, q))
+class JacobiDrafts(Proposer):
+    """SJD's window (``JacobiWindow``): drafts with the laws they were drawn from; after each round the
+    rest of the window is refined from the target's laws (``refine``, eq. 3) or re-initialised, and new
+    slots initialised by ``init``."""
 
-        ctx.run(round_, refill=restart)
+    def __init__(self, window: int, init: str, coupling: str, refine: bool = True) -> None:
+        self.W, self.init, self.coupling, self.refine = window, init, coupling, refine
+
+    def start(self, ctx: DecodeContext, law: DiscreteLaw) -> None:
+        self.win = JacobiWindow(ctx, self.W, self.init, self.coupling)
+        self.draft, self.q = self.win.next_window(law.probs[:, None], base=ctx.n - 1, start=ctx.n, first_init=ctx.n)  # updated in place
+
+    def propose(self, ctx: DecodeContext, n: torch.Tensor) -> Chain:
+        return Chain(self.draft, self.q)
+
+    def observe(self, ctx: DecodeContext, n: torch.Tensor, p: DiscreteLaw, verdict: Verdict) -> None:
+        start = n + verdict.accepted + 1  # the new window's first position (finished rows: don't care)
+        first_init = n + self.W + 1 if self.refine else start  # refined slots lie in [start, first_init)
+        new_draft, new_q = self.win.next_window(p.probs, base=n, start=start, first_init=first_init, prev=(self.draft, self.q))
+        self.draft.copy_(new_draft)
+        self.q.copy_(new_q)
+
+    def restart(self, ctx: DecodeContext, fresh: torch.Tensor, law: DiscreteLaw) -> None:
+        new_draft, new_q = self.win.restart(fresh, law.probs, ctx.n)  # a new sample: its first window
+        self.draft.copy_(torch.where(fresh[:, None], new_draft, self.draft))
+        self.q.copy_(torch.where(fresh[:, None, None], new_q, self.q))
 
 
 def coupling_step(p_new: torch.Tensor, p_old: torch.Tensor, x: torch.Tensor,

@@ -15,8 +15,9 @@ import torch
 from ..accept import AcceptanceRule, RuleMethod, rule_option
 from ..options import option
 from .base import DecodeContext
+from .proposer import Proposer, decode_chain
 from .laws import DiscreteLaw
-from .verdicts import Chain, Verdict
+from .verdicts import Chain
 
 
 @dataclass(frozen=True)
@@ -35,31 +36,34 @@ class Speculative(RuleMethod):
     def decode(self, ctx: DecodeContext) -> None:
         if ctx.draft is None:
             raise ValueError("method speculative needs a draft model (draft=...)")
-        target, draft, g, gen = ctx.target, ctx.draft, self.gamma, ctx.generator
-        x0 = ctx.draw(target.prefill(), ctx.n)
-        draft.prefill()
-        ctx.accept(Verdict.sampled(x0))
+        decode_chain(ctx, DraftModel(self.gamma))
 
-        def round_(back: int) -> None:
-            n = ctx.n.clone()
-            # The draft re-feeds the last two committed tokens (one on the first round): its cache may
-            # lack the previous round's bonus token, and a uniform shape keeps rows independent.
-            draft.set_committed(n - back)
-            feed = ctx.tokens.gather(1, ctx.positions(n - back, back))
-            q_steps, d_steps = [], []
-            pos = ctx.positions(n - back, back)
-            for i in range(g):
-                q = draft.forward(feed, pos).probs[:, -1]
-                draft.set_committed(pos[:, -1] + 1)
-                d = ctx.draw(DiscreteLaw(q), pos[:, -1] + 1)  # keyed noise: the race of its position
-                q_steps.append(q)
-                d_steps.append(d)
-                feed, pos = d[:, None], pos[:, -1:] + 1
-            q_all, drafts = torch.stack(q_steps, 1), torch.stack(d_steps, 1)
-            p_all = target.forward(torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), drafts], 1),
-                                   ctx.positions(n - 1, g + 1))
-            ctx.accept(ctx.verify(p_all, Chain(drafts, q_all)))
 
-        if not ctx.done():
-            round_(1)
-        ctx.run(lambda: round_(2))  # same shapes every round from here: capturable
+class DraftModel(Proposer):
+    """``gamma`` drafts drawn one by one from the draft model (``ctx.draft``), each with its law."""
+
+    warmup = True  # the first round re-feeds one committed token, the others two
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma, self.back = gamma, 1
+
+    def start(self, ctx: DecodeContext, law) -> None:
+        ctx.draft.prefill()
+
+    def propose(self, ctx: DecodeContext, n: torch.Tensor) -> Chain:
+        # The draft re-feeds the last two committed tokens (one on the first round): its cache may
+        # lack the previous round's bonus token, and a uniform shape keeps rows independent.
+        draft, back = ctx.draft, self.back
+        draft.set_committed(n - back)
+        feed = ctx.tokens.gather(1, ctx.positions(n - back, back))
+        q_steps, d_steps = [], []
+        pos = ctx.positions(n - back, back)
+        for i in range(self.gamma):
+            q = draft.forward(feed, pos).probs[:, -1]
+            draft.set_committed(pos[:, -1] + 1)
+            d = ctx.draw(DiscreteLaw(q), pos[:, -1] + 1)  # keyed noise: the race of its position
+            q_steps.append(q)
+            d_steps.append(d)
+            feed, pos = d[:, None], pos[:, -1:] + 1
+        self.back = 2  # same shapes every round from here: capturable
+        return Chain(torch.stack(d_steps, 1), torch.stack(q_steps, 1))

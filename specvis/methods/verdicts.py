@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accept import normalise, verify_chain
+from ..accept import ChainWalk, normalise, verify_chain
 from ..sampling import sample, uniform
 
 
@@ -81,12 +81,21 @@ class Verdict:
 
 
 def verify_chain_rule(rule, p: torch.Tensor, chain: Chain, generator: torch.Generator | None,
-                      soft: torch.Tensor | None = None) -> Verdict:
+                      soft: torch.Tensor | None = None, length: torch.Tensor | None = None,
+                      bonus: bool | torch.Tensor = True) -> Verdict:
     """The rule's chain walk (``accept.verify_chain``): p (B, g + 1, V) the target laws after the last
-    committed token and each draft; the block is the accepted drafts then the next token."""
-    accepted, nxt = verify_chain(rule, p, chain.laws, chain.tokens, generator, soft=soft)
-    block = torch.cat([chain.tokens, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
-    return Verdict(accepted, block)
+    committed token and each draft; ``length`` (B,) the drafts fed per row (None: all), ``bonus`` which
+    rows commit the next token (``verify_chain``). The verdict: ``chain_verdict``."""
+    return chain_verdict(chain.tokens, verify_chain(rule, p, chain.laws, chain.tokens, generator, soft=soft,
+                                                    length=length, bonus=bonus))
+
+
+def chain_verdict(tokens: torch.Tensor, walk: ChainWalk) -> Verdict:
+    """The block of a chain walk over drafts ``tokens`` (B, g): the accepted drafts, then the next token
+    (the residual draw at the first rejection, else the bonus draw), committed per ``walk.count``."""
+    accepted, nxt = walk.accepted, walk.next
+    block = torch.cat([tokens, nxt[:, None]], 1).scatter(1, accepted[:, None], nxt[:, None])
+    return Verdict(accepted, block, count=walk.count)
 
 
 def verify_tree(rule, tree: Tree, p: torch.Tensor, generator: torch.Generator | None,

@@ -32,10 +32,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..options import Options, option
 from ..sampling import sample
 from .base import DecodeContext
-from .verdicts import Verdict
+from .proposer import RowProposer, decode_rows
 from .rows2d import MAX_ROWS, Rows
 
 
@@ -53,17 +55,16 @@ class ZipAR(Options):
     refills = True
 
     def decode(self, ctx: DecodeContext) -> None:
-        gen = ctx.generator
-        rows = Rows(ctx, lag=self.window, chain=1, rcm=False)
-        ctx.accept(Verdict.sampled(ctx.target.prefill().sample(gen)))
-        rows.start()
+        decode_rows(ctx, Rows(ctx, lag=self.window, chain=1, rcm=False), NextSet())
 
-        def round_() -> None:
-            rows.begin_round()
-            block = rows.block(rows.open.long(), None)
-            p = ctx.target.forward(block.tokens, block.positions, block.mask)
-            law = rows.chain_laws(block, p.probs)  # (B, H, 1, V): the law of column c of each row
-            rows.commit(block, rows.open.long(), sample(law, gen))
 
-        ctx.run(round_, capture=False, refill=lambda fresh, _law: rows.restart(fresh))
-        ctx.record(rows.stats())
+class NextSet(RowProposer):
+    """No drafts: every active row feeds its last committed token and commits a draw from the target's
+    law of its next column."""
+
+    def propose(self, ctx: DecodeContext, rows: Rows) -> tuple[torch.Tensor, None]:
+        return rows.open.long(), None
+
+    def settle(self, ctx: DecodeContext, rows: Rows, block, law) -> None:
+        p = rows.chain_laws(block, law.probs)  # (B, H, 1, V): the law of column c of each row
+        rows.commit(block, rows.open.long(), sample(p, ctx.generator))

@@ -1,12 +1,14 @@
-"""Auto's decode: at every round boundary, AR's round or SJD's round, chosen by ``choose()``.
+"""Auto's decode: at every round boundary, AR's proposer or SJD's, chosen by ``choose()``, over the shared
+chain loop (``methods.base.decode_chain``).
 
-Exact: each round draws from the target's law given the committed prefix. An AR round commits one token
-drawn from the law after the last committed token. An SJD round verifies a window whose drafts were
-drawn from the laws ``q`` kept beside them, by the method's rule (exact, or ``Coupled`` under keyed
-noise); when the previous round was AR's, the window is first built afresh for every row from its
-last committed token (``JacobiWindow.restart``, as a row restarted by continuous batching), so the
-drafts verified are always drawn from the ``q`` the rule sees. Under keyed noise with ``Coupled`` both
-rounds commit AR's token at every position, so switching keeps the picture as well as the law.
+Exact: each round draws from the target's law given the committed prefix. An AR round proposes no
+drafts, so it commits one token drawn from the law after the last committed token. An SJD round verifies
+a window whose drafts were drawn from the laws ``q`` kept beside them, by the method's rule (exact, or
+``Coupled`` under keyed noise); when the previous round was AR's, the window is first built afresh for
+every row from its last committed token (``JacobiDrafts.restart``, as a row restarted by continuous
+batching), so the drafts verified are always drawn from the ``q`` the rule sees. Under keyed noise with
+``Coupled`` both rounds commit AR's token at every position, so switching keeps the picture as well as
+the law.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from typing import Callable
 import torch
 
 from ..accept import DEFAULT_RULE, AcceptanceRule
+from ..methods.ar import Sampler
 from ..methods.base import DecodeContext
+from ..methods.proposer import Proposer, decode_chain
+from ..methods.laws import DiscreteLaw
+from ..methods.sjd import JacobiDrafts
 from ..methods.verdicts import Chain, Verdict
-from ..methods.sjd import JacobiWindow
 
 
 @dataclass(frozen=True)
@@ -39,47 +44,37 @@ class Switching:
         return self.window + 2
 
     def decode(self, ctx: DecodeContext) -> None:
-        target, W = ctx.target, self.window
-        B = ctx.n.shape[0]
-        win = JacobiWindow(ctx, W, "random", "gumbel")
-        p0 = target.prefill()
-        ctx.accept(Verdict.sampled(ctx.draw(p0, ctx.n)))
-        last = p0.probs.clone()  # the law each row's last committed token was drawn from
-        draft, q = win.next_window(p0.probs[:, None], base=ctx.n - 1, start=ctx.n, first_init=ctx.n)
-        fresh_window = [False]  # the window is current (the last round was SJD's, or it was just built)
-        everyone = torch.ones(B, dtype=torch.bool, device=ctx.device)
+        decode_chain(ctx, Switch(self.choose, JacobiDrafts(self.window, "random", "gumbel")))
 
-        def ar_round() -> None:
-            n = ctx.n.clone()
-            law = target.forward(ctx.tokens.gather(1, (n - 1)[:, None]), (n - 1)[:, None])
-            ctx.accept(Verdict.sampled(ctx.draw(law[:, 0], n)))
-            last.copy_(law.probs[:, 0])
-            fresh_window[0] = True
 
-        def sjd_round() -> None:
-            if fresh_window[0]:  # after AR rounds: a new window after each row's last token
-                new_draft, new_q = win.restart(everyone, last, ctx.n)
-                draft.copy_(new_draft)
-                q.copy_(new_q)
-                fresh_window[0] = False
-            n = ctx.n.clone()
-            feed = torch.cat([ctx.tokens.gather(1, (n - 1)[:, None]), draft], 1)
-            p = target.forward(feed, ctx.positions(n - 1, W + 1))  # p[:, j]: law of position n + j
-            verdict = ctx.verify(p, Chain(draft, q))
-            ctx.accept(verdict)
-            start = n + verdict.accepted + 1
-            new_draft, new_q = win.next_window(p.probs, base=n, start=start, first_init=n + W + 1, prev=(draft, q))
-            draft.copy_(new_draft)
-            q.copy_(new_q)
-            last.copy_(p.probs.gather(1, verdict.accepted.clamp_max(W)[:, None, None].expand(-1, 1, p.probs.shape[-1]))[:, 0])
+class Switch(Proposer):
+    """AR's proposer (no drafts) or SJD's window, per ``choose()`` each round. ``last`` holds the law each
+    row's last committed token was drawn from: the first window after AR rounds is built from it."""
 
-        def round_() -> None:
-            (ar_round if self.choose() == "ar" else sjd_round)()
+    capturable = False  # the choice is made on the host each round
 
-        def restart(fresh: torch.Tensor, law) -> None:  # a row restarted with a new sample
-            last.copy_(torch.where(fresh[:, None], law.probs, last))
-            new_draft, new_q = win.restart(fresh, law.probs, ctx.n)
-            draft.copy_(torch.where(fresh[:, None], new_draft, draft))
-            q.copy_(torch.where(fresh[:, None, None], new_q, q))
+    def __init__(self, choose: Callable[[], str], sjd: JacobiDrafts) -> None:
+        self.choose, self.ar, self.sjd = choose, Sampler(), sjd
+        self.stale = False  # the window is behind the committed tokens (the last round was AR's)
 
-        ctx.run(round_, capture=False, refill=restart)  # the choice is made on the host each round
+    def start(self, ctx: DecodeContext, law: DiscreteLaw) -> None:
+        self.sjd.start(ctx, law)
+        self.last = law.probs.clone()
+
+    def propose(self, ctx: DecodeContext, n: torch.Tensor) -> Chain:
+        self.current = self.ar if self.choose() == "ar" else self.sjd
+        if self.current is self.sjd and self.stale:  # after AR rounds: a new window after each row's last token
+            everyone = torch.ones_like(n, dtype=torch.bool)
+            self.sjd.restart(ctx, everyone, DiscreteLaw(self.last))
+            self.stale = False
+        return self.current.propose(ctx, n)
+
+    def observe(self, ctx: DecodeContext, n: torch.Tensor, p: DiscreteLaw, verdict: Verdict) -> None:
+        self.current.observe(ctx, n, p, verdict)
+        self.stale = self.current is self.ar
+        if self.stale:  # the law the committed token was drawn from (an SJD round keeps its own window)
+            self.last.copy_(p.probs[:, 0])
+
+    def restart(self, ctx: DecodeContext, fresh: torch.Tensor, law: DiscreteLaw) -> None:
+        self.last.copy_(torch.where(fresh[:, None], law.probs, self.last))
+        self.sjd.restart(ctx, fresh, law)
