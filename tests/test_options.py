@@ -111,6 +111,19 @@ def test_wrong_types_are_refused(cls, info):
         assert f"{cls.__name__}.{info.name} must be " in str(e.value), v
 
 
+def test_a_float_option_without_an_upper_bound_still_refuses_infinity():
+    """Every declared float option has an upper bound (which also refuses inf), so the finiteness check is
+    tested on an option declared without one: inf and -inf refused, a large finite value kept."""
+    from specvis.options import OptionInfo
+
+    info = OptionInfo(owner="Probe", name="scale", type=float, default=1.0, help="", choices=None, low=0.0, high=None,
+                      open_low=False, flag="scale", aliases={}, stream=False)
+    assert info.check(1e300) == 1e300
+    for v in (math.inf, -math.inf, math.nan):
+        with pytest.raises(ValueError, match="Probe.scale must be "):
+            info.check(v)
+
+
 def test_tuples_are_checked_item_by_item_and_stored_as_tuples():
     assert sv.ADTTree(depth_range=[2, 5]).depth_range == (2, 5)
     assert sv.Auto(probe_classes=[0, 3]).probe_classes == (0, 3)
