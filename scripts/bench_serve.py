@@ -144,7 +144,7 @@ class InProcess:
     def sender(self, connections: int = 1):
         from contextlib import nullcontext
 
-        from specvis.serve.engine import Job, Key
+        from specvis.serve.engine import Key, Ticket
 
         def send(prompt: str, size: str | None, seed: int) -> dict:
             grid = grid_of(self.pipe, size)
@@ -156,7 +156,7 @@ class InProcess:
                     done.set()
             text = self.pipe.conditioning != "class"
             t0 = time.perf_counter()
-            self.engine.submit(Job(prompt if text else int(prompt), 1, seed, Key(self.method, self.sampling, grid), sink))
+            self.engine.submit(Ticket(prompt if text else int(prompt), 1, seed, Key(self.method, self.sampling, grid), sink))
             done.wait()
             t1 = time.perf_counter()
             if got[0][0] == "error":

@@ -18,6 +18,7 @@ import torch
 from scipy import stats as sps
 
 import specvis as sv
+from specvis.generate import stream_order
 from reference import sampling_law
 
 N_SAMPLES = 20_000  # per configuration, split evenly over its conditions
@@ -245,10 +246,11 @@ def sample_counts(model, conditions: list[int], method, sampling: sv.Sampling, n
     V, L = model.layout.vocab_size, model.layout.num_tokens
     counts = np.zeros((len(conditions), V ** L))
     total = n
+    keyed = sampling.resolved(stream_order(model, None)).keyed  # noise=None: the model's default, as generate runs it
     for seed, start in enumerate(range(0, total, batch)):
         rows = min(batch, total - start)
         idx = (torch.arange(start, start + rows) % len(conditions))
-        first = 1000 + (start if sampling.keyed else seed)
+        first = 1000 + (start if keyed else seed)
         out = sv.generate(model, condition_rows(model, conditions, idx), method, sampling, seed=first, **kw)
         g = grid_index(out.tokens.cpu(), V)
         np.add.at(counts, (idx.numpy(), g.numpy()), 1)

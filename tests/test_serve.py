@@ -25,7 +25,7 @@ import pytest
 from PIL import Image
 
 from serve_harness import Served
-from specvis.serve.engine import Job, Key
+from specvis.serve.engine import Key, Ticket
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -242,7 +242,7 @@ def test_no_request_waits_behind_a_later_one(t2i):
     for i in range(10):
         sampling = served.default_sampling if i % 3 else dataclasses.replace(served.default_sampling, cfg_scale=2.0)
         grid = served.sizes[("32x32", "48x48")[i % 2]]
-        jobs.append(Job("a cat", 1 + i % 2, i, Key(("ar", "sjd")[i % 4 == 0], sampling, grid), sink(i)))
+        jobs.append(Ticket("a cat", 1 + i % 2, i, Key(("ar", "sjd")[i % 4 == 0], sampling, grid), sink(i)))
     for job in jobs:
         engine.submit(job)
     wait_idle(engine)

@@ -12,7 +12,7 @@ import torch
 
 import specvis as sv
 from specvis import memory
-from specvis.serve.engine import Engine, Job, Key, decode_plan
+from specvis.serve.engine import Engine, Key, Ticket, decode_plan
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +45,12 @@ def test_a_draining_decode_gives_its_young_rows_back_and_each_image_stays_its_se
     images: dict[int, torch.Tensor] = {}
     order: list[int] = []
 
-    def job(seed: int, n: int) -> Job:
+    def job(seed: int, n: int) -> Ticket:
         def sink(event, seed=seed):
             assert event[0] == "image", event
             images[seed + event[1]] = event[2]
             order.append(seed + event[1])
-        return Job(3, n, seed, key, sink)
+        return Ticket(3, n, seed, key, sink)
 
     engine.submit(job(10, 1))
     held_per_turn: list[int] = []
@@ -84,8 +84,8 @@ def test_a_request_whose_rows_do_not_fit_is_refused_in_one_line_and_decodes_hold
     monkeypatch.setattr(memory, "free_bytes", lambda device: (p2.needed_bytes + p3.needed_bytes) // 2)
     events: dict[int, list] = {}
 
-    def job(seed: int, n: int) -> Job:
-        return Job(1, n, seed, key, lambda e, seed=seed: events.setdefault(seed, []).append(e))
+    def job(seed: int, n: int) -> Ticket:
+        return Ticket(1, n, seed, key, lambda e, seed=seed: events.setdefault(seed, []).append(e))
 
     engine.submit(job(0, 3))
     engine.submit(job(100, 2))

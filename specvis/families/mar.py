@@ -225,7 +225,7 @@ class MARFamily(OwnFormatFamily, ClassFamily):
 
     def check_method(self, pipe, method, sampling: Sampling) -> None:
         """MAR's ordered sampler runs AR and CSpD (continuous tokens); top-k/top-p do not apply."""
-        if method is not None and not isinstance(method, (AR, CSpD)):
+        if method is not None and not method.model_order:
             raise ValueError(f"model {pipe.name} (MAR) has continuous tokens: method must be None, sv.AR() or "
                              f"sv.CSpD(...), got {type(method).__name__} (a discrete-token method)")
         if sampling.top_k is not None or sampling.top_p is not None:

@@ -10,6 +10,7 @@ in constant time (``hmac.compare_digest``)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import os
@@ -21,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .engine import Draining, Engine, Job, Key, QueueFull
+from .engine import Draining, Engine, QueueFull, Ticket
 from .images import picture
 from .request import ApiError, Generation, ServedModel, parse
 
@@ -125,9 +126,9 @@ def make_app(engine: Engine, served: ServedModel, *, api_key: str | None = None,
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         seed = gen.seed if gen.seed is not None else secrets.randbits(48)
-        job = Job(gen.prompt, gen.n, seed, Key(gen.method, gen.sampling, gen.grid),
-                  lambda e: loop.call_soon_threadsafe(events.put_nowait, e), negative_prompt=gen.negative_prompt,
-                  partial_images=gen.partial_images if gen.stream else 0)
+        job = Ticket.of(dataclasses.replace(gen.job, seed=seed), gen.grid,
+                        lambda e: loop.call_soon_threadsafe(events.put_nowait, e),
+                        partial_images=gen.partial_images if gen.stream else 0)
         try:
             engine.submit(job)
         except QueueFull as e:
@@ -157,7 +158,7 @@ async def next_event(request: Request, events: asyncio.Queue, deadline: float | 
             raise ApiError(499, "the client disconnected", code="client_closed")
 
 
-async def answer(request: Request, engine: Engine, job: Job, gen: Generation, events: asyncio.Queue) -> dict:
+async def answer(request: Request, engine: Engine, job: Ticket, gen: Generation, events: asyncio.Queue) -> dict:
     """The JSON answer: every image, in order, once all are decoded."""
     deadline = None if gen.timeout is None else time.monotonic() + gen.timeout
     data: list[dict | None] = [None] * gen.n
@@ -177,7 +178,7 @@ def sse(payload: dict) -> str:
         f"data: {json.dumps(payload)}\n\n"
 
 
-async def stream(engine: Engine, job: Job, gen: Generation, events: asyncio.Queue):
+async def stream(engine: Engine, job: Ticket, gen: Generation, events: asyncio.Queue):
     """Server-sent events in OpenAI's shape: ``image_generation.partial_image`` (``partial_image_index``)
     as an image's rows commit, then ``image_generation.completed`` per image; an error as
     ``{"error": ...}``. A client that leaves cancels the job (the generator is closed)."""

@@ -45,6 +45,7 @@ from ..models.base import Condition, Prompts
 from ..memory import MemoryPlanError
 from ..options import Options
 from ..families.kv_cache import prefix_width
+from ..job import Job
 from ..registry import method_from_spec, refilling_methods, spec_of
 from ..sampling import Sampling, make_generator
 from ..methods.views import guided_view
@@ -77,10 +78,10 @@ class Key:
 
 
 @dataclass
-class Job:
-    """One request: ``n`` images of one prompt (a class id for class-conditional models) under ``key``.
-    ``sink(event)`` receives, from the engine thread: ("partial", k, tokens, committed),
-    ("image", k, tokens, info) and ("error", status, message)."""
+class Ticket:
+    """One request in the engine: ``n`` images of one prompt (a class id for class-conditional models) under
+    ``key``, with what the engine tracks of it. ``sink(event)`` receives, from the engine thread:
+    ("partial", k, tokens, committed), ("image", k, tokens, info) and ("error", status, message)."""
 
     prompt: Any  # class id (int) or prompt text
     n: int
@@ -96,6 +97,16 @@ class Job:
     left: int = 0
     quiet: bool = False  # the engine's own timing decodes: no metrics
 
+    @classmethod
+    def of(cls, job: Job, grid: tuple[int, int], sink: Callable[[tuple], None],
+           partial_images: int = 0) -> "Ticket":
+        """The engine's ticket for a request's ``Job`` (``serve.request.parse``; its seed drawn if it had none):
+        one prompt or class, ``job.num`` images from ``job.seed``, its method, sampling and ``grid``."""
+        prompt = job.prompts[0] if job.prompts is not None else job.classes[0]
+        negative = job.negative_prompts[0] if job.negative_prompts else None
+        return cls(prompt, job.num, job.seed, Key(job.method, job.sampling, grid), sink, negative_prompt=negative,
+                   partial_images=partial_images)
+
     def cancel(self) -> None:
         """Stop the job: its waiting images are dropped, its rows freed at the next round boundary."""
         self.cancelled = True
@@ -105,7 +116,7 @@ class Job:
 class Image:
     """Image ``index`` of a job: the sample a row holds (``rows.Sample``)."""
 
-    job: Job
+    job: Ticket
     index: int
     engine: "Engine"
     started_at: float = 0.0
@@ -180,7 +191,7 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Ticket) -> None:
         """Queue the job's images (FIFO); ``QueueFull`` or ``Draining`` when refused."""
         with self._cv:
             if self._closing:
@@ -288,7 +299,7 @@ class Engine:
 
     def _time_decode(self, spec: str, rows: int, sampling: Sampling) -> float:
         """Seconds of one decode of ``rows`` images of the default condition (thrown away)."""
-        job = Job(self.default_prompt(), rows, self._calibration_seed, Key(spec, sampling, self.native), lambda e: None,
+        job = Ticket(self.default_prompt(), rows, self._calibration_seed, Key(spec, sampling, self.native), lambda e: None,
                   quiet=True)
         job.left = rows
         images = [Image(job, k, self) for k in range(rows)]
@@ -372,7 +383,7 @@ class Engine:
         if back:
             self.metrics.queue_depth.set(len(self._waiting))
 
-    def _build_or_fail(self, job: Job, key: Key) -> bool:
+    def _build_or_fail(self, job: Ticket, key: Key) -> bool:
         try:
             self._set_grid(key.grid)
             self._build(job)
@@ -382,7 +393,7 @@ class Engine:
             self._fail(job, 400, str(e).splitlines()[0])
             return False
 
-    def _check_memory(self, job: Job, key: Key) -> None:
+    def _check_memory(self, job: Ticket, key: Key) -> None:
         """A job whose rows (``n`` up to ``max_batch``, CFG partners, prompt width, method slots) do
         not fit the device's free memory now is refused before it starts (``MemoryPlanError``, one line)."""
         widths = [prefix_width(c, self.model) for c in (job.condition.cond, job.condition.uncond) if c is not None]
@@ -396,7 +407,7 @@ class Engine:
         plan = decode_plan(self.pipe, key.method, key.sampling, self.max_batch)
         return self.max_batch if plan.fits or plan.max_batch_size is None else max(1, plan.max_batch_size)
 
-    def _build(self, job: Job) -> None:
+    def _build(self, job: Ticket) -> None:
         """The job's condition (n rows, both CFG halves) on the engine's device, on the current grid."""
         pipe, n, dev = self.pipe, job.n, self.pipe.device
         if pipe.conditioning == "class":
@@ -519,7 +530,7 @@ class Engine:
         index = layout.image_index(tokens.device)
         return tokens[index], int((index < committed).sum())
 
-    def _fail(self, job: Job, status: int, message: str) -> None:
+    def _fail(self, job: Ticket, status: int, message: str) -> None:
         if job.failed:
             return
         job.failed = True
