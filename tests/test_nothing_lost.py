@@ -404,7 +404,12 @@ def test_ctrl_c_while_importing_is_one_line(module):
             "        return None\n"
             "sys.meta_path.insert(0, Interrupting())\n"
             f"import {module}\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    def as_in_a_terminal() -> None:  # Ctrl+C's default disposition, whatever this test process inherited or set
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       preexec_fn=as_in_a_terminal)
     assert p.returncode in (130, -signal.SIGINT) and p.stderr.strip() == "specvis: interrupted", p.stderr[-300:]
 
 
