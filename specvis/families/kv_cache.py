@@ -86,12 +86,16 @@ def prefix_width(rows, model) -> int:
     return int(model.max_prefix)
 
 
+def condition_width(condition: Condition, model) -> int:
+    """Prefix tokens a condition's rows take in the cache: the wider of its conditional and CFG rows."""
+    return max(prefix_width(c, model) for c in (condition.cond, condition.uncond) if c is not None)
+
+
 def check_memory(pipe, condition: Condition, method, sampling: Sampling, refill: bool = False) -> MemoryPlan:
     """The plan of a call about to run (``Family.check_memory``), with its own prompts' width; a
     ``MemoryPlanError`` (one line: bytes needed, bytes free, the largest batch that fits) when it does
     not fit. Runs before any forward."""
-    widths = [prefix_width(c, pipe.target) for c in (condition.cond, condition.uncond) if c is not None]
-    p = pipe.family.memory(pipe, condition.batch, method, sampling, max(widths), refill=refill)
+    p = pipe.family.memory(pipe, condition.batch, method, sampling, condition_width(condition, pipe.target), refill=refill)
     if not p.fits:
         raise MemoryPlanError(p.line())
     return p

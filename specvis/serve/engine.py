@@ -44,7 +44,7 @@ from ..methods.base import DecodeContext
 from ..models.base import Condition, Prompts
 from ..memory import MemoryPlanError
 from ..options import Options
-from ..families.kv_cache import prefix_width
+from ..families.kv_cache import condition_width
 from ..job import Job
 from ..registry import method_from_spec, refilling_methods, spec_of
 from ..sampling import Sampling, make_generator
@@ -396,8 +396,8 @@ class Engine:
     def _check_memory(self, job: Ticket, key: Key) -> None:
         """A job whose rows (``n`` up to ``max_batch``, CFG partners, prompt width, method slots) do
         not fit the device's free memory now is refused before it starts (``MemoryPlanError``, one line)."""
-        widths = [prefix_width(c, self.model) for c in (job.condition.cond, job.condition.uncond) if c is not None]
-        plan = decode_plan(self.pipe, key.method, key.sampling, min(job.n, self.max_batch), max(widths))
+        plan = decode_plan(self.pipe, key.method, key.sampling, min(job.n, self.max_batch),
+                           condition_width(job.condition, self.model))
         if not plan.fits:
             raise MemoryPlanError(f"this request does not fit the server's memory: {plan.line()}")
 
