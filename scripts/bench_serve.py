@@ -1,7 +1,9 @@
 """Benchmark ``specvis serve`` under load: closed loop (C clients, each sending its next request when
 the last one is answered) and open loop (Poisson arrivals at a given rate), for the server with
 ``--method auto``, pinned to AR and pinned to SJD, against offline continuous batching
-``pipe(..., batch_size=B)`` over the same prompts, side by side in one run.
+``pipe(..., batch_size=B)`` over the same prompts, side by side in one run: the servers are all up
+(idle but for the one measured), and each load level is run on each of them in turn, so that the
+figures compared are minutes apart at most on a machine whose speed drifts.
 
 Each server is a ``specvis serve`` process on 127.0.0.1 (one torch thread unless --threads), the
 clients are threads of this process (httpx); the offline figures are measured in this process with
@@ -24,6 +26,7 @@ The same on a GPU: add --device cuda (and --in-process where FastAPI/uvicorn are
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -32,6 +35,7 @@ import platform
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -274,6 +278,28 @@ def offline(model: str, prompts: list[str], a: argparse.Namespace, method: str) 
             "images_per_s": len(prompts) / wall, "batch_size": a.max_batch}
 
 
+def offline_one(model: str, prompts: list[str], a: argparse.Namespace, method: str) -> dict:
+    """Each of ``prompts`` generated alone, ``pipe(one prompt)`` (batch 1, no server), under the server's
+    sampling, decoded to an image: the p50 latency a one-row server can at best match (the one-client
+    goal's reference)."""
+    import torch
+
+    import specvis as sv
+
+    torch.set_num_threads(a.threads)
+    pipe = sv.load(model, a.device)
+    sampling = dataclasses.replace(pipe.default_sampling, noise="keyed")
+    one = (lambda p: {"classes": [int(p)]}) if pipe.conditioning == "class" else (lambda p: {"prompts": [p]})
+    pipe(**one(prompts[0]), method=method, sampling=sampling, decode=False)  # warm-up
+    seconds = []
+    for i, prompt in enumerate(prompts):
+        t0 = time.perf_counter()
+        pipe(**one(prompt), method=method, sampling=sampling, seed=i)
+        seconds.append(time.perf_counter() - t0)
+    return {"load": "offline, one image at a time", "method": method, "images": len(prompts),
+            "latency_p50_s": statistics.median(seconds), "batch_size": 1}
+
+
 def classes_of(model: str) -> int:
     import specvis as sv
 
@@ -305,7 +331,8 @@ def estimate(a: argparse.Namespace, one: float, full: float) -> dict:
     """Seconds this run should take on one model, from offline AR's images/s at one row (``one``) and
     at ``max_batch`` rows (``full``), in log-linear between: per server, its start (auto's cost model
     runs each of its 3 candidates on 1, 2, 4, ..., max_batch rows) and each level (its requests at
-    the rate of the rows it keeps busy, no request sent after ``limit_s``); then offline AR and SJD."""
+    the rate of the rows it keeps busy, no request sent after ``limit_s``); then offline AR and SJD, batched
+    and (with one client among the levels) one image at a time."""
     B = a.max_batch
 
     def rate(rows: int) -> float:
@@ -318,6 +345,8 @@ def estimate(a: argparse.Namespace, one: float, full: float) -> dict:
     opened = {r: min(a.requests / min(r, full), a.limit_s) + 1 / one for r in a.rates}
     per_server = start + sum(closed.values()) + sum(opened.values())
     offline = 2.5 * max(a.requests, 2 * max(a.clients)) / full + 10.0  # AR's and SJD's (about 1.5x AR's at full rows)
+    if 1 in a.clients and a.one_images:
+        offline += 1.7 * a.one_images / one + 10.0  # one image at a time: AR's and SJD's (about 0.7x AR's)
     return {"start_s": start, "closed_s": closed, "open_s": opened, "per_server_s": per_server,
             "offline_s": offline, "total_s": len(a.modes) * per_server + offline}
 
@@ -340,6 +369,9 @@ def page(data: dict) -> str:
         for r in res["offline"]:
             lines.append(f"| offline pipe(batch_size={r['batch_size']}) {r['method']} | {r['images']} images | "
                          f"{r['images_per_s']:.2f} | | | | | | |")
+        for r in res.get("offline_one", []):
+            lines.append(f"| offline pipe(one image) {r['method']} | {r['images']} images, one at a time | | "
+                         f"{r['latency_p50_s']:.2f} | | | | | |")
         lines += ["", "Goals (ratios of the figures above):", ""]
         for name, value in res["goals"].items():
             lines.append(f"- {name}: {value}")
@@ -360,6 +392,9 @@ def goals(res: dict) -> dict:
     if closed("auto", 1) and closed("ar", 1):
         out["auto p50 latency at 1 client / AR server's (goal <= 0.556)"] = round(
             closed("auto", 1)["latency_p50_s"] / closed("ar", 1)["latency_p50_s"], 3)
+    one = {r["method"]: r["latency_p50_s"] for r in res.get("offline_one", [])}
+    if "ar" in one and "sjd" in one:  # the same ratio without a server: what SJD itself gives at one row
+        out["reference: offline one-image p50, SJD / AR (no goal)"] = round(one["sjd"] / one["ar"], 3)
     levels = sorted({r["clients"] for r in res["servers"].get("auto", []) if r["load"] == "closed"})
     worst = None
     for c in levels:
@@ -380,10 +415,12 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=["emoji-t2i", "emoji"])
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     ap.add_argument("--clients", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
-    ap.add_argument("--rates", nargs="+", type=float, default=[0.5, 1.0, 2.0, 4.0], help="open-loop requests/s")
+    ap.add_argument("--rates", nargs="*", type=float, default=[0.5, 1.0, 2.0, 4.0], help="open-loop requests/s (none: closed loop only)")
     ap.add_argument("--requests", type=int, default=64, help="requests per load level (at least 2x the clients)")
     ap.add_argument("--limit-s", type=float, default=300.0, help="closed loop: stop sending after this many seconds")
     ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--one-images", type=int, default=8, help="with 1 client among --clients: images the offline "
+                                                              "one-at-a-time reference times per method (0: none)")
     ap.add_argument("--max-queue", type=int, default=4096)
     ap.add_argument("--size", default=None, help="WxH of every request (default: the model's native size)")
     ap.add_argument("--threads", type=int, default=1)
@@ -396,6 +433,7 @@ def main() -> int:
     ap.add_argument("--budget-min", type=float, default=None, help="refuse a run estimated longer (minutes)")
     a = ap.parse_args()
     bounds = [("requests", a.requests, 1, 100_000), ("limit_s", a.limit_s, 1, 86_400), ("max_batch", a.max_batch, 1, 1024),
+              ("one_images", a.one_images, 0, 10_000),
               ("max_queue", a.max_queue, 1, 1_000_000), ("threads", a.threads, 1, 1024),
               ("budget_min", 1 if a.budget_min is None else a.budget_min, 0.1, 10_000)]
     bounds += [("clients", c, 1, 1024) for c in a.clients] + [("rates", r, 0.001, 1000) for r in a.rates]
@@ -428,22 +466,30 @@ def main() -> int:
     for model in a.models:
         classes = classes_of(model)
         size = None if classes else a.size
-        res = {"servers": {}, "offline": []}
-        for mode in a.modes:
-            rows = []
-            with (InProcess if a.in_process else Server)(model, MODES[mode], a) as s:
-                for c in a.clients:
-                    n = max(a.requests, 2 * c)
-                    rows.append(closed_loop(s, prompts_for(model, n, classes), c, n, size, a.limit_s))
-                    print(model, mode, rows[-1], flush=True)
-                for rate in a.rates:
-                    rows.append(open_loop(s, prompts_for(model, a.requests, classes), rate, a.requests, size, 0,
-                                          a.limit_s))
-                    print(model, mode, rows[-1], flush=True)
-            res["servers"][mode] = rows
+        res = {"servers": {}, "offline": [], "offline_one": []}
+        with contextlib.ExitStack() as stack:  # every server up (each started alone), then level by level
+            servers = {mode: stack.enter_context((InProcess if a.in_process else Server)(model, MODES[mode], a))
+                       for mode in a.modes}
+            rows: dict[str, list[dict]] = {mode: [] for mode in a.modes}
+            levels = [("closed", c) for c in a.clients] + [("open", r) for r in a.rates]
+            for i, (load, level) in enumerate(levels):
+                for mode in a.modes[i % len(a.modes):] + a.modes[: i % len(a.modes)]:  # each server first in turn
+                    s = servers[mode]
+                    if load == "closed":
+                        n = max(a.requests, 2 * level)
+                        rows[mode].append(closed_loop(s, prompts_for(model, n, classes), level, n, size, a.limit_s))
+                    else:
+                        rows[mode].append(open_loop(s, prompts_for(model, a.requests, classes), level, a.requests,
+                                                    size, 0, a.limit_s))
+                    print(model, mode, rows[mode][-1], flush=True)
+        res["servers"] = rows
         for method in ("ar", "sjd"):
             res["offline"].append(offline(model, prompts_for(model, max(a.requests, 2 * max(a.clients)), classes), a, method))
             print(model, res["offline"][-1], flush=True)
+        if 1 in a.clients and a.one_images:
+            for method in ("ar", "sjd"):
+                res["offline_one"].append(offline_one(model, prompts_for(model, a.one_images, classes), a, method))
+                print(model, res["offline_one"][-1], flush=True)
         res["goals"] = goals(res)
         data["models"][model] = res
     data["meta"]["wall_min"] = round((time.perf_counter() - began) / 60, 1)

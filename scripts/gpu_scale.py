@@ -973,9 +973,10 @@ SMOKE_HOOK_S = 300.0  # a hook's limit in the CPU smoke (its arguments there tak
 HOOKS = {  # section: (script, its arguments on the device, the smoke's smaller ones, modules it needs); {out}: the hook's folder
     "serve": ("scripts/bench_serve.py",
               ["--device", "cuda", "--in-process", "--models", "emoji-t2i", "--modes", "auto", "ar", "sjd", "--clients",
-               "1", "8", "--rates", "4", "--requests", "16", "--limit-s", "30", "--out", "{out}/serve.json"],
+               "1", "8", "--rates", "4", "--requests", "16", "--limit-s", "30", "--one-images", "4",
+               "--out", "{out}/serve.json"],
               ["--device", "cpu", "--in-process", "--models", "emoji-t2i", "--modes", "ar", "--clients", "1", "--rates",
-               "2", "--requests", "2", "--limit-s", "20", "--out", "{out}/serve.json"],
+               "2", "--requests", "2", "--limit-s", "20", "--one-images", "1", "--out", "{out}/serve.json"],
               ("prometheus_client",)),
     "seeds": ("scripts/bench_seeds.py",
               ["--device", "cuda", "--models", "emoji-t2i", "--parts", "cost,bf16", "--cost-repeats", "3", "--num", "16",
