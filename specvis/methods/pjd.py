@@ -63,6 +63,16 @@ COUPLINGS = ("none", "gumbel")
 INITS = ("random", "vertical-repeat")
 
 
+def keyed_choice(ctx: DecodeContext, probs: torch.Tensor, at: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """The keyed race argmax_v probs(v) / E(s, m, v) (``specvis.noise``) of laws (B, H, n, V) at stream
+    positions ``at`` (B, H, n), s the seed of the sample's image: for the image rows ``live`` (B, H) only
+    (the rows in flight; the others get 0), so the noise drawn is that of the positions a round can use."""
+    b, r = live.nonzero(as_tuple=True)
+    out = torch.zeros(at.shape, dtype=torch.long, device=at.device)
+    out[b, r] = ctx.keyed.draw(probs[b, r], at[b, r], rows=b)
+    return out
+
+
 def _at(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
     """x[b, r, j[b, r, ...]] along dim 2 for x (B, H, K, ...) and j (B, H, n): (B, H, n, ...)."""
     idx = j.reshape(*j.shape, *([1] * (x.dim() - 3))).expand(*j.shape, *x.shape[3:])
@@ -92,6 +102,7 @@ class PJD(RuleMethod):
     acceptance: AcceptanceRule = rule_option()
     name = "pjd"
     walk = "chain"
+    coupled_walk = True  # ``settle`` verifies Coupled's keyed point masses itself
     pad = MAX_ROWS
     refills = True
 
@@ -132,14 +143,21 @@ class JacobiRows(RowProposer):
         B, H, V, dev, g = ctx.n.shape[0], rows.height, ctx.V, ctx.device, K - 1
         self.uni = torch.zeros(V, device=dev)
         self.uni[: ctx.layout.vocab_size] = 1.0 / ctx.layout.vocab_size
-        self.gumbel = m.coupling == "gumbel"
+        self.coupled = ctx.coupled  # ``accept.Coupled``: verify against, and draft by, the keyed races
+        self.gumbel = m.coupling == "gumbel" and not self.coupled
         self.st = {"drafts": torch.zeros(B, H, g, dtype=torch.long, device=dev),  # drafts of columns c .. c + g - 1
                    "laws": torch.zeros(B, H, g, V, device=dev),  # the law each was drawn from
                    "has": torch.zeros(B, H, g, dtype=torch.bool, device=dev),
                    "race": torch.ones(B, H, g, V, dtype=torch.float64, device=dev) if self.gumbel else None}
         self.kk = torch.arange(g, device=dev)
 
-    def draw(self, ctx: DecodeContext, q: torch.Tensor, race: torch.Tensor | None) -> torch.Tensor:
+    def draw(self, ctx: DecodeContext, q: torch.Tensor, race: torch.Tensor | None, at: torch.Tensor,
+             live: torch.Tensor) -> torch.Tensor:
+        """Drafts (B, H, g) from the laws q (B, H, g, V) of stream positions ``at`` (B, H, g): under
+        ``Coupled`` the keyed race argmax q / E(s, m, .) of the rows ``live`` (B, H) (others 0), so a draft
+        whose law is the target's is the target's choice; else the kept Gumbel race or a draw."""
+        if self.coupled:
+            return keyed_choice(ctx, q, at, live)
         return torch.argmax(q / race, dim=-1) if self.gumbel else sample(q, ctx.generator)
 
     def propose(self, ctx: DecodeContext, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +176,8 @@ class JacobiRows(RowProposer):
             q0 = torch.where(ok[..., None], point, q0)
         if self.gumbel:
             st["race"] = torch.where(fresh[..., None], exponential(st["race"], gen), st["race"])
-        st["drafts"] = torch.where(fresh, self.draw(ctx, q0, st["race"]), st["drafts"])
+        at = (rows.rid * rows.stride + c)[..., None] + kk  # stream positions of columns c .. c + g - 1
+        st["drafts"] = torch.where(fresh, self.draw(ctx, q0, st["race"], at, open_), st["drafts"])
         st["laws"] = torch.where(fresh[..., None], q0, st["laws"])
         return v, st["drafts"]
 
@@ -169,10 +188,15 @@ class JacobiRows(RowProposer):
         D, Q = st["drafts"], st["laws"]
         P = rows.chain_laws(block, law.probs)  # (B, H, K, V): the law of column c + k
         soft = None if law.soft is None else rows.chain_laws(block, law.soft).reshape(-1, K, V)
+        verified = P
+        if self.coupled:  # each law's keyed choice at its stream position (row r, column c + k: r S + c + k)
+            at = (rows.rid * rows.stride + block.c)[..., None] + torch.arange(K, device=ctx.device)
+            verified = torch.zeros_like(P).scatter_(-1, keyed_choice(ctx, P, at, open_)[..., None], 1.0)
+            soft = None
         m = torch.where(open_, v - 1, torch.zeros_like(v))  # drafts fed
         # the top row: the rule's residual or bonus; lower rows: the accepted drafts only
-        walk = verify_chain(ctx.rule, P.reshape(-1, K, V), Q.reshape(-1, g, V), D.reshape(-1, g), gen, soft=soft,
-                            length=m.flatten(), bonus=top.flatten())
+        walk = verify_chain(ctx.rule, verified.reshape(-1, K, V), Q.reshape(-1, g, V), D.reshape(-1, g), gen,
+                            soft=soft, length=m.flatten(), bonus=top.flatten())
         verdict = chain_verdict(D.reshape(-1, g), walk)
         a, alpha = walk.accepted.view(B, H), walk.alpha.view(B, H, g)
         n = torch.where(open_, verdict.committed.view(B, H), torch.zeros_like(a))
@@ -192,7 +216,8 @@ class JacobiRows(RowProposer):
         if self.gumbel:  # E_m follows its position; a new position gets a fresh one
             race = torch.where(had[..., None], _at(st["race"], j.clamp_max(g - 1)), exponential(st["race"], gen))
             st["race"] = race
-        st["drafts"] = torch.where(keep, old_d, self.draw(ctx, p_j, race))
+        at = (rows.rid * rows.stride + block.c + n)[..., None] + kk  # the new window's stream positions
+        st["drafts"] = torch.where(keep, old_d, self.draw(ctx, p_j, race, at, rows.open))
         st["laws"] = torch.where(keep[..., None], old_q, p_j)
         st["has"] = (keep | redraw) & rows.open[..., None]
 
