@@ -119,13 +119,15 @@ class PJD(RuleMethod):
         """Per cache row, what a round allocates besides its cache (an estimate for the memory plan): the
         laws of up to H x chain fed tokens (``memory.LAW_COPIES`` fp32 copies), and each image row's g =
         chain - 1 drafts' laws (fp32), races (fp64, ``coupling="gumbel"``) and point-mass laws (``init=
-        "vertical-repeat"``) over V ids."""
+        "vertical-repeat"``) over V ids; under ``Coupled`` the keyed races of H x chain positions and their
+        point masses (no Gumbel race of its own)."""
         from ..memory import LAW_COPIES
 
         H, K, V = layout.height, self.chain(layout.width), layout.law_size
-        g = K - 1
-        per_draft = 4 + (16 if self.coupling == "gumbel" else 0) + (12 if self.init == "vertical-repeat" else 0)
-        return H * K * V * 4 * LAW_COPIES + H * g * V * per_draft
+        g, coupled = K - 1, "noise" in self.acceptance.needs
+        per_draft = 4 + (16 if self.coupling == "gumbel" and not coupled else 0) + (12 if self.init == "vertical-repeat" else 0)
+        keyed = H * K * V * 40 if coupled else 0  # Coupled: the keyed races (int64 words, fp64 E and ratio) and point masses
+        return H * K * V * 4 * LAW_COPIES + H * g * V * per_draft + keyed
 
     def decode(self, ctx: DecodeContext) -> None:
         K = self.chain(ctx.layout.width)
@@ -192,7 +194,6 @@ class JacobiRows(RowProposer):
         if self.coupled:  # each law's keyed choice at its stream position (row r, column c + k: r S + c + k)
             at = (rows.rid * rows.stride + block.c)[..., None] + torch.arange(K, device=ctx.device)
             verified = torch.zeros_like(P).scatter_(-1, keyed_choice(ctx, P, at, open_)[..., None], 1.0)
-            soft = None
         m = torch.where(open_, v - 1, torch.zeros_like(v))  # drafts fed
         # the top row: the rule's residual or bonus; lower rows: the accepted drafts only
         walk = verify_chain(ctx.rule, verified.reshape(-1, K, V), Q.reshape(-1, g, V), D.reshape(-1, g), gen,
