@@ -83,7 +83,6 @@ class RuleMethod(Options):
     when the method is built."""
 
     walk: ClassVar[str]
-    coupled_walk: ClassVar[bool] = False  # a lossy method whose own walk verifies ``Coupled``'s keyed point masses
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from . import checks
-from .accept import AcceptanceRule, BoundRule, RuleMethod, RuleTables, default_rule
+from .accept import AcceptanceRule, BoundRule, RuleTables, default_rule
 from .gsd import input_embeddings
 from .methods.auto import REFUSED, Auto
 from .methods.base import DecodeContext, Stats, timed
@@ -123,7 +123,7 @@ def keyed_method(method, sampling: Sampling):
         if not sampling.keyed:
             raise ValueError(f"acceptance rule {rule.name} needs keyed noise: sampling noise=\"keyed\" "
                              f"(--noise keyed), got noise={sampling.noise!r}")
-        if not (method.lossless or isinstance(method, RuleMethod) and method.coupled_walk):
+        if not (method.lossless or isinstance(method, Options) and method.coupled_walk):
             raise ValueError(f"acceptance rule {rule.name} verifies the lossless methods and PJD; method "
                              f"{method.name} runs its own walk: use exact, lantern or gsd with it")
     return method

@@ -43,6 +43,16 @@ law given the rows above up to their committed prefixes (and the row's own token
 then): neither AR's law nor a bound; measured TV on tiny models in docs/results/archive/rows2d-tv.md.
 ``keep_threshold`` keeps a draft whose old law is no longer its law, and a Gumbel race reused after a
 lower-row rejection carries what that rejection revealed: both bias the top row too.
+Under keyed noise with ``acceptance=Coupled()`` (opt-in: PJD's default rule stays ``Exact``, since PJD is
+lossy) every row in flight is verified against the point masses at its laws' keyed choices t_m = argmax_v
+p_m(v) / E(s, m, v), m the stream position of the law's column (row r, column c: r S + c, S the stride):
+the top row commits t_m (accepted drafts equal it; the residual and the bonus are the point mass), a lower
+row the drafts equal to its own t_m (from its partial-context law). Every draft races the same noise,
+argmax q / E(s, m, .) (``coupling`` has no effect), so a draft whose law is already the target's is its
+choice and the decode is a function of the seed. With rows that never overlap (``lag`` >= width,
+``keep_threshold=1``) every law is AR's and the tokens are AR's for the seed; with overlapping rows the
+top row's laws condition on tokens committed while their rows were lower rows (chosen from partial-context
+laws, their KV computed then): its commits are the keyed choices of those laws, not AR's tokens.
 """
 
 from __future__ import annotations
@@ -138,7 +148,8 @@ class PJD(RuleMethod):
 class JacobiRows(RowProposer):
     """PJD's per-row Jacobi windows (``PJD``): drafts of columns c .. c + g - 1 of every image row with the
     laws they were drawn from, verified by the rule's chain walk with the row's length (top row: residual
-    or bonus; lower rows: accept-prefix), then refined (or kept) for the next round."""
+    or bonus; lower rows: accept-prefix; under ``Coupled`` against the keyed choices of the laws), then
+    refined (or kept) for the next round."""
 
     def __init__(self, m: PJD, ctx: DecodeContext, rows: Rows, K: int) -> None:
         self.m, self.K, self.g = m, K, K - 1
