@@ -43,6 +43,7 @@ law given the rows above up to their committed prefixes (and the row's own token
 then): neither AR's law nor a bound; measured TV on tiny models in docs/results/archive/rows2d-tv.md.
 ``keep_threshold`` keeps a draft whose old law is no longer its law, and a Gumbel race reused after a
 lower-row rejection carries what that rejection revealed: both bias the top row too.
+
 Under keyed noise with ``acceptance=Coupled()`` (opt-in: PJD's default rule stays ``Exact``, since PJD is
 lossy) every row in flight is verified against the point masses at its laws' keyed choices t_m = argmax_v
 p_m(v) / E(s, m, v), m the stream position of the law's column (row r, column c: r S + c, S the stride):
