@@ -30,6 +30,7 @@ SERVE_LAW = "tests/test_serve_law.py"
 SERVE = "tests/test_serve.py"
 SERVE_ENGINE = "tests/test_serve_engine.py"
 SEEDS = "tests/test_seeds.py"
+PJD_COUPLED = "tests/test_pjd_coupled.py"
 LOST = "tests/test_nothing_lost.py"
 
 
@@ -675,6 +676,36 @@ MUTANTS = [
     Mutant("pjd: a row's walk tests the padding past the drafts it fed", "specvis/accept.py",
            "passed &= torch.arange(g, device=draft.device) < length[:, None]",
            "passed &= torch.arange(g, device=draft.device) <= length[:, None]", (ROWS2D, "-k", "harness or lower_rows")),
+    Mutant("pjd coupled: rows verified against the keyed choice one position on", "specvis/methods/pjd.py",
+           "at = (rows.rid * rows.stride + block.c)[..., None] + torch.arange(K, device=ctx.device)",
+           "at = (rows.rid * rows.stride + block.c)[..., None] + 1 + torch.arange(K, device=ctx.device)",
+           (PJD_COUPLED, "-k", "without_overlap_gives")),
+    Mutant("pjd coupled: rows verified against the target's law, not its keyed choice", "specvis/methods/pjd.py",
+           "verified = torch.zeros_like(P).scatter_(-1, keyed_choice(ctx, P, at, open_)[..., None], 1.0)",
+           "verified = P", (PJD_COUPLED, "-k", "without_overlap_gives")),
+    Mutant("pjd coupled: lower rows verified against no keyed choice (only the top row's raced)", "specvis/methods/pjd.py",
+           "keyed_choice(ctx, P, at, open_)[..., None], 1.0)", "keyed_choice(ctx, P, at, top)[..., None], 1.0)",
+           (PJD_COUPLED, "-k", "keyed_choices")),
+    Mutant("pjd coupled: every sample races the noise of the batch's first image", "specvis/methods/pjd.py",
+           "out[b, r] = ctx.keyed.draw(probs[b, r], at[b, r], rows=b)",
+           "out[b, r] = ctx.keyed.draw(probs[b, r], at[b, r], rows=torch.zeros_like(b))",
+           (PJD_COUPLED, "-k", "without_overlap_gives")),
+    Mutant("pjd coupled: drafts drawn from the generator, not the keyed race", "specvis/methods/pjd.py",
+           "        if self.coupled:\n            return keyed_choice(ctx, q, at, live)",
+           "        if False:\n            return keyed_choice(ctx, q, at, live)",
+           (PJD_COUPLED, "-k", "one_picture_per_seed or accepted_more")),
+    Mutant("pjd coupled: re-drafts raced at the old window's positions", "specvis/methods/pjd.py",
+           "at = (rows.rid * rows.stride + block.c + n)[..., None] + kk",
+           "at = (rows.rid * rows.stride + block.c)[..., None] + kk", (PJD_COUPLED, "-k", "accepted_more")),
+    Mutant("pjd coupled: PJD does not declare its coupled walk (Coupled refused)", "specvis/methods/pjd.py",
+           "    coupled_walk = True", "    coupled_walk = False", (PJD_COUPLED, "-k", "default_rule")),
+    Mutant("pjd coupled: a lossy method without a coupled walk let through", "specvis/generate.py",
+           "if not (method.lossless or isinstance(method, Options) and method.coupled_walk):",
+           "if not (method.lossless or isinstance(method, Options)):", (PJD_COUPLED, "-k", "refused")),
+    Mutant("rows2d: token 0 drawn from the generator under keyed noise, not its race", "specvis/methods/proposer.py",
+           "ctx.accept(Verdict.sampled(ctx.draw(ctx.target.prefill(), ctx.n)))",
+           "ctx.accept(Verdict.sampled(ctx.target.prefill().sample(ctx.generator)))",
+           (PJD_COUPLED, "-k", "without_overlap_gives")),
     Mutant("serve: auto ignores the choice (SJD's rounds every time)", "specvis/serve/switch.py",
            'self.current = self.ar if self.choose() == "ar" else self.sjd', "self.current = self.sjd",
            ("tests/test_proposer.py",)),

@@ -110,7 +110,8 @@ def check_refill(method, model, ordered) -> None:
 def keyed_method(method, sampling: Sampling):
     """The method as it runs under ``sampling``'s noise: a lossless method built without a rule verifies by
     ``Coupled`` under keyed noise (``accept.default_rule``); ``Coupled`` needs keyed noise and a lossless
-    method that verifies through the context's walk (PJD verifies its image rows outside it)."""
+    method (verified through the context's walk) or a lossy one that declares ``coupled_walk`` (its own
+    walk verifies the keyed point masses: PJD's rows). A lossy method keeps its own default rule."""
     rule = method.acceptance
     if rule is None:
         return method
@@ -122,9 +123,9 @@ def keyed_method(method, sampling: Sampling):
         if not sampling.keyed:
             raise ValueError(f"acceptance rule {rule.name} needs keyed noise: sampling noise=\"keyed\" "
                              f"(--noise keyed), got noise={sampling.noise!r}")
-        if not method.lossless:
-            raise ValueError(f"acceptance rule {rule.name} verifies through the lossless methods' walks; method "
-                             f"{method.name} runs its own: use exact, lantern or gsd with it")
+        if not (method.lossless or isinstance(method, Options) and method.coupled_walk):
+            raise ValueError(f"acceptance rule {rule.name} verifies the lossless methods and PJD; method "
+                             f"{method.name} runs its own walk: use exact, lantern or gsd with it")
     return method
 
 

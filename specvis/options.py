@@ -100,6 +100,7 @@ class Options:
 
     refills = False  # a method that restarts a finished row with the next sample (``generate(batch_size=)``)
     model_order = False  # a method that decodes a model revealing its tokens in an order of its own (MAR, ``generate(ordered=)``)
+    coupled_walk = False  # a lossy method whose own walk verifies ``accept.Coupled``'s keyed point masses (PJD's rows)
 
     def __post_init__(self) -> None:
         for info in option_fields(type(self)):

@@ -43,6 +43,17 @@ law given the rows above up to their committed prefixes (and the row's own token
 then): neither AR's law nor a bound; measured TV on tiny models in docs/results/archive/rows2d-tv.md.
 ``keep_threshold`` keeps a draft whose old law is no longer its law, and a Gumbel race reused after a
 lower-row rejection carries what that rejection revealed: both bias the top row too.
+
+Under keyed noise with ``acceptance=Coupled()`` (opt-in: PJD's default rule stays ``Exact``, since PJD is
+lossy) every row in flight is verified against the point masses at its laws' keyed choices t_m = argmax_v
+p_m(v) / E(s, m, v), m the stream position of the law's column (row r, column c: r S + c, S the stride):
+the top row commits t_m (accepted drafts equal it; the residual and the bonus are the point mass), a lower
+row the drafts equal to its own t_m (from its partial-context law). Every draft races the same noise,
+argmax q / E(s, m, .) (``coupling`` has no effect), so a draft whose law is already the target's is its
+choice and the decode is a function of the seed. With rows that never overlap (``lag`` >= width,
+``keep_threshold=1``) every law is AR's and the tokens are AR's for the seed; with overlapping rows the
+top row's laws condition on tokens committed while their rows were lower rows (chosen from partial-context
+laws, their KV computed then): its commits are the keyed choices of those laws, not AR's tokens.
 """
 
 from __future__ import annotations
@@ -61,6 +72,16 @@ from .rows2d import MAX_ROWS, Rows
 
 COUPLINGS = ("none", "gumbel")
 INITS = ("random", "vertical-repeat")
+
+
+def keyed_choice(ctx: DecodeContext, probs: torch.Tensor, at: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """The keyed race argmax_v probs(v) / E(s, m, v) (``specvis.noise``) of laws (B, H, n, V) at stream
+    positions ``at`` (B, H, n), s the seed of the sample's image: for the image rows ``live`` (B, H) only
+    (the rows in flight; the others get 0), so the noise drawn is that of the positions a round can use."""
+    b, r = live.nonzero(as_tuple=True)
+    out = torch.zeros(at.shape, dtype=torch.long, device=at.device)
+    out[b, r] = ctx.keyed.draw(probs[b, r], at[b, r], rows=b)
+    return out
 
 
 def _at(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -92,6 +113,7 @@ class PJD(RuleMethod):
     acceptance: AcceptanceRule = rule_option()
     name = "pjd"
     walk = "chain"
+    coupled_walk = True  # ``settle`` verifies Coupled's keyed point masses itself
     pad = MAX_ROWS
     refills = True
 
@@ -108,13 +130,15 @@ class PJD(RuleMethod):
         """Per cache row, what a round allocates besides its cache (an estimate for the memory plan): the
         laws of up to H x chain fed tokens (``memory.LAW_COPIES`` fp32 copies), and each image row's g =
         chain - 1 drafts' laws (fp32), races (fp64, ``coupling="gumbel"``) and point-mass laws (``init=
-        "vertical-repeat"``) over V ids."""
+        "vertical-repeat"``) over V ids; under ``Coupled`` the keyed races of H x chain positions and their
+        point masses (no Gumbel race of its own)."""
         from ..memory import LAW_COPIES
 
         H, K, V = layout.height, self.chain(layout.width), layout.law_size
-        g = K - 1
-        per_draft = 4 + (16 if self.coupling == "gumbel" else 0) + (12 if self.init == "vertical-repeat" else 0)
-        return H * K * V * 4 * LAW_COPIES + H * g * V * per_draft
+        g, coupled = K - 1, "noise" in self.acceptance.needs
+        per_draft = 4 + (16 if self.coupling == "gumbel" and not coupled else 0) + (12 if self.init == "vertical-repeat" else 0)
+        keyed = H * K * V * 40 if coupled else 0  # Coupled: the keyed races (int64 words, fp64 E and ratio) and point masses
+        return H * K * V * 4 * LAW_COPIES + H * g * V * per_draft + keyed
 
     def decode(self, ctx: DecodeContext) -> None:
         K = self.chain(ctx.layout.width)
@@ -125,21 +149,29 @@ class PJD(RuleMethod):
 class JacobiRows(RowProposer):
     """PJD's per-row Jacobi windows (``PJD``): drafts of columns c .. c + g - 1 of every image row with the
     laws they were drawn from, verified by the rule's chain walk with the row's length (top row: residual
-    or bonus; lower rows: accept-prefix), then refined (or kept) for the next round."""
+    or bonus; lower rows: accept-prefix; under ``Coupled`` against the keyed choices of the laws), then
+    refined (or kept) for the next round."""
 
     def __init__(self, m: PJD, ctx: DecodeContext, rows: Rows, K: int) -> None:
         self.m, self.K, self.g = m, K, K - 1
         B, H, V, dev, g = ctx.n.shape[0], rows.height, ctx.V, ctx.device, K - 1
         self.uni = torch.zeros(V, device=dev)
         self.uni[: ctx.layout.vocab_size] = 1.0 / ctx.layout.vocab_size
-        self.gumbel = m.coupling == "gumbel"
+        self.coupled = ctx.coupled  # ``accept.Coupled``: verify against, and draft by, the keyed races
+        self.gumbel = m.coupling == "gumbel" and not self.coupled
         self.st = {"drafts": torch.zeros(B, H, g, dtype=torch.long, device=dev),  # drafts of columns c .. c + g - 1
                    "laws": torch.zeros(B, H, g, V, device=dev),  # the law each was drawn from
                    "has": torch.zeros(B, H, g, dtype=torch.bool, device=dev),
                    "race": torch.ones(B, H, g, V, dtype=torch.float64, device=dev) if self.gumbel else None}
         self.kk = torch.arange(g, device=dev)
 
-    def draw(self, ctx: DecodeContext, q: torch.Tensor, race: torch.Tensor | None) -> torch.Tensor:
+    def draw(self, ctx: DecodeContext, q: torch.Tensor, race: torch.Tensor | None, at: torch.Tensor,
+             live: torch.Tensor) -> torch.Tensor:
+        """Drafts (B, H, g) from the laws q (B, H, g, V) of stream positions ``at`` (B, H, g): under
+        ``Coupled`` the keyed race argmax q / E(s, m, .) of the rows ``live`` (B, H) (others 0), so a draft
+        whose law is the target's is the target's choice; else the kept Gumbel race or a draw."""
+        if self.coupled:
+            return keyed_choice(ctx, q, at, live)
         return torch.argmax(q / race, dim=-1) if self.gumbel else sample(q, ctx.generator)
 
     def propose(self, ctx: DecodeContext, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +190,8 @@ class JacobiRows(RowProposer):
             q0 = torch.where(ok[..., None], point, q0)
         if self.gumbel:
             st["race"] = torch.where(fresh[..., None], exponential(st["race"], gen), st["race"])
-        st["drafts"] = torch.where(fresh, self.draw(ctx, q0, st["race"]), st["drafts"])
+        at = (rows.rid * rows.stride + c)[..., None] + kk  # stream positions of columns c .. c + g - 1
+        st["drafts"] = torch.where(fresh, self.draw(ctx, q0, st["race"], at, open_), st["drafts"])
         st["laws"] = torch.where(fresh[..., None], q0, st["laws"])
         return v, st["drafts"]
 
@@ -169,10 +202,14 @@ class JacobiRows(RowProposer):
         D, Q = st["drafts"], st["laws"]
         P = rows.chain_laws(block, law.probs)  # (B, H, K, V): the law of column c + k
         soft = None if law.soft is None else rows.chain_laws(block, law.soft).reshape(-1, K, V)
+        verified = P
+        if self.coupled:  # each law's keyed choice at its stream position (row r, column c + k: r S + c + k)
+            at = (rows.rid * rows.stride + block.c)[..., None] + torch.arange(K, device=ctx.device)
+            verified = torch.zeros_like(P).scatter_(-1, keyed_choice(ctx, P, at, open_)[..., None], 1.0)
         m = torch.where(open_, v - 1, torch.zeros_like(v))  # drafts fed
         # the top row: the rule's residual or bonus; lower rows: the accepted drafts only
-        walk = verify_chain(ctx.rule, P.reshape(-1, K, V), Q.reshape(-1, g, V), D.reshape(-1, g), gen, soft=soft,
-                            length=m.flatten(), bonus=top.flatten())
+        walk = verify_chain(ctx.rule, verified.reshape(-1, K, V), Q.reshape(-1, g, V), D.reshape(-1, g), gen,
+                            soft=soft, length=m.flatten(), bonus=top.flatten())
         verdict = chain_verdict(D.reshape(-1, g), walk)
         a, alpha = walk.accepted.view(B, H), walk.alpha.view(B, H, g)
         n = torch.where(open_, verdict.committed.view(B, H), torch.zeros_like(a))
@@ -192,7 +229,8 @@ class JacobiRows(RowProposer):
         if self.gumbel:  # E_m follows its position; a new position gets a fresh one
             race = torch.where(had[..., None], _at(st["race"], j.clamp_max(g - 1)), exponential(st["race"], gen))
             st["race"] = race
-        st["drafts"] = torch.where(keep, old_d, self.draw(ctx, p_j, race))
+        at = (rows.rid * rows.stride + block.c + n)[..., None] + kk  # the new window's stream positions
+        st["drafts"] = torch.where(keep, old_d, self.draw(ctx, p_j, race, at, rows.open))
         st["laws"] = torch.where(keep[..., None], old_q, p_j)
         st["has"] = (keep | redraw) & rows.open[..., None]
 

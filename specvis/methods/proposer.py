@@ -107,10 +107,11 @@ class RowProposer:
 
 
 def decode_rows(ctx: DecodeContext, rows: Any, proposer: RowProposer) -> None:
-    """Every 2-D method's loop: prefill, commit token 0 (a draw from the prefill's law), then rounds of
-    propose -> one target forward over every active row's chain (``Rows.block``) -> settle, until every
-    row is done; the rows' statistics are recorded. Rounds read the host (row schedules): not captured."""
-    ctx.accept(Verdict.sampled(ctx.target.prefill().sample(ctx.generator)))
+    """Every 2-D method's loop: prefill, commit token 0 (a draw from the prefill's law: under keyed noise
+    its race, as AR's), then rounds of propose -> one target forward over every active row's chain
+    (``Rows.block``) -> settle, until every row is done; the rows' statistics are recorded. Rounds read
+    the host (row schedules): not captured."""
+    ctx.accept(Verdict.sampled(ctx.draw(ctx.target.prefill(), ctx.n)))
     rows.start()
 
     def round_() -> None:
