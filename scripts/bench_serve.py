@@ -252,15 +252,24 @@ def open_loop(target, prompts: list[str], rate: float, requests: int, size: str 
     return {"load": "open", "rate_per_s": rate, **summary(rows, time.perf_counter() - start)}
 
 
-def offline(model: str, prompts: list[str], a: argparse.Namespace, method: str) -> dict:
-    """``pipe(..., batch_size=max_batch)`` over ``prompts`` in this process (continuous batching), under
-    the server's sampling (the model's, with keyed noise), decoded to images as the server does."""
+def offline_pipe(model: str, a: argparse.Namespace):
+    """The model loaded in this process as the server loads it (``--threads``, ``--device``) and the
+    server's sampling (the model's, with keyed noise): what every offline figure runs."""
     import torch
 
     import specvis as sv
 
     torch.set_num_threads(a.threads)
     pipe = sv.load(model, a.device)
+    return pipe, dataclasses.replace(pipe.default_sampling, noise="keyed")
+
+
+def offline(model: str, prompts: list[str], a: argparse.Namespace, method: str) -> dict:
+    """``pipe(..., batch_size=max_batch)`` over ``prompts`` in this process (continuous batching), under
+    the server's sampling (the model's, with keyed noise), decoded to images as the server does."""
+    import torch
+
+    pipe, sampling = offline_pipe(model, a)
     classes = pipe.conditioning == "class"
     kw = {"classes": [int(p) for p in prompts]} if classes else {"prompts": prompts}
     if a.size and not classes:
@@ -268,7 +277,6 @@ def offline(model: str, prompts: list[str], a: argparse.Namespace, method: str) 
         per = pipe.to_images(torch.zeros(1, pipe.target.layout.num_tokens, dtype=torch.long, device=pipe.device))[0].width \
             // pipe.target.layout.width
         kw.update(height=h // per, width=w // per)
-    sampling = dataclasses.replace(pipe.default_sampling, noise="keyed")  # the server's sampling
     pipe(**{**kw, **({"classes": kw["classes"][:2]} if classes else {"prompts": prompts[:2]})}, method=method,
          sampling=sampling, batch_size=2, decode=False)  # warm-up
     t0 = time.perf_counter()
@@ -282,13 +290,7 @@ def offline_one(model: str, prompts: list[str], a: argparse.Namespace, method: s
     """Each of ``prompts`` generated alone, ``pipe(one prompt)`` (batch 1, no server), under the server's
     sampling, decoded to an image: the p50 latency a one-row server can at best match (the one-client
     goal's reference)."""
-    import torch
-
-    import specvis as sv
-
-    torch.set_num_threads(a.threads)
-    pipe = sv.load(model, a.device)
-    sampling = dataclasses.replace(pipe.default_sampling, noise="keyed")
+    pipe, sampling = offline_pipe(model, a)
     one = (lambda p: {"classes": [int(p)]}) if pipe.conditioning == "class" else (lambda p: {"prompts": [p]})
     pipe(**one(prompts[0]), method=method, sampling=sampling, decode=False)  # warm-up
     seconds = []
@@ -310,13 +312,7 @@ def classes_of(model: str) -> int:
 def calibrate(model: str, a: argparse.Namespace) -> tuple[float, float]:
     """Offline AR's images/s at one row and at ``max_batch`` rows (one decode each, after a warm-up),
     under the server's sampling: what the estimate scales."""
-    import torch
-
-    import specvis as sv
-
-    torch.set_num_threads(a.threads)
-    pipe = sv.load(model, a.device)
-    sampling = dataclasses.replace(pipe.default_sampling, noise="keyed")
+    pipe, sampling = offline_pipe(model, a)
     kw = (lambda n: {"classes": [0] * n}) if pipe.conditioning == "class" else (lambda n: {"prompts": ["a cat"] * n})
     pipe(**kw(1), method="ar", sampling=sampling, decode=False)
     rates = []
