@@ -84,6 +84,12 @@ def keyed_choice(ctx: DecodeContext, probs: torch.Tensor, at: torch.Tensor, live
     return out
 
 
+def stream_positions(rows: Rows, first: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Stream positions (B, H, n) of columns ``first`` + k of every image row (row r, column c: r S + c, S
+    the row stride with its row ends); ``first`` (B, H), ``k`` (n,) offsets."""
+    return (rows.rid * rows.stride + first)[..., None] + k
+
+
 def _at(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
     """x[b, r, j[b, r, ...]] along dim 2 for x (B, H, K, ...) and j (B, H, n): (B, H, n, ...)."""
     idx = j.reshape(*j.shape, *([1] * (x.dim() - 3))).expand(*j.shape, *x.shape[3:])
@@ -190,7 +196,7 @@ class JacobiRows(RowProposer):
             q0 = torch.where(ok[..., None], point, q0)
         if self.gumbel:
             st["race"] = torch.where(fresh[..., None], exponential(st["race"], gen), st["race"])
-        at = (rows.rid * rows.stride + c)[..., None] + kk  # stream positions of columns c .. c + g - 1
+        at = stream_positions(rows, c, kk)  # columns c .. c + g - 1
         st["drafts"] = torch.where(fresh, self.draw(ctx, q0, st["race"], at, open_), st["drafts"])
         st["laws"] = torch.where(fresh[..., None], q0, st["laws"])
         return v, st["drafts"]
@@ -203,8 +209,8 @@ class JacobiRows(RowProposer):
         P = rows.chain_laws(block, law.probs)  # (B, H, K, V): the law of column c + k
         soft = None if law.soft is None else rows.chain_laws(block, law.soft).reshape(-1, K, V)
         verified = P
-        if self.coupled:  # each law's keyed choice at its stream position (row r, column c + k: r S + c + k)
-            at = (rows.rid * rows.stride + block.c)[..., None] + torch.arange(K, device=ctx.device)
+        if self.coupled:  # each law's keyed choice at its stream position (column c + k)
+            at = stream_positions(rows, block.c, torch.arange(K, device=ctx.device))
             verified = torch.zeros_like(P).scatter_(-1, keyed_choice(ctx, P, at, open_)[..., None], 1.0)
         m = torch.where(open_, v - 1, torch.zeros_like(v))  # drafts fed
         # the top row: the rule's residual or bonus; lower rows: the accepted drafts only
@@ -229,7 +235,7 @@ class JacobiRows(RowProposer):
         if self.gumbel:  # E_m follows its position; a new position gets a fresh one
             race = torch.where(had[..., None], _at(st["race"], j.clamp_max(g - 1)), exponential(st["race"], gen))
             st["race"] = race
-        at = (rows.rid * rows.stride + block.c + n)[..., None] + kk  # the new window's stream positions
+        at = stream_positions(rows, block.c + n, kk)  # the new window's columns
         st["drafts"] = torch.where(keep, old_d, self.draw(ctx, p_j, race, at, rows.open))
         st["laws"] = torch.where(keep[..., None], old_q, p_j)
         st["has"] = (keep | redraw) & rows.open[..., None]
