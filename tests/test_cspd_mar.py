@@ -293,3 +293,12 @@ def test_cli_generate_on_a_mar_directory(mar_dirs, tmp_path, capsys):
         assert cli(["generate", "--model", str(target), "--out", str(tmp_path / "x"), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("specvis: error:") and "\n" not in err, err
+
+
+def test_a_mar_model_runs_only_the_methods_that_declare_its_order():
+    """``generate`` asks the method (``model_order``: AR and CSpD) and refuses any other on a model that
+    reveals its tokens in its own order, naming it, before a view is built."""
+    model = random_mar(0, mixture=False)
+    for method in (sv.SJD(), sv.Speculative(2), sv.PJD(), sv.Jacobi()):
+        with pytest.raises(ValueError, match=f"method must be AR or CSpD, got {type(method).__name__}$"):
+            sv.generate(model, torch.tensor([0, 1]), method, sv.Sampling(temperature=1.0), ordered=mar_family.MARReveal(2))

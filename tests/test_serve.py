@@ -380,13 +380,12 @@ def test_auto_takes_the_method_measured_fastest_at_the_rows_of_the_decode():
     engine.costs = {"ar": {1: 2.0, 2: 1.2, 4: 0.7, 8: 0.5}, "sjd": {1: 1.0, 2: 0.9, 4: 0.8, 8: 0.8},
                     "sjd:init=vertical-sample": {1: 0.9, 2: 1.0, 4: 0.9, 8: 0.9}}
     assert [engine.choose(r) for r in (1, 2, 3, 4, 6, 8)] == ["sjd:init=vertical-sample", "sjd", "ar", "ar", "ar", "ar"]
-    assert [engine.choose(r, among=("ar", "sjd")) for r in (1, 2, 3)] == ["sjd", "sjd", "ar"]
-    engine._rows_held = 1
-    assert engine._round_method() == "sjd"  # Switching's rounds are AR's or SJD's (its own init)
-    # a decode runs one method throughout where the choice is the same at every count of rows it may hold
-    assert [engine.plain_choice(r) for r in (1, 2, 4)] == ["sjd:init=vertical-sample", None, None]
-    engine.costs["ar"] = {1: 0.1, 2: 0.1, 4: 0.1, 8: 0.1}
-    assert engine.plain_choice(8) == "ar"
+    # a decode of R rows runs the choice at R throughout, whatever number of its rows hold images
+    sampling = dataclasses.replace(engine.pipe.default_sampling, noise="keyed")
+    for rows, spec in ((1, "sjd:init=vertical-sample"), (2, "sjd"), (5, "ar")):
+        method, name = engine._resolve("auto", sampling, rows)
+        assert name == spec and method.name == spec.split(":")[0] and engine._auto_method == spec
+    assert engine._resolve("sjd:window=8", sampling, 1)[1] == "sjd:window=8" and engine._auto_method is None
 
 
 @pytest.mark.parametrize("method", ["auto", "sjd:window=8"])

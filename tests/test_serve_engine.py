@@ -28,7 +28,7 @@ def drive(engine: Engine) -> None:
             if first:
                 engine._decode(first)
         finally:
-            engine._rows_held, engine._live = 0, None
+            engine._live = None
 
 
 def keyed(pipe):

@@ -90,57 +90,6 @@ def test_live_rows_sample_the_exact_law(method):
     assert chi_square_pvalue(counts, law) > 1e-3
 
 
-@pytest.mark.parametrize("pattern", ["ar,sjd", "sjd,sjd,ar", "ar,ar,sjd"])
-def test_switching_methods_at_every_round_boundary_keeps_the_exact_law(pattern):
-    """Auto's decode (``serve.switch.Switching``) with its method changing at round boundaries by a fixed
-    pattern, over live rows (admissions and cancels as above): the enumerated law."""
-    from itertools import cycle
-
-    from specvis.serve.switch import Switching
-
-    torch.manual_seed(0)
-    model = tiny_llamagen(11)
-    turns = cycle(pattern.split(","))
-    counts, cancelled = served_counts(model, Switching(lambda: next(turns), window=3), CPU_SAMPLING)
-    assert cancelled > SAMPLES // 50
-    law = exact_law(model, list(CONDITIONS), CPU_SAMPLING)
-    assert chi_square_pvalue(counts, law) > 1e-3
-
-
-def keyed_tokens(model, method, sampling, seeds: list[int], rows: int) -> dict[int, torch.Tensor]:
-    """Each seed's tokens, served through live rows (``rows`` at once, the rest admitted as rows free)."""
-    out: list = []
-    waiting = [Sample(s % len(CONDITIONS), model, out, None) for s in seeds]
-    for sample, seed in zip(waiting, seeds):
-        sample.seed = seed
-    first, rest = waiting[:rows], waiting[rows:]
-
-    def source(room: int, held: int) -> list[Sample]:
-        taken = rest[:room]
-        del rest[:room]
-        return taken
-
-    decode_live(model, first, method, sampling, 0, lambda ctx: LiveRows(ctx, first, source, len(seeds)))
-    assert len(out) == len(seeds)
-    return {sample.seed: sample.tokens for sample in waiting}
-
-
-def test_under_keyed_noise_switching_methods_keeps_each_seeds_picture():
-    """Keyed noise with ``Coupled``: AR's tokens for every seed, whatever the rounds' methods and the rows."""
-    import dataclasses
-    from itertools import cycle
-
-    from specvis.serve.switch import Switching
-
-    model = tiny_llamagen(11, grid=3)
-    sampling = dataclasses.replace(CPU_SAMPLING, noise="keyed")
-    seeds = list(range(100, 124))
-    ar = keyed_tokens(model, sv.AR(), sampling, seeds, 5)
-    turns = cycle(["sjd", "ar", "sjd", "sjd"])
-    switched = keyed_tokens(model, Switching(lambda: next(turns), window=3), sampling, seeds, 7)
-    assert all(torch.equal(ar[s], switched[s]) for s in seeds)
-
-
 def test_rows_given_back_and_started_again_keep_the_exact_law(monkeypatch):
     """Rows given back while young (``LiveRows.preempt``, as a draining engine gives them back) and their
     samples started again from their first token in a later turn or decode: every sample comes back

@@ -18,8 +18,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=8, help="rows decoded at once, 1..1024 (default 8)")
     p.add_argument("--max-queue", type=int, default=256, help="images waiting at most, 1..1000000 (default 256); "
                                                                "past it 429 with Retry-After")
-    p.add_argument("--method", default="auto", help="auto (default: at every round, AR or SJD, whichever was "
-                                                    "measured faster at the rows in flight) or a spec such as ar or "
+    p.add_argument("--method", default="auto", help="auto (default: per decode, AR or SJD, whichever was "
+                                                    "measured fastest at its rows) or a spec such as ar or "
                                                     "sjd:window=16")
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (also SPECVIS_API_KEY)")
     p.add_argument("--grace", type=float, default=30.0, help="seconds to finish accepted work on SIGTERM (0..3600, default 30)")

@@ -20,10 +20,11 @@ fit the device's free memory is refused before it starts, and a decode holds no 
 
 ``method="auto"``: at start (whatever the server's method) the engine times ``AUTO_CANDIDATES`` on
 decodes of 1, 2, 4, ..., ``max_batch`` rows (the cost model: seconds per image by rows). An auto decode
-of R rows runs one candidate throughout when the cost model picks it at every row count 1..R
-(``plain_choice``); else, at every round boundary, AR's or SJD's round, whichever has the least seconds
-per image at the measured row count nearest (in log) to the rows in flight (``switch.Switching``:
-exact, and under keyed noise the same picture).
+of R rows runs, throughout, the candidate with the least seconds per image at the measured row count
+nearest (in log) to R. Not by the rows holding images: every round's forward computes all R rows of
+the static cache, idle ones included, so a round of any method costs what it costs at R rows, and the
+candidate fastest at R stays fastest whatever number of its rows hold images (each method's tokens per
+round scale with them alike). Exact: each image is one decode of one lossless method.
 """
 
 from __future__ import annotations
@@ -51,11 +52,8 @@ from ..sampling import Sampling, make_generator
 from ..methods.views import guided_view
 from .metrics import ServeMetrics
 from .rows import LiveRows, joined
-from .switch import Switching
 
 AUTO_CANDIDATES = ("ar", "sjd", "sjd:init=vertical-sample")  # the methods of auto's cost model
-SWITCH_ROUNDS = ("ar", "sjd")  # the candidates ``switch.Switching`` runs as rounds (SJD's default init)
-SWITCH_WINDOW = 16  # its SJD rounds' window (SJD's default)
 PREEMPT_SHARE = 8  # a draining decode gives its rows back if they started at most stream_len / 8 turns ago
 BUDGET = 100_000  # samples one decode may admit after its first rows (bounds its no-progress check)
 
@@ -178,11 +176,10 @@ class Engine:
         self._cv = threading.Condition()
         self._closing = False  # admits nothing more
         self._stopping = False  # worker exits when idle
-        self._rows_held = 0
         self._busy = False  # a decode is being set up or running
         self._demand, self._peak = 1, 0  # images in the system at most during the last decode, during this one
         self._cap = max_batch  # the most rows the running decode's key may hold (``_rows_that_fit``)
-        self._auto_plain: str | None = None  # the method an auto decode runs throughout (``plain_choice``)
+        self._auto_method: str | None = None  # the candidate the running auto decode runs
         self._young = 0  # the running decode's rows started at most this many turns ago may be given back
         self._calibration_seed = calibration_seed
         self._thread = threading.Thread(target=self._run, name="specvis-engine", daemon=True)
@@ -272,7 +269,7 @@ class Engine:
                     self._fail(image.job, 503 if self._abort else 500, f"decoding failed: {e}")
             finally:
                 with self._cv:
-                    self._rows_held, self._busy, self._live = 0, False, None
+                    self._busy, self._live = False, None
                     self.metrics.rows_in_flight.set(0)
                     self._cv.notify_all()
 
@@ -311,22 +308,16 @@ class Engine:
     def default_prompt(self) -> Any:
         return 0 if self.pipe.conditioning == "class" else "a smiling face"
 
-    def choose(self, rows: int, among: tuple[str, ...] | None = None) -> str:
-        """Auto's method at ``rows`` rows in flight: least measured seconds per image at the measured row
-        count nearest in log to ``rows``, among the cost model's candidates (``among``: those only)."""
+    def choose(self, rows: int) -> str:
+        """Auto's method for a decode of ``rows`` rows: least measured seconds per image at the measured
+        row count nearest in log to ``rows``, among the cost model's candidates."""
         if not self.costs:
             raise RuntimeError("auto's cost model is measured at start: the engine has not warmed up")
 
         def at(table: dict[int, float]) -> float:
             r = min(table, key=lambda m: (abs(math.log(m) - math.log(rows)), m))
             return table[r]
-        return min((spec for spec in self.costs if among is None or spec in among), key=lambda spec: at(self.costs[spec]))
-
-    def plain_choice(self, rows: int) -> str | None:
-        """The method an auto decode of ``rows`` rows runs throughout, when the cost model chooses the
-        same at every count of rows it may hold (1..rows); None: it switches round by round."""
-        chosen = {self.choose(h) for h in range(1, rows + 1)}
-        return chosen.pop() if len(chosen) == 1 else None
+        return min(self.costs, key=lambda spec: at(self.costs[spec]))
 
     def _take(self, key: Key | None, room: int, held: int) -> list[Image]:
         """Up to ``room`` images from the head of the queue that share ``key`` (None: the head's),
@@ -423,24 +414,11 @@ class Engine:
             self.pipe.set_grid(*grid)
 
     def _resolve(self, spec: str, sampling: Sampling, rows: int):
-        """The decode's method: the spec's; for ``auto`` of ``rows`` rows, the candidate the cost model
-        chooses at every count of rows held (``plain_choice``), else AR's or SJD's round at each
-        boundary by the rows in flight (``switch.Switching``)."""
-        self._auto_plain = None
-        if spec == "auto":
-            self._auto_plain = self.plain_choice(rows)
-            if self._auto_plain is None:
-                return keyed_method(Switching(self._round_method, window=min(SWITCH_WINDOW, self.model.layout.stream_len)),
-                                    sampling), "auto"
-            spec = self._auto_plain
+        """The decode's method and its spec: the request's; for ``auto``, the cost model's choice at the
+        decode's ``rows`` (``choose``)."""
+        self._auto_method = self.choose(rows) if spec == "auto" else None
+        spec = self._auto_method or spec
         return keyed_method(fit_to_stream(method_from_spec(spec), self.model.layout.stream_len), sampling), spec
-
-    def _round_method(self) -> str:
-        """Auto's method for the next round: the cost model's choice among the rounds ``Switching`` runs
-        at the rows held now."""
-        name = self.choose(max(1, self._rows_held), among=SWITCH_ROUNDS)
-        self.metrics.rounds.labels(name).inc()
-        return name
 
     def _decode(self, first: list[Image], quiet: bool = False) -> None:
         """One decode of ``first`` and what it admits. Its rows: the images taken, or as many as the
@@ -451,7 +429,6 @@ class Engine:
         self._set_grid(key.grid)
         rows = len(first) if quiet else min(self._cap, max(len(first), self._demand))
         self._peak = 0
-        self._rows_held = len(first)
         method, name = self._resolve(key.method, key.sampling, rows)
         self._young = young_turns(self.model.layout.stream_len, method.pad)
         label = "auto" if key.method == "auto" else spec_of(method)
@@ -488,11 +465,10 @@ class Engine:
 
     def _round(self, held: int) -> None:
         self.metrics.rows_per_round.observe(held)
-        if self._auto_plain is not None:
-            self.metrics.rounds.labels(self._auto_plain).inc()
+        if self._auto_method is not None:
+            self.metrics.rounds.labels(self._auto_method).inc()
         self.metrics.rows_in_flight.set(held)
         with self._cv:
-            self._rows_held = held
             self._peak = max(self._peak, held + len(self._waiting))
             if self._abort:
                 raise RuntimeError("the server shut down before this image finished")
