@@ -2,15 +2,17 @@
 the last one is answered) and open loop (Poisson arrivals at a given rate), for the server with
 ``--method auto``, pinned to AR and pinned to SJD, against offline continuous batching
 ``pipe(..., batch_size=B)`` over the same prompts, side by side in one run: the servers are all up
-(idle but for the one measured), and each load level is run on each of them in turn, so that the
-figures compared are minutes apart at most on a machine whose speed drifts.
+(idle but for the one measured), and each load level is run on each of them in turn, ``--passes``
+times in mirrored order (A B C, then C B A), its requests shared out among the passes, so that the
+figures compared are seconds apart and a steady drift of the machine's speed weighs on each alike.
 
 Each server is a ``specvis serve`` process on 127.0.0.1 (one torch thread unless --threads), the
 clients are threads of this process (httpx); the offline figures are measured in this process with
 no server running. ``--in-process``: no HTTP, the engine runs in this process and the clients are
 threads submitting its jobs (what the engine alone gives: no request parsing, no PNG encoding; needs
-neither FastAPI nor uvicorn). Per load level: images/s, p50/p95/p99 latency, p50/p95/p99 time in
-queue (the engine's ``queued_s``). Writes JSON (--out) and a markdown page (--page).
+neither FastAPI nor uvicorn). Per load level, over its passes: images/s (and each pass's), p50/p95/p99
+latency, p50/p95/p99 time in queue (the engine's ``queued_s``), the mean rows held per round and auto's
+rounds by method (from the engine's metrics). Writes JSON (--out) and a markdown page (--page).
 
 Before it starts it prints an estimate of its run time, from offline AR's images/s at one row and at
 ``--max-batch`` rows measured first (a few seconds); ``--estimate-only`` stops there and
@@ -99,6 +101,12 @@ class Server:
             self.proc.kill()
             self.proc.wait()
 
+    def counters(self) -> dict[str, float]:
+        """The engine's round counters now (``engine_counters`` of its /metrics)."""
+        import httpx
+
+        return engine_counters(httpx.get(self.url + "/metrics", timeout=30).text)
+
     def sender(self, connections: int = 1):
         """A client (httpx, ``connections`` at once) and its ``send(prompt, size, seed) -> row``."""
         import httpx
@@ -145,6 +153,9 @@ class InProcess:
     def __exit__(self, *exc) -> None:
         self.engine.close(120)
 
+    def counters(self) -> dict[str, float]:
+        return engine_counters(self.engine.metrics.text().decode())
+
     def sender(self, connections: int = 1):
         from contextlib import nullcontext
 
@@ -171,6 +182,23 @@ class InProcess:
         return nullcontext(), send
 
 
+def engine_counters(text: str) -> dict[str, float]:
+    """From a server's Prometheus text: rounds (``specvis_rows_per_round`` count), rows held summed over
+    rounds, and auto's rounds by the method it ran (``auto_rounds:<method>``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "specvis_rows_per_round_count":
+                out["rounds"] = sample.value
+            elif sample.name == "specvis_rows_per_round_sum":
+                out["rows_held"] = sample.value
+            elif sample.name == "specvis_auto_rounds_total":
+                out[f"auto_rounds:{sample.labels['method']}"] = sample.value
+    return out
+
+
 def grid_of(pipe, size: str | None) -> tuple[int, int]:
     """The token grid of a "WxH" size (None: the model's native grid)."""
     import torch
@@ -184,6 +212,7 @@ def grid_of(pipe, size: str | None) -> tuple[int, int]:
 
 
 def summary(rows: list[dict], wall: float) -> dict:
+    """Images/s, latency and queue percentiles and the methods answered, over ``rows`` in ``wall`` seconds."""
     lat = np.array([r["latency_s"] for r in rows])
     que = np.array([r["queued_s"] for r in rows])
     methods: dict[str, int] = {}
@@ -196,7 +225,7 @@ def summary(rows: list[dict], wall: float) -> dict:
 
 def closed_loop(target, prompts: list[str], clients: int, requests: int, size: str | None, limit_s: float) -> dict:
     """``clients`` threads each sending its next request when the last is answered, ``requests`` in all
-    (or until ``limit_s``)."""
+    (or until ``limit_s``): the answers (``rows``) and the seconds (``wall_s``)."""
     rows, lock, counter = [], threading.Lock(), [0]
     start = time.perf_counter()
 
@@ -218,13 +247,13 @@ def closed_loop(target, prompts: list[str], clients: int, requests: int, size: s
         t.start()
     for t in threads:
         t.join()
-    return {"load": "closed", "clients": clients, **summary(rows, time.perf_counter() - start)}
+    return {"rows": rows, "wall_s": time.perf_counter() - start}
 
 
 def open_loop(target, prompts: list[str], rate: float, requests: int, size: str | None, seed: int,
               limit_s: float) -> dict:
     """Poisson arrivals at ``rate`` requests/s, ``requests`` in all (none sent after ``limit_s``);
-    latency counted from each arrival."""
+    latency counted from each arrival. The answers (``rows``) and the seconds (``wall_s``)."""
     rng = random.Random(seed)
     gaps = [rng.expovariate(rate) for _ in range(requests)]
     rows, lock = [], threading.Lock()
@@ -249,7 +278,24 @@ def open_loop(target, prompts: list[str], rate: float, requests: int, size: str 
             threads.append(t)
         for t in threads:
             t.join()
-    return {"load": "open", "rate_per_s": rate, **summary(rows, time.perf_counter() - start)}
+    return {"rows": rows, "wall_s": time.perf_counter() - start}
+
+
+def pooled(level: dict, runs: list[dict]) -> dict:
+    """One server's figures at one load level over its passes: images/s of all images over all seconds,
+    percentiles over all answers, each pass's images/s, and the engine's rounds in the level (mean rows
+    held per round; auto's rounds by method)."""
+    rows = [r for run in runs for r in run["rows"]]
+    out = {**level, **summary(rows, sum(run["wall_s"] for run in runs)),
+           "passes": [round(len(run["rows"]) / run["wall_s"], 4) for run in runs]}
+    counts: dict[str, float] = {}
+    for run in runs:
+        for name, value in run["counters"].items():
+            counts[name] = counts.get(name, 0.0) + value
+    if counts.get("rounds"):
+        out["rows_per_round"] = counts["rows_held"] / counts["rounds"]
+    out["auto_rounds"] = {k.split(":", 1)[1]: int(v) for k, v in counts.items() if k.startswith("auto_rounds:") and v}
+    return out
 
 
 def offline_pipe(model: str, a: argparse.Namespace):
@@ -354,20 +400,23 @@ def page(data: dict) -> str:
              f"{' (engine in process, no HTTP)' if data['meta'].get('transport') == 'in-process' else ''}. Command: "
              f"`{data['meta']['command']}`. Data: `{data['meta']['out']}`.", ""]
     for model, res in data["models"].items():
-        lines += [f"## {model}", "", "| server | load | images/s | p50 s | p95 s | p99 s | queue p50 s | queue p99 s | methods |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {model}", "", "| server | load | images/s | passes | p50 s | p95 s | p99 s | queue p50 s | queue p99 s | rows / round | auto's rounds |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for mode, rows in res["servers"].items():
             for r in rows:
                 load = f"{r['clients']} clients" if r["load"] == "closed" else f"{r['rate_per_s']}/s Poisson"
-                lines.append(f"| {mode} | {load} | {r['images_per_s']:.2f} | {r['latency_p50_s']:.2f} | "
+                passes = " / ".join(f"{x:.2f}" for x in r.get("passes", []))
+                held = f"{r['rows_per_round']:.2f}" if "rows_per_round" in r else ""
+                rounds = ", ".join(f"{k} {v}" for k, v in r.get("auto_rounds", {}).items())
+                lines.append(f"| {mode} | {load} | {r['images_per_s']:.2f} | {passes} | {r['latency_p50_s']:.2f} | "
                              f"{r['latency_p95_s']:.2f} | {r['latency_p99_s']:.2f} | {r['queue_p50_s']:.2f} | "
-                             f"{r['queue_p99_s']:.2f} | {', '.join(f'{k} {v}' for k, v in r['methods'].items())} |")
+                             f"{r['queue_p99_s']:.2f} | {held} | {rounds} |")
         for r in res["offline"]:
             lines.append(f"| offline pipe(batch_size={r['batch_size']}) {r['method']} | {r['images']} images | "
-                         f"{r['images_per_s']:.2f} | | | | | | |")
+                         f"{r['images_per_s']:.2f} | | | | | | | | |")
         for r in res.get("offline_one", []):
-            lines.append(f"| offline pipe(one image) {r['method']} | {r['images']} images, one at a time | | "
-                         f"{r['latency_p50_s']:.2f} | | | | | |")
+            lines.append(f"| offline pipe(one image) {r['method']} | {r['images']} images, one at a time | | | "
+                         f"{r['latency_p50_s']:.2f} | | | | | | |")
         lines += ["", "Goals (ratios of the figures above):", ""]
         for name, value in res["goals"].items():
             lines.append(f"- {name}: {value}")
@@ -413,7 +462,9 @@ def main() -> int:
     ap.add_argument("--clients", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--rates", nargs="*", type=float, default=[0.5, 1.0, 2.0, 4.0], help="open-loop requests/s (none: closed loop only)")
     ap.add_argument("--requests", type=int, default=64, help="requests per load level (at least 2x the clients)")
-    ap.add_argument("--limit-s", type=float, default=300.0, help="closed loop: stop sending after this many seconds")
+    ap.add_argument("--limit-s", type=float, default=300.0, help="per level: stop sending after this many seconds")
+    ap.add_argument("--passes", type=int, default=2, help="each level runs on each server this many times, in "
+                                                          "mirrored order, the level's requests and limit shared out")
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--one-images", type=int, default=8, help="with 1 client among --clients: images the offline "
                                                               "one-at-a-time reference times per method (0: none)")
@@ -428,7 +479,7 @@ def main() -> int:
     ap.add_argument("--estimate-only", action="store_true", help="print the run's estimated time and stop")
     ap.add_argument("--budget-min", type=float, default=None, help="refuse a run estimated longer (minutes)")
     a = ap.parse_args()
-    bounds = [("requests", a.requests, 1, 100_000), ("limit_s", a.limit_s, 1, 86_400), ("max_batch", a.max_batch, 1, 1024),
+    bounds = [("requests", a.requests, 1, 100_000), ("limit_s", a.limit_s, 1, 86_400), ("passes", a.passes, 1, 16), ("max_batch", a.max_batch, 1, 1024),
               ("one_images", a.one_images, 0, 10_000),
               ("max_queue", a.max_queue, 1, 1_000_000), ("threads", a.threads, 1, 1024),
               ("budget_min", 1 if a.budget_min is None else a.budget_min, 0.1, 10_000)]
@@ -469,14 +520,23 @@ def main() -> int:
             rows: dict[str, list[dict]] = {mode: [] for mode in a.modes}
             levels = [("closed", c) for c in a.clients] + [("open", r) for r in a.rates]
             for i, (load, level) in enumerate(levels):
-                for mode in a.modes[i % len(a.modes):] + a.modes[: i % len(a.modes)]:  # each server first in turn
-                    s = servers[mode]
-                    if load == "closed":
-                        n = max(a.requests, 2 * level)
-                        rows[mode].append(closed_loop(s, prompts_for(model, n, classes), level, n, size, a.limit_s))
-                    else:
-                        rows[mode].append(open_loop(s, prompts_for(model, a.requests, classes), level, a.requests,
-                                                    size, 0, a.limit_s))
+                order = a.modes[i % len(a.modes):] + a.modes[: i % len(a.modes)]  # each server first in turn
+                runs: dict[str, list[dict]] = {mode: [] for mode in a.modes}
+                for p in range(a.passes):  # mirrored passes (A B C, C B A): a steady drift weighs on each alike
+                    for mode in order if p % 2 == 0 else order[::-1]:
+                        s, before = servers[mode], servers[mode].counters()
+                        if load == "closed":
+                            n = max(level, math.ceil(max(a.requests, 2 * level) / a.passes))
+                            run = closed_loop(s, prompts_for(model, n, classes), level, n, size, a.limit_s / a.passes)
+                        else:
+                            n = math.ceil(a.requests / a.passes)
+                            run = open_loop(s, prompts_for(model, n, classes), level, n, size, p, a.limit_s / a.passes)
+                        after = s.counters()
+                        run["counters"] = {k: v - before.get(k, 0.0) for k, v in after.items()}
+                        runs[mode].append(run)
+                for mode in a.modes:
+                    rows[mode].append(pooled({"load": load, "clients" if load == "closed" else "rate_per_s": level},
+                                             runs[mode]))
                     print(model, mode, rows[mode][-1], flush=True)
         res["servers"] = rows
         for method in ("ar", "sjd"):
