@@ -1,7 +1,8 @@
 """Benchmark ``specvis serve`` under load: closed loop (C clients, each sending its next request when
 the last one is answered) and open loop (Poisson arrivals at a given rate), for the server with
-``--method auto``, pinned to AR and pinned to SJD, against offline continuous batching
-``pipe(..., batch_size=B)`` over the same prompts, side by side in one run: the servers are all up
+``--method auto``, pinned to AR and pinned to SJD (and, with ``--modes ... ar-control``, a second AR
+server: the ratio of two identical servers is the noise the others' ratios are read against), against
+offline continuous batching ``pipe(..., batch_size=B)`` over the same prompts, side by side in one run: the servers are all up
 (idle but for the one measured), and each load level is run on each of them in turn, ``--passes``
 times in mirrored order (A B C, then C B A), its requests shared out among the passes, so that the
 figures compared are seconds apart and a steady drift of the machine's speed weighs on each alike.
@@ -48,7 +49,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["a red heart", "a cat", "a smiling face", "a sun", "a blue car", "a pizza", "a dog", "a star"]
-MODES = {"auto": "auto", "ar": "ar", "sjd": "sjd"}
+MODES = {"auto": "auto", "ar": "ar", "sjd": "sjd", "ar-control": "ar"}  # server: its --method
+DEFAULT_MODES = ["auto", "ar", "sjd"]
 
 
 def free_port() -> int:
@@ -449,6 +451,11 @@ def goals(res: dict) -> dict:
     if ratios:
         out["auto images/s / best pinned server's, worst closed-loop level (goal >= 0.95)"] = min(ratios.values())
         out["the same, per closed-loop level (clients: ratio)"] = ", ".join(f"{c}: {v}" for c, v in ratios.items())
+    control = {c: round(closed("ar-control", c)["images_per_s"] / closed("ar", c)["images_per_s"], 3)
+               for c in levels if closed("ar-control", c) and closed("ar", c)}
+    if control:  # two servers doing the same work: how far apart this machine puts them
+        out["A/A: AR control server / AR server, per closed-loop level (no goal)"] = ", ".join(
+            f"{c}: {v}" for c, v in control.items())
     if closed("auto", 16):
         r = closed("auto", 16)
         out["auto p99 / p50 latency at 16 clients (goal <= 3)"] = round(r["latency_p99_s"] / r["latency_p50_s"], 3)
@@ -458,7 +465,9 @@ def goals(res: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["emoji-t2i", "emoji"])
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES),
+                    help="servers to measure; ar-control: a second AR server, whose ratio to the first is the "
+                         "noise of two identical servers (an A/A comparison)")
     ap.add_argument("--clients", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--rates", nargs="*", type=float, default=[0.5, 1.0, 2.0, 4.0], help="open-loop requests/s (none: closed loop only)")
     ap.add_argument("--requests", type=int, default=64, help="requests per load level (at least 2x the clients)")
