@@ -2,10 +2,11 @@
 the last one is answered) and open loop (Poisson arrivals at a given rate), for the server with
 ``--method auto``, pinned to AR and pinned to SJD (and, with ``--modes ... ar-control``, a second AR
 server: the ratio of two identical servers is the noise the others' ratios are read against), against
-offline continuous batching ``pipe(..., batch_size=B)`` over the same prompts, side by side in one run: the servers are all up
-(idle but for the one measured), and each load level is run on each of them in turn, ``--passes``
-times in mirrored order (A B C, then C B A), its requests shared out among the passes, so that the
-figures compared are seconds apart and a steady drift of the machine's speed weighs on each alike.
+offline continuous batching ``pipe(..., batch_size=B)`` over the same prompts, side by side in one run:
+the servers are all up (idle but for the one measured), and each load level is run on each of them in
+turn, ``--passes`` times in mirrored order (A B C, then C B A), its requests shared out among the
+passes, so that the figures compared are seconds apart and a steady drift of the machine's speed
+weighs on each alike.
 
 Each server is a ``specvis serve`` process on 127.0.0.1 (one torch thread unless --threads), the
 clients are threads of this process (httpx); the offline figures are measured in this process with
