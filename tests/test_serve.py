@@ -380,7 +380,7 @@ def test_auto_takes_the_method_measured_fastest_at_the_rows_of_the_decode():
     engine.costs = {"ar": {1: 2.0, 2: 1.2, 4: 0.7, 8: 0.5}, "sjd": {1: 1.0, 2: 0.9, 4: 0.8, 8: 0.8},
                     "sjd:init=vertical-sample": {1: 0.9, 2: 1.0, 4: 0.9, 8: 0.9}}
     assert [engine.choose(r) for r in (1, 2, 3, 4, 6, 8)] == ["sjd:init=vertical-sample", "sjd", "ar", "ar", "ar", "ar"]
-    # a decode of R rows runs the choice at R throughout, whatever number of its rows hold images
+    # a decode of R rows runs the candidate chosen at R (its spec reported; a pinned spec runs as asked)
     sampling = dataclasses.replace(engine.pipe.default_sampling, noise="keyed")
     for rows, spec in ((1, "sjd:init=vertical-sample"), (2, "sjd"), (5, "ar")):
         method, name = engine._resolve("auto", sampling, rows)
