@@ -9,8 +9,9 @@ passes, so that the figures compared are seconds apart and a steady drift of the
 weighs on each alike.
 
 Each server is a ``specvis serve`` process on 127.0.0.1 (one torch thread unless --threads), the
-clients are threads of this process (httpx); the offline figures are measured in this process with
-no server running. ``--in-process``: no HTTP, the engine runs in this process and the clients are
+clients are threads of this process (httpx); the offline figures are measured in this process, the
+servers up but idle, right after the level each is compared with (batched after the most clients, one
+image at a time after one client). ``--in-process``: no HTTP, the engine runs in this process and the clients are
 threads submitting its jobs (what the engine alone gives: no request parsing, no PNG encoding; needs
 neither FastAPI nor uvicorn). Per load level, over its passes: images/s (and each pass's), p50/p95/p99
 latency, p50/p95/p99 time in queue (the engine's ``queued_s``), the mean rows held per round and auto's
@@ -548,14 +549,17 @@ def main() -> int:
                     rows[mode].append(pooled({"load": load, "clients" if load == "closed" else "rate_per_s": level},
                                              runs[mode]))
                     print(model, mode, rows[mode][-1], flush=True)
+                # the offline references right after the level they are compared with, the servers idle
+                if load == "closed" and level == 1 and a.one_images:
+                    for method in ("ar", "sjd"):
+                        res["offline_one"].append(offline_one(model, prompts_for(model, a.one_images, classes), a, method))
+                        print(model, res["offline_one"][-1], flush=True)
+                if load == "closed" and level == max(a.clients):
+                    for method in ("ar", "sjd"):
+                        n = max(a.requests, 2 * level)
+                        res["offline"].append(offline(model, prompts_for(model, n, classes), a, method))
+                        print(model, res["offline"][-1], flush=True)
         res["servers"] = rows
-        for method in ("ar", "sjd"):
-            res["offline"].append(offline(model, prompts_for(model, max(a.requests, 2 * max(a.clients)), classes), a, method))
-            print(model, res["offline"][-1], flush=True)
-        if 1 in a.clients and a.one_images:
-            for method in ("ar", "sjd"):
-                res["offline_one"].append(offline_one(model, prompts_for(model, a.one_images, classes), a, method))
-                print(model, res["offline_one"][-1], flush=True)
         res["goals"] = goals(res)
         data["models"][model] = res
     data["meta"]["wall_min"] = round((time.perf_counter() - began) / 60, 1)
