@@ -227,6 +227,11 @@ def summary(rows: list[dict], wall: float) -> dict:
             **{f"queue_p{q}_s": float(np.percentile(que, q)) for q in (50, 95, 99)}, "methods": methods}
 
 
+def level_requests(a: argparse.Namespace, clients: int) -> int:
+    """Requests of a closed-loop level of ``clients`` clients (all passes): ``--requests``, at least two a client."""
+    return max(a.requests, 2 * clients)
+
+
 def closed_loop(target, prompts: list[str], clients: int, requests: int, size: str | None, limit_s: float) -> dict:
     """``clients`` threads each sending its next request when the last is answered, ``requests`` in all
     (or until ``limit_s``): the answers (``rows``) and the seconds (``wall_s``)."""
@@ -317,16 +322,11 @@ def offline_pipe(model: str, a: argparse.Namespace):
 def offline(model: str, prompts: list[str], a: argparse.Namespace, method: str) -> dict:
     """``pipe(..., batch_size=max_batch)`` over ``prompts`` in this process (continuous batching), under
     the server's sampling (the model's, with keyed noise), decoded to images as the server does."""
-    import torch
-
     pipe, sampling = offline_pipe(model, a)
     classes = pipe.conditioning == "class"
     kw = {"classes": [int(p) for p in prompts]} if classes else {"prompts": prompts}
     if a.size and not classes:
-        w, h = map(int, a.size.split("x"))
-        per = pipe.to_images(torch.zeros(1, pipe.target.layout.num_tokens, dtype=torch.long, device=pipe.device))[0].width \
-            // pipe.target.layout.width
-        kw.update(height=h // per, width=w // per)
+        kw.update(zip(("height", "width"), grid_of(pipe, a.size)))
     pipe(**{**kw, **({"classes": kw["classes"][:2]} if classes else {"prompts": prompts[:2]})}, method=method,
          sampling=sampling, batch_size=2, decode=False)  # warm-up
     t0 = time.perf_counter()
@@ -387,10 +387,10 @@ def estimate(a: argparse.Namespace, one: float, full: float) -> dict:
 
     measured = sorted({min(2 ** i, B) for i in range(int(math.log2(B)) + 1)} | {B})
     start = 10.0 + 3 * (1 / one + sum(r / rate(r) for r in measured))
-    closed = {c: min(max(a.requests, 2 * c) / rate(c), a.limit_s + c / rate(c)) for c in a.clients}
+    closed = {c: min(level_requests(a, c) / rate(c), a.limit_s + c / rate(c)) for c in a.clients}
     opened = {r: min(a.requests / min(r, full), a.limit_s) + 1 / one for r in a.rates}
     per_server = start + sum(closed.values()) + sum(opened.values())
-    offline = 2.5 * max(a.requests, 2 * max(a.clients)) / full + 10.0  # AR's and SJD's (about 1.5x AR's at full rows)
+    offline = 2.5 * level_requests(a, max(a.clients)) / full + 10.0  # AR's and SJD's (about 1.5x AR's at full rows)
     if 1 in a.clients and a.one_images:
         offline += 1.7 * a.one_images / one + 10.0  # one image at a time: AR's and SJD's (about 0.7x AR's)
     return {"start_s": start, "closed_s": closed, "open_s": opened, "per_server_s": per_server,
@@ -537,7 +537,7 @@ def main() -> int:
                     for mode in order if p % 2 == 0 else order[::-1]:
                         s, before = servers[mode], servers[mode].counters()
                         if load == "closed":
-                            n = max(level, math.ceil(max(a.requests, 2 * level) / a.passes))
+                            n = max(level, math.ceil(level_requests(a, level) / a.passes))
                             run = closed_loop(s, prompts_for(model, n, classes), level, n, size, a.limit_s / a.passes)
                         else:
                             n = math.ceil(a.requests / a.passes)
@@ -556,8 +556,8 @@ def main() -> int:
                         print(model, res["offline_one"][-1], flush=True)
                 if load == "closed" and level == max(a.clients):
                     for method in ("ar", "sjd"):
-                        n = max(a.requests, 2 * level)
-                        res["offline"].append(offline(model, prompts_for(model, n, classes), a, method))
+                        res["offline"].append(offline(model, prompts_for(model, level_requests(a, level), classes), a,
+                                                      method))
                         print(model, res["offline"][-1], flush=True)
         res["servers"] = rows
         res["goals"] = goals(res)
