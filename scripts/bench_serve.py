@@ -228,8 +228,9 @@ def summary(rows: list[dict], wall: float) -> dict:
 
 
 def level_requests(a: argparse.Namespace, clients: int) -> int:
-    """Requests of a closed-loop level of ``clients`` clients (all passes): ``--requests``, at least two a client."""
-    return max(a.requests, 2 * clients)
+    """Requests of a closed-loop level of ``clients`` clients, all passes: ``--requests`` (at least two a
+    client) shared out among the passes, each pass at least one a client, so a multiple of ``--passes``."""
+    return a.passes * max(clients, math.ceil(max(a.requests, 2 * clients) / a.passes))
 
 
 def closed_loop(target, prompts: list[str], clients: int, requests: int, size: str | None, limit_s: float) -> dict:
@@ -537,7 +538,7 @@ def main() -> int:
                     for mode in order if p % 2 == 0 else order[::-1]:
                         s, before = servers[mode], servers[mode].counters()
                         if load == "closed":
-                            n = max(level, math.ceil(level_requests(a, level) / a.passes))
+                            n = level_requests(a, level) // a.passes
                             run = closed_loop(s, prompts_for(model, n, classes), level, n, size, a.limit_s / a.passes)
                         else:
                             n = math.ceil(a.requests / a.passes)
