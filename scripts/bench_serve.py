@@ -11,8 +11,8 @@ weighs on each alike.
 Each server is a ``specvis serve`` process on 127.0.0.1 (one torch thread unless --threads), the
 clients are threads of this process (httpx); the offline figures are measured in this process, the
 servers up but idle, right after the level each is compared with (batched after the most clients, one
-image at a time after one client). ``--in-process``: no HTTP, the engine runs in this process and the clients are
-threads submitting its jobs (what the engine alone gives: no request parsing, no PNG encoding; needs
+image at a time after one client). ``--in-process``: no HTTP, the engine runs in this process and the
+clients are threads submitting its jobs (what the engine alone gives: no request parsing, no PNG encoding; needs
 neither FastAPI nor uvicorn). Per load level, over its passes: images/s (and each pass's), p50/p95/p99
 latency, p50/p95/p99 time in queue (the engine's ``queued_s``), the mean rows held per round and auto's
 rounds by method (from the engine's metrics). Writes JSON (--out) and a markdown page (--page).
