@@ -381,9 +381,12 @@ def calibrate(model: str, a: argparse.Namespace) -> tuple[float, float]:
 def estimate(a: argparse.Namespace, one: float, full: float) -> dict:
     """Seconds this run should take on one model, from offline AR's images/s at one row (``one``) and
     at ``max_batch`` rows (``full``), in log-linear between: per server, its start (auto's cost model
-    runs each of its 3 candidates on 1, 2, 4, ..., max_batch rows) and each level (its requests at
+    times each of its 3 candidates on ``CALIBRATION_IMAGES`` images or more at each of 1, 2, 4, ...,
+    max_batch rows) and each level (its requests at
     the rate of the rows it keeps busy, no request sent after ``limit_s``); then offline AR and SJD, batched
     and (with one client among the levels) one image at a time."""
+    from specvis.serve.engine import CALIBRATION_IMAGES
+
     B = a.max_batch
 
     def rate(rows: int) -> float:
@@ -391,7 +394,7 @@ def estimate(a: argparse.Namespace, one: float, full: float) -> dict:
         return one if B == 1 else one * (full / one) ** (math.log(rows) / math.log(B))
 
     measured = sorted({min(2 ** i, B) for i in range(int(math.log2(B)) + 1)} | {B})
-    start = 10.0 + 3 * (1 / one + sum(r / rate(r) for r in measured))
+    start = 10.0 + 3 * (1 / one + sum(math.ceil(CALIBRATION_IMAGES / r) * r / rate(r) for r in measured))
     closed = {c: min(level_requests(a, c) / rate(c), a.limit_s + c / rate(c)) for c in a.clients}
     opened = {r: min(a.requests / min(r, full), a.limit_s) + 1 / one for r in a.rates}
     per_server = start + sum(closed.values()) + sum(opened.values())

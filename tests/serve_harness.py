@@ -14,10 +14,13 @@ from specvis.serve.server import build
 
 
 class Served:
+    """A server on a free loopback port; auto's cost model timed on one image per row count (these tests
+    compare no speeds)."""
+
     def __init__(self, model: str = "emoji", **options) -> None:
         self.pipe = sv.load(model)
         self.engine, self.app = build(self.pipe, model, **{"max_batch": 4, "max_queue": 256, "method": "ar",
-                                                            "api_key": None, **options})
+                                                            "api_key": None, "calibration_images": 1, **options})
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]

@@ -35,7 +35,8 @@ def ray_url():
     port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(deployment("emoji-t2i", num_replicas=2, num_cpus=1, max_batch=2, method="ar", threads=1),
+        serve.run(deployment("emoji-t2i", num_replicas=2, num_cpus=1, max_batch=2, method="ar", threads=1,
+                             calibration_images=1),
                   route_prefix="/", name="specvis")
         yield f"http://127.0.0.1:{port}"
     finally:

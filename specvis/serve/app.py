@@ -50,12 +50,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def loads(raw: bytes) -> Any:
-    """JSON without NaN or Infinity (Python's json takes them; JSON has none)."""
+    """JSON without NaN or Infinity (Python's json takes them; JSON has none); nesting past Python's
+    recursion limit is refused like any other bad body."""
     def constant(name: str):
         raise ValueError(f"{name} is not a JSON number")
     try:
         return json.loads(raw, parse_constant=constant)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ApiError(400, f"the body is not valid JSON: {str(e).splitlines()[0]}", code="invalid_json") from None
 
 

@@ -21,6 +21,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--method", default="auto", help="auto (default: per decode, AR or SJD, whichever was "
                                                     "measured fastest at its rows) or a spec such as ar or "
                                                     "sjd:window=16")
+    p.add_argument("--calibration-images", type=int, default=4,
+                   help="images auto's start-up cost model times at each row count, 1..64 (default 4; fewer "
+                        "start sooner, more choose more surely between methods close in speed)")
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (also SPECVIS_API_KEY)")
     p.add_argument("--grace", type=float, default=30.0, help="seconds to finish accepted work on SIGTERM (0..3600, default 30)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")

@@ -14,6 +14,7 @@ from typing import Any
 from ray import serve
 
 from ..zoo import load
+from .engine import CALIBRATION_IMAGES
 from .server import build
 
 
@@ -23,14 +24,15 @@ class SpecvisReplica:
     """One replica: the model loaded on ``device``, its engine warmed up, the server's app."""
 
     def __init__(self, model: str = "emoji", *, max_batch: int = 8, max_queue: int = 256, method: str = "auto",
-                 api_key: str | None = None, device: str = "cpu", threads: int | None = None, grace: float = 30.0) -> None:
+                 api_key: str | None = None, device: str = "cpu", threads: int | None = None, grace: float = 30.0,
+                 calibration_images: int = CALIBRATION_IMAGES) -> None:
         import torch
 
         if threads is not None:
             torch.set_num_threads(threads)
         self.grace = grace
         self.engine, self.asgi = build(load(model, device), model, max_batch=max_batch, max_queue=max_queue,
-                                      method=method, api_key=api_key)
+                                      method=method, api_key=api_key, calibration_images=calibration_images)
         self.engine.start()
         self.engine.ready.wait()
         if self.engine.error is not None:
@@ -54,6 +56,6 @@ def deployment(model: str = "emoji", *, num_replicas: int | str = 1, num_cpus: f
                **options: Any):
     """The bound application of ``model``: ``num_replicas`` replicas (or "auto" for Ray's autoscaling),
     each with ``num_cpus``/``num_gpus`` (``device="cuda"`` in ``options`` with ``num_gpus=1``: one engine a
-    GPU); ``options`` are ``SpecvisReplica``'s (max_batch, max_queue, method, api_key, device, threads)."""
+    GPU); ``options`` are ``SpecvisReplica``'s (max_batch, max_queue, method, api_key, device, threads, grace, calibration_images)."""
     return SpecvisReplica.options(num_replicas=num_replicas,
                                   ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus}).bind(model, **options)

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..job import Job
-from ..sampling import Sampling
+from ..sampling import MIN_TEMPERATURE, Sampling
 from .engine import served_method
 
 MAX_N = 10  # OpenAI's bound on n
 MAX_PROMPT_CHARS = 4000  # the prompt's text; its tokens are bounded by the model when encoded
+MAX_METHOD_CHARS = 300  # a method spec string
 MAX_SEED = 2 ** 63 - 1
 MAX_TIMEOUT_S = 3600.0
 MAX_GUIDANCE = 100.0
@@ -124,7 +125,7 @@ def parse(body: Any, served: ServedModel) -> Generation:
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     unknown = [k for k in body if k not in FIELDS]
     if unknown:
-        raise _bad(unknown[0], f"unknown field; fields: {', '.join(FIELDS[:16])}")
+        raise _bad(unknown[0][:40], f"unknown field; fields: {', '.join(FIELDS[:16])}")
     model = body.get("model")
     if model is not None and model != served.name:
         raise ApiError(404, f"model: {model!r:.60} is not served here; this server serves {served.name!r}",
@@ -156,6 +157,8 @@ def parse(body: Any, served: ServedModel) -> Generation:
     method = body.get("method", served.method)
     if not isinstance(method, str):
         raise _bad("method", f"must be a method spec string such as 'sjd:window=16', or 'auto'; got {method!r:.40}")
+    if len(method) > MAX_METHOD_CHARS:
+        raise _bad("method", f"is {len(method)} characters; at most {MAX_METHOD_CHARS}")
     try:
         method = served_method(method.strip())
     except ValueError as e:
@@ -163,6 +166,8 @@ def parse(body: Any, served: ServedModel) -> Generation:
     base = served.default_sampling
     guidance = _number(body, "guidance_scale", 0.0, MAX_GUIDANCE)
     temperature = _number(body, "temperature", 0.0, MAX_TEMPERATURE)
+    if temperature is not None and 0 < temperature < MIN_TEMPERATURE:  # logits / T overflow below it
+        raise _bad("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE}], got {temperature!r}")
     top_k = _integer(body, "top_k", None, 1, served.vocab)
     top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
     sampling = Sampling(temperature=base.temperature if temperature is None else temperature,

@@ -17,7 +17,7 @@ import uvicorn
 
 from .. import checks
 from ..memory import MemoryPlanError
-from .engine import Engine, decode_plan, served_method
+from .engine import CALIBRATION_IMAGES, MAX_CALIBRATION_IMAGES, Engine, decode_plan, served_method
 from ..zoo import load
 from .app import make_app
 from .request import ServedModel
@@ -49,19 +49,21 @@ def served_model(pipe, name: str, method: str) -> ServedModel:
                        dataclasses.replace(pipe.default_sampling, noise="keyed"), method)
 
 
-def build(pipe, name: str, *, max_batch: int, max_queue: int, method: str, api_key: str | None):
+def build(pipe, name: str, *, max_batch: int, max_queue: int, method: str, api_key: str | None,
+          calibration_images: int = CALIBRATION_IMAGES):
     """The engine (not started) and app of ``pipe``; the engine's largest batch is checked against the
     device's memory first (``pipe.memory``: of the server's method and of auto's candidates, which the
     start-up cost model runs)."""
     max_batch = checks.integer(max_batch, "max_batch", low=1, high=1024)
     max_queue = checks.integer(max_queue, "max_queue", low=1, high=1_000_000)
+    calibration_images = checks.integer(calibration_images, "calibration_images", low=1, high=MAX_CALIBRATION_IMAGES)
     method = served_method(method)
     sampling = dataclasses.replace(pipe.default_sampling, noise="keyed")
     plan = max((decode_plan(pipe, spec, sampling, max_batch) for spec in {"auto", method}), key=lambda p: p.needed_bytes)
     if not plan.fits:
         raise MemoryPlanError(plan.line())
     served = served_model(pipe, name, method)
-    engine = Engine(pipe, max_batch=max_batch, max_queue=max_queue, method=method)
+    engine = Engine(pipe, max_batch=max_batch, max_queue=max_queue, method=method, calibration_images=calibration_images)
     return engine, make_app(engine, served, api_key=api_key)
 
 
@@ -70,6 +72,7 @@ def main(a: argparse.Namespace) -> int:
     checks.integer(a.port, "port", low=0, high=65535)
     checks.integer(a.max_batch, "max_batch", low=1, high=1024)  # every flag checked before the model loads
     checks.integer(a.max_queue, "max_queue", low=1, high=1_000_000)
+    checks.integer(a.calibration_images, "calibration_images", low=1, high=MAX_CALIBRATION_IMAGES)
     served_method(a.method)
     if not 0 <= a.grace <= 3600:
         raise ValueError(f"--grace must be in 0..3600 seconds, got {a.grace}")
@@ -77,7 +80,8 @@ def main(a: argparse.Namespace) -> int:
         torch.set_num_threads(checks.integer(a.threads, "threads", low=1, high=1024))
     key = a.api_key if a.api_key is not None else os.environ.get("SPECVIS_API_KEY") or None
     pipe = load(a.model, a.device, a.dtype)
-    engine, app = build(pipe, a.model, max_batch=a.max_batch, max_queue=a.max_queue, method=a.method, api_key=key)
+    engine, app = build(pipe, a.model, max_batch=a.max_batch, max_queue=a.max_queue, method=a.method, api_key=key,
+                        calibration_images=a.calibration_images)
     engine.start()
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(a.grace) + 5)
     server = DrainingServer(config, engine, app, a.grace)
