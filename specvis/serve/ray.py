@@ -56,6 +56,7 @@ def deployment(model: str = "emoji", *, num_replicas: int | str = 1, num_cpus: f
                **options: Any):
     """The bound application of ``model``: ``num_replicas`` replicas (or "auto" for Ray's autoscaling),
     each with ``num_cpus``/``num_gpus`` (``device="cuda"`` in ``options`` with ``num_gpus=1``: one engine a
-    GPU); ``options`` are ``SpecvisReplica``'s (max_batch, max_queue, method, api_key, device, threads, grace, calibration_images)."""
+    GPU); ``options`` are ``SpecvisReplica``'s (max_batch, max_queue, method, api_key, device, threads, grace,
+    calibration_images)."""
     return SpecvisReplica.options(num_replicas=num_replicas,
                                   ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus}).bind(model, **options)

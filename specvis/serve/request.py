@@ -167,7 +167,8 @@ def parse(body: Any, served: ServedModel) -> Generation:
     guidance = _number(body, "guidance_scale", 0.0, MAX_GUIDANCE)
     temperature = _number(body, "temperature", 0.0, MAX_TEMPERATURE)
     if temperature is not None and 0 < temperature < MIN_TEMPERATURE:  # logits / T overflow below it
-        raise _bad("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE}], got {temperature!r}")
+        raise _bad("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE}], "
+                                  f"got {temperature!r}")
     top_k = _integer(body, "top_k", None, 1, served.vocab)
     top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
     sampling = Sampling(temperature=base.temperature if temperature is None else temperature,

@@ -63,7 +63,8 @@ def build(pipe, name: str, *, max_batch: int, max_queue: int, method: str, api_k
     if not plan.fits:
         raise MemoryPlanError(plan.line())
     served = served_model(pipe, name, method)
-    engine = Engine(pipe, max_batch=max_batch, max_queue=max_queue, method=method, calibration_images=calibration_images)
+    engine = Engine(pipe, max_batch=max_batch, max_queue=max_queue, method=method,
+                    calibration_images=calibration_images)
     return engine, make_app(engine, served, api_key=api_key)
 
 
