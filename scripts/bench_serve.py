@@ -382,9 +382,9 @@ def estimate(a: argparse.Namespace, one: float, full: float) -> dict:
     """Seconds this run should take on one model, from offline AR's images/s at one row (``one``) and
     at ``max_batch`` rows (``full``), in log-linear between: per server, its start (auto's cost model
     times each of its 3 candidates on ``CALIBRATION_IMAGES`` images or more at each of 1, 2, 4, ...,
-    max_batch rows) and each level (its requests at
-    the rate of the rows it keeps busy, no request sent after ``limit_s``); then offline AR and SJD, batched
-    and (with one client among the levels) one image at a time."""
+    max_batch rows) and each level (its requests at the rate of the rows it keeps busy, no request sent
+    after ``limit_s``); then offline AR and SJD, batched and (with one client among the levels) one image
+    at a time."""
     from specvis.serve.engine import CALIBRATION_IMAGES
 
     B = a.max_batch
